@@ -1,0 +1,232 @@
+"""Devices, links and the topologies JMSNAS splits a network over (paper 003, section III).
+
+Units are in the field names: compute in GFLOP/s, memory in bytes, bandwidth in Mbit/s, latency in ms.
+
+Two topology kinds are supported:
+
+* ``chain``: UE -> M-2 edge devices -> cloud (Fig. 2(a)); device m sends the output of its last layer d(m)
+  to device m+1 over one link, eq. (1).
+* ``mesh``: a chain part C and a tree part T with root r (Fig. 2(b)). The devices before r form a chain, r runs
+  its layers and forwards its output to every branch device, the branches run in parallel, and the next chain
+  device (the aggregator) merges their outputs; devices after the aggregator form a chain again, eq. (2).
+
+The structure is inferred from the link graph and validated: cycles, unconnected devices, several sources,
+bad bandwidths and names are rejected with an error naming the offending value.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Sequence
+
+import networkx as nx
+
+
+class TopologyError(ValueError):
+    """An invalid device, link or topology description."""
+
+
+class DeviceProfile(NamedTuple):
+    """One compute node.
+
+    Attributes:
+      name: unique device name.
+      peak_gflops: peak compute throughput in GFLOP/s (2 FLOPs = 1 multiply-add).
+      memory_bytes: memory available for weights and activations, in bytes.
+      mem_bandwidth_gbs: memory bandwidth in GB/s (used by the roofline cost model).
+      efficiency: fraction of the peak that small convolution layers reach in practice (0, 1].
+      note: where the figures come from.
+    """
+
+    name: str
+    peak_gflops: float
+    memory_bytes: float
+    mem_bandwidth_gbs: float = 25.0
+    efficiency: float = 0.3
+    note: str = ""
+
+
+class LinkProfile(NamedTuple):
+    """A directed link from device ``src`` to device ``dst``.
+
+    Attributes:
+      bandwidth_mbps: capacity in Mbit/s (10^6 bit/s).
+      latency_ms: fixed per-transfer latency in ms, added to bytes*8/bandwidth.
+      wireless: True for a radio link, False for a wired one (informational).
+    """
+
+    src: str
+    dst: str
+    bandwidth_mbps: float
+    latency_ms: float = 0.0
+    wireless: bool = False
+
+
+def transfer_ms(num_bytes, bandwidth_mbps, latency_ms=0.0):
+    """Communication latency in ms of ``num_bytes`` over a link: bytes*8 / (Mbit/s * 1e3) + fixed latency."""
+    return num_bytes * 8.0 / (bandwidth_mbps * 1e3) + latency_ms
+
+
+class Topology(NamedTuple):
+    """A validated device graph with its chain/mesh structure and the layers each device may run (D^m).
+
+    Device indices follow ``devices``. ``pre`` are the chain devices before the root (mesh) or all devices
+    (chain); ``root``/``branches``/``post`` are empty or -1 for a chain. ``post[0]`` is the aggregator.
+    ``link_index[(a, b)]`` gives the position of link a->b in ``links``.
+    """
+
+    name: str
+    kind: str
+    devices: tuple
+    links: tuple
+    layers_per_device: tuple
+    pre: tuple
+    root: int
+    branches: tuple
+    post: tuple
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+    @property
+    def device_names(self) -> tuple:
+        return tuple(d.name for d in self.devices)
+
+    @property
+    def link_names(self) -> tuple:
+        return tuple(f"{l.src}->{l.dst}" for l in self.links)
+
+    def link_index(self, src: int, dst: int) -> int:
+        a, b = self.devices[src].name, self.devices[dst].name
+        for i, l in enumerate(self.links):
+            if l.src == a and l.dst == b:
+                return i
+        raise TopologyError(f"no link {a}->{b} in topology {self.name!r}")
+
+    def path_order(self) -> tuple:
+        """Devices in execution order (mesh branches in their listed order)."""
+        if self.kind == "chain":
+            return self.pre
+        return self.pre + (self.root,) + self.branches + self.post
+
+
+def _check_number(what: str, value, *, positive: bool = True, allow_zero: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TopologyError(f"{what} must be a number, got {value!r}")
+    if math.isnan(value) or math.isinf(value):
+        raise TopologyError(f"{what} must be finite, got {value!r}")
+    if positive and (value < 0 or (value == 0 and not allow_zero)):
+        raise TopologyError(f"{what} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+
+
+def _validate_device(d: DeviceProfile) -> None:
+    if not isinstance(d.name, str) or not d.name:
+        raise TopologyError(f"device name must be a non-empty string, got {d.name!r}")
+    _check_number(f"device {d.name!r} peak_gflops", d.peak_gflops)
+    _check_number(f"device {d.name!r} memory_bytes", d.memory_bytes)
+    _check_number(f"device {d.name!r} mem_bandwidth_gbs", d.mem_bandwidth_gbs)
+    _check_number(f"device {d.name!r} efficiency", d.efficiency)
+    if d.efficiency > 1:
+        raise TopologyError(f"device {d.name!r} efficiency must be in (0, 1], got {d.efficiency!r}")
+
+
+def _validate_link(l: LinkProfile, names: set) -> None:
+    for end in (l.src, l.dst):
+        if end not in names:
+            raise TopologyError(f"link {l.src}->{l.dst} names unknown device {end!r}; known: {sorted(names)}")
+    if l.src == l.dst:
+        raise TopologyError(f"link {l.src}->{l.dst} is a self-loop")
+    _check_number(f"link {l.src}->{l.dst} bandwidth_mbps", l.bandwidth_mbps)
+    _check_number(f"link {l.src}->{l.dst} latency_ms", l.latency_ms, allow_zero=True)
+
+
+def make_topology(name: str, devices: Sequence[DeviceProfile], links: Sequence[LinkProfile],
+                  layers_per_device: Sequence[int]) -> Topology:
+    """Builds and validates a chain or mesh topology; the kind is inferred from the link graph."""
+    devices, links = tuple(devices), tuple(links)
+    if len(devices) < 1:
+        raise TopologyError("a topology needs at least one device")
+    for d in devices:
+        _validate_device(d)
+    names = [d.name for d in devices]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise TopologyError(f"duplicate device names: {dup}")
+    for l in links:
+        _validate_link(l, set(names))
+    pairs = [(l.src, l.dst) for l in links]
+    if len(set(pairs)) != len(pairs):
+        raise TopologyError(f"duplicate links among {pairs}")
+    lpd = tuple(layers_per_device)
+    if len(lpd) != len(devices):
+        raise TopologyError(f"layers_per_device has {len(lpd)} entries {list(lpd)} but there are "
+                            f"{len(devices)} devices {names}")
+    for n, k in zip(names, lpd):
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise TopologyError(f"layers_per_device for device {n!r} must be an integer >= 1, got {k!r}")
+
+    g = nx.DiGraph()
+    g.add_nodes_from(names)
+    g.add_edges_from(pairs)
+    try:
+        cycle = nx.find_cycle(g)
+        raise TopologyError(f"topology {name!r} has a cycle: {' -> '.join(e[0] for e in cycle)} -> {cycle[0][0]}")
+    except nx.NetworkXNoCycle:
+        pass
+    if len(devices) > 1:
+        isolated = [n for n in names if g.degree(n) == 0]
+        if isolated:
+            raise TopologyError(f"device(s) {isolated} are not connected to any other device")
+        if not nx.is_weakly_connected(g):
+            parts = [sorted(c) for c in nx.weakly_connected_components(g)]
+            raise TopologyError(f"topology {name!r} is not connected: components {parts}")
+    sources = [n for n in names if g.in_degree(n) == 0]
+    sinks = [n for n in names if g.out_degree(n) == 0]
+    if len(sources) != 1:
+        raise TopologyError(f"topology {name!r} needs exactly one source device (the UE), got {sources}")
+    if len(sinks) != 1:
+        raise TopologyError(f"topology {name!r} needs exactly one sink device (the cloud), got {sinks}")
+    idx = {n: i for i, n in enumerate(names)}
+    order = list(nx.topological_sort(g))
+    forks = [n for n in names if g.out_degree(n) > 1]
+    if not forks:
+        if any(g.in_degree(n) > 1 for n in names):
+            raise TopologyError(f"topology {name!r}: a device merges several inputs without a fork")
+        return Topology(name, "chain", devices, links, lpd, tuple(idx[n] for n in order), -1, (), ())
+    if len(forks) > 1:
+        raise TopologyError(f"topology {name!r}: only one tree root may fork, got {forks}")
+    root = forks[0]
+    branches = list(g.successors(root))
+    aggs = {s for b in branches for s in g.successors(b)}
+    bad = [b for b in branches if g.in_degree(b) != 1 or g.out_degree(b) != 1]
+    if bad or len(aggs) != 1:
+        raise TopologyError(f"topology {name!r}: every branch device of root {root!r} must have one input "
+                            f"(the root) and one output (the aggregator); offending: {bad or sorted(aggs)}")
+    agg = aggs.pop()
+    if g.in_degree(agg) != len(branches):
+        raise TopologyError(f"topology {name!r}: aggregator {agg!r} must receive exactly the branches {branches}")
+    pos = {n: i for i, n in enumerate(order)}
+    pre = [n for n in order if pos[n] < pos[root]]
+    post = [n for n in order if pos[n] >= pos[agg]]
+    branches = sorted(branches, key=lambda b: idx[b])
+    for seq in (pre + [root], post):
+        for a, b in zip(seq, seq[1:]):
+            if not g.has_edge(a, b):
+                raise TopologyError(f"topology {name!r}: chain devices {a!r} and {b!r} are not linked in order")
+    return Topology(name, "mesh", devices, links, lpd, tuple(idx[n] for n in pre), idx[root],
+                    tuple(idx[b] for b in branches), tuple(idx[n] for n in post))
+
+
+def chain(name: str, devices: Sequence[DeviceProfile], bandwidths_mbps: Sequence[float],
+          layers_per_device: Sequence[int], *, latencies_ms: Sequence[float] | None = None,
+          wireless: Sequence[bool] | None = None) -> Topology:
+    """A chain devices[0] -> devices[1] -> ... with one bandwidth (Mbit/s) per consecutive pair."""
+    devices = tuple(devices)
+    if len(bandwidths_mbps) != len(devices) - 1:
+        raise TopologyError(f"a chain of {len(devices)} devices needs {len(devices) - 1} bandwidths, "
+                            f"got {list(bandwidths_mbps)}")
+    lat = latencies_ms or [0.0] * len(bandwidths_mbps)
+    wl = wireless or [False] * len(bandwidths_mbps)
+    links = [LinkProfile(a.name, b.name, bw, la, w)
+             for a, b, bw, la, w in zip(devices, devices[1:], bandwidths_mbps, lat, wl)]
+    return make_topology(name, devices, links, layers_per_device)
