@@ -15,17 +15,17 @@ GB = 1024 ** 3
 DEVICES: dict = {
     # 4x Cortex-A72 @ 1.5 GHz, one 128-bit NEON FMA per cycle = 8 FP32 FLOP/cycle/core -> 48 GFLOP/s;
     # 4 GB LPDDR4-3200 on a 32-bit bus -> 12.8 GB/s.
-    "raspberry_pi4": DeviceProfile("raspberry_pi4", 48.0, 4 * GB, 12.8, 0.15,
+    "raspberry_pi4": DeviceProfile("raspberry_pi4", 48.0, 4 * GB, 12.8, 0.15, 0.02,
                                    "Raspberry Pi 4 Model B: 4x Cortex-A72 1.5 GHz, 4 GB LPDDR4-3200"),
     # RTX 3050 Laptop GPU: 2048 CUDA cores x ~1.34 GHz boost x 2 = 5.5 TFLOP/s; 4 GB GDDR6, 192 GB/s.
-    "xps15_rtx3050": DeviceProfile("xps15_rtx3050", 5500.0, 4 * GB, 192.0, 0.05,
+    "xps15_rtx3050": DeviceProfile("xps15_rtx3050", 5500.0, 4 * GB, 192.0, 0.05, 0.01,
                                    "Dell XPS15: i7-11800H, 16 GB DDR4, RTX 3050 Laptop GPU (4 GB GDDR6)"),
     # Jetson AGX Xavier: 512-core Volta GPU (64 Tensor Cores) at 1.377 GHz -> 1.41 TFLOP/s FP32;
     # 32 GB LPDDR4x, 136.5 GB/s.
-    "jetson_agx_xavier": DeviceProfile("jetson_agx_xavier", 1410.0, 32 * GB, 136.5, 0.1,
+    "jetson_agx_xavier": DeviceProfile("jetson_agx_xavier", 1410.0, 32 * GB, 136.5, 0.1, 0.02,
                                        "NVIDIA Jetson AGX Xavier: 512-core Volta GPU, 8-core Carmel ARM, 32 GB"),
     # Tesla V100 SXM2: 15.7 TFLOP/s FP32, 16 GB HBM2 at 900 GB/s (host: 2x Xeon Platinum 8280).
-    "server_v100": DeviceProfile("server_v100", 15700.0, 16 * GB, 900.0, 0.05,
+    "server_v100": DeviceProfile("server_v100", 15700.0, 16 * GB, 900.0, 0.05, 0.005,
                                  "server with 2x Xeon Platinum 8280 and a Tesla V100 (16 GB HBM2)"),
 }
 

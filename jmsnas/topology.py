@@ -34,6 +34,7 @@ class DeviceProfile(NamedTuple):
       memory_bytes: memory available for weights and activations, in bytes.
       mem_bandwidth_gbs: memory bandwidth in GB/s (used by the roofline cost model).
       efficiency: fraction of the peak that small convolution layers reach in practice (0, 1].
+      layer_overhead_ms: fixed cost per executed layer in ms (kernel launch, framework dispatch).
       note: where the figures come from.
     """
 
@@ -42,6 +43,7 @@ class DeviceProfile(NamedTuple):
     memory_bytes: float
     mem_bandwidth_gbs: float = 25.0
     efficiency: float = 0.3
+    layer_overhead_ms: float = 0.0
     note: str = ""
 
 
@@ -126,6 +128,7 @@ def _validate_device(d: DeviceProfile) -> None:
     _check_number(f"device {d.name!r} memory_bytes", d.memory_bytes)
     _check_number(f"device {d.name!r} mem_bandwidth_gbs", d.mem_bandwidth_gbs)
     _check_number(f"device {d.name!r} efficiency", d.efficiency)
+    _check_number(f"device {d.name!r} layer_overhead_ms", d.layer_overhead_ms, allow_zero=True)
     if d.efficiency > 1:
         raise TopologyError(f"device {d.name!r} efficiency must be in (0, 1], got {d.efficiency!r}")
 
