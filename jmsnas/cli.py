@@ -6,7 +6,9 @@ import importlib
 import sys
 
 # sub-command name -> module under jmsnas.commands exposing add_parser(subparsers) and run(args) -> int
-COMMANDS = {}
+COMMANDS = {
+    "latency": "latency",
+}
 
 
 def _available():
