@@ -1,0 +1,283 @@
+"""Checkpoints of the whole search state, stored with orbax-checkpoint.
+
+A checkpoint step holds two items: ``state``, a pytree of arrays (weights, alpha, optimiser states, PRNG key
+data as a uint32 array, counters as integer arrays), and ``meta``, a JSON dict (epoch, position in the data, a
+fingerprint of the configuration). Layout on disk: ``<directory>/<step>/{state,meta}``.
+
+Safety:
+
+* Saves are synchronous: when :meth:`Checkpointer.save` returns, the step is complete on disk.
+* Orbax writes a step into ``<step>.orbax-checkpoint-tmp-<ts>`` and renames it to ``<step>`` only once every
+  file is written (atomic rename on a local file system). A process killed during a save leaves at most a
+  temporary directory, which is never listed as a step, so the previous good step stays the latest one.
+  Old steps are deleted only after the new one is committed; ``max_to_keep >= 2`` always leaves one older
+  step next to the newest.
+* :meth:`Checkpointer.restore` compares the stored tree structure, shapes and dtypes and the expected
+  metadata against the caller's template before reading any array, and reports any difference, or a corrupt
+  or missing checkpoint, as a one-line :class:`CheckpointError`. Nothing is deleted or written on error.
+
+Multi-host: every process constructs the Checkpointer on the same (shared) directory and calls save/restore
+together; orbax writes each process's shards and lets the primary process commit. Restored arrays take the
+sharding of the template's ``jax.Array`` leaves (numpy leaves restore as numpy arrays).
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import logging
+import os
+import tempfile
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+_STATE = "state"
+_META = "meta"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that is missing, unreadable, or does not match what the caller expects."""
+
+
+def _one_line(exc: BaseException, limit: int = 240) -> str:
+    """``Type: first line of the message``, shortened to ``limit`` characters."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    text = f"{type(exc).__name__}: {lines[0] if lines else ''}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class _DropOrbaxNoise(logging.Filter):
+    """Drops two log records orbax emits on paths this module handles itself.
+
+    * absl: 'Item "state" was found in the checkpoint, but could not be restored' when only meta is read;
+    * asyncio: 'Task exception was never retrieved' from sibling reads of a corrupt checkpoint whose first
+      error is already reported as a CheckpointError.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = str(record.msg)
+        return not ("could not be restored" in msg or msg.startswith("Task exception was never retrieved"))
+
+
+@contextlib.contextmanager
+def _quiet_orbax():
+    """Install :class:`_DropOrbaxNoise` on the absl and asyncio loggers for the duration of the block."""
+    noise = _DropOrbaxNoise()
+    loggers = [logging.getLogger("absl"), logging.getLogger("asyncio")]
+    for lg in loggers:
+        lg.addFilter(noise)
+    try:
+        yield
+    finally:
+        gc.collect()  # finalise failed orbax tasks while the filter is still installed
+        for lg in loggers:
+            lg.removeFilter(noise)
+
+
+def _key_name(key) -> str:
+    """One path element of a pytree key path as plain text (dict key, attribute or index)."""
+    for attr in ("key", "name", "idx"):
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
+
+
+def leaf_specs(tree) -> dict:
+    """Map ``"a/b/0"`` leaf paths to ``(shape, dtype name)`` for a pytree of arrays or ShapeDtypeStructs.
+
+    Named tuples, dicts and sequences all become ``/``-joined names, so a template and the dict-shaped tree
+    orbax stores compare equal. Raises ValueError naming the first leaf that is not an array.
+    """
+    specs = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        name = "/".join(_key_name(k) for k in path) or "<root>"
+        if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
+            raise ValueError(f"state leaf {name!r} is of type {type(leaf).__name__}, expected an array "
+                             "(wrap scalars with np.asarray / jnp.asarray)")
+        if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            raise ValueError(f"state leaf {name!r} is a typed PRNG key; store jax.random.key_data(key) "
+                             "(a uint32 array) instead")
+        specs[name] = (tuple(int(d) for d in leaf.shape), np.dtype(leaf.dtype).name)
+    return specs
+
+
+def _check_writable(directory: str) -> None:
+    """Create ``directory`` if needed and prove a file can be written in it, else raise CheckpointError."""
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise CheckpointError(f"checkpoint directory {directory!r} exists and is not a directory")
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".write_test_"):
+            pass
+    except OSError as exc:
+        raise CheckpointError(f"checkpoint directory {directory!r} is not writable: {exc.strerror or exc}") from None
+
+
+def _check_meta(meta) -> dict:
+    """A JSON round trip of ``meta`` (a dict with string keys), or ValueError."""
+    if not isinstance(meta, dict):
+        raise ValueError(f"checkpoint meta must be a dict, got {type(meta).__name__}")
+    bad = [k for k in meta if not isinstance(k, str)]
+    if bad:
+        raise ValueError(f"checkpoint meta keys must be strings, got {bad[0]!r}")
+    try:
+        return json.loads(json.dumps(meta))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"checkpoint meta is not JSON-serialisable: {exc}") from None
+
+
+def _compare_specs(saved: dict, expected: dict, where: str) -> None:
+    """Raise CheckpointError naming the first leaf whose presence, shape or dtype differs."""
+    missing = sorted(set(expected) - set(saved))
+    extra = sorted(set(saved) - set(expected))
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"missing leaves {missing[:3]}")
+        if extra:
+            parts.append(f"unexpected leaves {extra[:3]}")
+        raise CheckpointError(f"{where}: tree structure differs from the template: {'; '.join(parts)}")
+    for name in sorted(expected):
+        (s_shape, s_dtype), (e_shape, e_dtype) = saved[name], expected[name]
+        if s_shape != e_shape:
+            raise CheckpointError(f"{where}: leaf {name!r} has shape {s_shape} in the checkpoint, "
+                                  f"expected {e_shape}")
+        if s_dtype != e_dtype:
+            raise CheckpointError(f"{where}: leaf {name!r} has dtype {s_dtype} in the checkpoint, "
+                                  f"expected {e_dtype}")
+
+
+def _compare_meta(saved: dict, expect_meta: dict, where: str) -> None:
+    """Raise CheckpointError naming the first key of ``expect_meta`` whose saved value differs."""
+    expected = _check_meta(expect_meta)
+    for key in sorted(expected):
+        if key not in saved:
+            raise CheckpointError(f"{where}: meta key {key!r} is missing from the checkpoint, "
+                                  f"expected {expected[key]!r}")
+        if saved[key] != expected[key]:
+            raise CheckpointError(f"{where}: meta {key!r} differs: saved {saved[key]!r}, "
+                                  f"expected {expected[key]!r}")
+
+
+class Checkpointer:
+    """Save and restore ``(state, meta)`` pairs by integer step under one directory (see module doc)."""
+
+    def __init__(self, directory: str, *, max_to_keep: int = 2):
+        if not isinstance(max_to_keep, int) or max_to_keep < 2:
+            raise ValueError(f"max_to_keep must be an int >= 2 (the newest step plus a fallback), "
+                             f"got {max_to_keep!r}")
+        self.directory = os.path.abspath(os.fspath(directory))
+        _check_writable(self.directory)
+        options = ocp.CheckpointManagerOptions(
+            enable_async_checkpointing=False,
+            preservation_policy=ocp.checkpoint_managers.LatestN(max_to_keep),
+            cleanup_tmp_directories=False,
+            create=False,
+        )
+        handlers = {_STATE: ocp.StandardCheckpointHandler(), _META: ocp.JsonCheckpointHandler()}
+        try:
+            self._manager = ocp.CheckpointManager(self.directory, item_handlers=handlers, options=options)
+        except Exception as exc:  # orbax reads existing step metadata here
+            raise CheckpointError(f"cannot open checkpoints in {self.directory}: {_one_line(exc)}") from None
+
+    def all_steps(self) -> list:
+        """Committed steps, ascending (temporary directories of unfinished saves are not steps)."""
+        return sorted(int(s) for s in self._manager.all_steps())
+
+    def latest_step(self) -> int | None:
+        """The newest committed step, or None when the directory holds none."""
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    def save(self, step: int, state, meta: dict) -> None:
+        """Write ``state`` (pytree of arrays) and ``meta`` (JSON dict) as ``step``; complete when it returns.
+
+        Raises ValueError for a bad step, leaf or meta (before anything is written) and CheckpointError when
+        the step already exists (it is never overwritten) or the write fails.
+        """
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+            raise ValueError(f"checkpoint step must be an int >= 0, got {step!r}")
+        step = int(step)
+        leaf_specs(state)
+        meta = _check_meta(meta)
+        if step in self.all_steps():
+            raise CheckpointError(f"checkpoint step {step} already exists in {self.directory}; "
+                                  "refusing to overwrite it")
+        args = ocp.args.Composite(**{_STATE: ocp.args.StandardSave(state), _META: ocp.args.JsonSave(meta)})
+        try:
+            self._manager.save(step, args=args, force=True)
+            self._manager.wait_until_finished()
+        except Exception as exc:
+            raise CheckpointError(f"saving checkpoint step {step} in {self.directory} failed: "
+                                  f"{_one_line(exc)}") from None
+
+    def restore(self, template, step: int | None = None, *,
+                expect_meta: dict | None = None) -> tuple[Any, dict]:
+        """Read ``(state, meta)`` of ``step`` (default: the latest), checked against ``template``.
+
+        Args:
+          template: pytree with the expected structure, shapes and dtypes (arrays or ShapeDtypeStructs); the
+            restored state has the template's container types, and jax.Array leaves its sharding.
+          step: which step; None for the latest.
+          expect_meta: keys whose saved meta values must equal these (e.g. a config fingerprint).
+        Raises:
+          CheckpointError (one line): no checkpoint, unknown step, corrupt or unreadable files, a tree, shape
+            or dtype difference (naming the leaf), or a meta difference (naming the key).
+        """
+        expected = leaf_specs(template)
+        steps = self.all_steps()
+        if not steps:
+            raise CheckpointError(f"no checkpoint found in {self.directory}")
+        if step is None:
+            step = steps[-1]
+        if step not in steps:
+            raise CheckpointError(f"checkpoint step {step!r} not found in {self.directory}; "
+                                  f"available steps: {steps}")
+        where = f"checkpoint {os.path.join(self.directory, str(step))}"
+        meta = self._read_meta(step, where)
+        if expect_meta is not None:
+            _compare_meta(meta, expect_meta, where)
+        _compare_specs(self._read_specs(step, where), expected, where)
+        args = ocp.args.Composite(**{_STATE: ocp.args.StandardRestore(template)})
+        try:
+            with _quiet_orbax():
+                state = self._manager.restore(step, args=args)[_STATE]
+        except Exception as exc:
+            raise CheckpointError(f"{where} is corrupt or unreadable: {_one_line(exc)}") from None
+        return state, meta
+
+    def _read_meta(self, step: int, where: str) -> dict:
+        try:
+            args = ocp.args.Composite(**{_META: ocp.args.JsonRestore()})
+            with _quiet_orbax():
+                meta = self._manager.restore(step, args=args)[_META]
+        except Exception as exc:
+            raise CheckpointError(f"{where} is corrupt or unreadable (meta): {_one_line(exc)}") from None
+        if not isinstance(meta, dict):
+            raise CheckpointError(f"{where} is corrupt: meta is a {type(meta).__name__}, expected a dict")
+        return meta
+
+    def _read_specs(self, step: int, where: str) -> dict:
+        try:
+            with _quiet_orbax():
+                tree = self._manager.item_metadata(step)[_STATE]
+            tree = getattr(tree, "tree", tree)
+            if tree is None:
+                raise ValueError("no array metadata")
+            return leaf_specs(tree)
+        except Exception as exc:
+            raise CheckpointError(f"{where} is corrupt or unreadable (array metadata): "
+                                  f"{_one_line(exc)}") from None
+
+    def close(self) -> None:
+        """Wait for pending work and release orbax's resources."""
+        self._manager.close()
+
+    def __enter__(self) -> "Checkpointer":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
