@@ -258,13 +258,21 @@ def _check_memory(name, builder, wanted, size) -> None:
     height, width, channels = builder.info.features["image"].shape
     pixels = (size * size if size is not None else (height or 0) * (width or 0)) * (channels or 3)
     need = sum(counts) * pixels * 4
-    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if need > have // 2:
+    have = _physical_memory_bytes()
+    if have is not None and need > have // 2:
         raise DatasetError(
             f"{name} with {counts[0]} train, {counts[1]} val and {counts[2]} test images would take "
             f"{need / 2**30:.1f} GiB as float32, more than half of this machine's {have / 2**30:.1f} GiB; "
             f"pass max_train / max_eval (--max-train / --max-eval) or a smaller image_size"
         )
+
+
+def _physical_memory_bytes() -> int | None:
+    """Physical memory of this machine in bytes, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None
 
 
 def _read_split(builder, spec: str, size: int | None, limit: int | None) -> Split:

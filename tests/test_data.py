@@ -250,3 +250,28 @@ def test_tfds_not_prepared_is_one_clear_error(tmp_path):
     assert "'cifar10'" in msg and str(empty) in msg and "tfds build cifar10" in msg and "--data-dir" in msg
     assert "\n" not in msg
     assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+class _FakeSplits(dict):
+    def __getitem__(self, spec):
+        return type("SplitInfo", (), {"num_examples": dict.__getitem__(self, spec)})()
+
+
+def _fake_builder(counts: dict, shape=(32, 32, 3)):
+    info = type("Info", (), {"splits": _FakeSplits(counts), "features": {"image": type("F", (), {"shape": shape})()}})
+    return type("Builder", (), {"info": info})()
+
+
+def test_memory_guard_refuses_loads_larger_than_half_of_memory(monkeypatch):
+    builder = _fake_builder({"train[:85%]": 850, "train[85%:]": 150, "test": 1000})
+    wanted = (("train[:85%]", None), ("train[85%:]", None), ("test", 500))
+    need = (850 + 150 + 500) * 32 * 32 * 3 * 4  # float32 bytes of the capped splits: 18,432,000
+    monkeypatch.setattr(data, "_physical_memory_bytes", lambda: 2 * need)
+    data._check_memory("cifar10", builder, wanted, None)  # exactly half: accepted
+    monkeypatch.setattr(data, "_physical_memory_bytes", lambda: 2 * need - 2)
+    with pytest.raises(DatasetError, match="850 train, 150 val and 500 test.*max_train / max_eval"):
+        data._check_memory("cifar10", builder, wanted, None)
+    # resizing changes the estimate: 16x16 images need a quarter of the bytes
+    data._check_memory("cifar10", builder, wanted, 16)
+    # sizes unknown (not prepared or mocked): nothing to check
+    data._check_memory("cifar10", _fake_builder({}), wanted, None)
