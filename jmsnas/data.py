@@ -214,11 +214,17 @@ def _normalise(splits) -> tuple[tuple[Split, Split, Split], np.ndarray, np.ndarr
 def _not_prepared(name, builder) -> DatasetError:
     """The one-message error for a tfds dataset that is not in data_dir."""
     root = builder.data_dir_root
+    manual = (
+        "; imagenet2012 cannot be downloaded by tfds at all: put ILSVRC2012_img_train.tar and "
+        "ILSVRC2012_img_val.tar in DIR/downloads/manual before `tfds build`"
+        if name == "imagenet2012"
+        else ""
+    )
     return DatasetError(
         f"dataset {name!r} is not prepared in data_dir {root} (looked for {builder.data_dir}) and cannot be "
         f"downloaded here; on a machine with internet access run `tfds build {name} --data_dir=DIR` (or "
         f"tfds.load({name!r}, data_dir=DIR, download=True)), or copy a prepared DIR/{name}/<version> folder, "
-        f"then pass DIR as data_dir (--data-dir)"
+        f"then pass DIR as data_dir (--data-dir){manual}"
     )
 
 
