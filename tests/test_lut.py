@@ -255,3 +255,47 @@ def test_cli_text_and_errors(tmp_path, capsys):
     arch.write_text("{not json")
     assert cli.main(["latency", "--table", table, "--arch", str(arch)]) == 2
     assert "is not valid JSON" in capsys.readouterr().err
+
+
+def _ofa_net_config(spec):
+    """The OFA MobileNetV3 net.config (ResidualBlock / MBConvLayer format) of an OFA arch spec."""
+    def conv(cin, cout, k, s, mid, se, act):
+        return {"name": "MBConvLayer", "in_channels": cin, "out_channels": cout, "kernel_size": k, "stride": s,
+                "expand_ratio": mid / cin, "mid_channels": mid, "act_func": act, "use_se": se}
+    identity = {"name": "IdentityLayer"}
+    blocks = [{"name": "ResidualBlock", "conv": conv(24, 24, 3, 1, 24, False, "relu"), "shortcut": identity}]
+    cin = 24
+    for s, (width, stride, se, hs) in enumerate(zip((32, 48, 96, 136, 192), (2, 2, 2, 1, 2),
+                                                    (False, True, False, True, True), (0, 0, 1, 1, 1))):
+        for j in range(spec["d"][s]):
+            i = 4 * s + j
+            c = conv(cin, width, spec["ks"][i], stride if j == 0 else 1, round(cin * spec["e"][i]), se,
+                     "h_swish" if hs else "relu")
+            blocks.append({"name": "ResidualBlock", "conv": c, "shortcut": identity if j else None})
+            cin = width
+    return {"name": "MobileNetV3", "first_conv": {"name": "ConvLayer", "out_channels": 24, "stride": 2},
+            "blocks": blocks, "final_expand_layer": {"in_channels": 192, "out_channels": 1152},
+            "feature_mix_layer": {"in_channels": 1152, "out_channels": 1536},
+            "classifier": {"in_features": 1536, "out_features": 1000}, "resolution": spec["r"]}
+
+
+@needs_ref
+def test_ofa_net_config_gives_the_same_keys_as_the_arch_spec():
+    spec = {"ks": [3, 5, 7, 5] * 5, "e": [6, 3, 4, 4] * 5, "d": [4, 2, 3, 4, 2], "r": 208}
+    from_spec = lut.arch_layers(spec)
+    from_config = lut.arch_layers(_ofa_net_config(spec))
+    assert [k for _, k in from_config] == [k for _, k in from_spec]
+    t = lut.load_lut(OFA / "208_lookup_table.yaml")
+    assert lut.network_latency(t, from_config).total_ms == pytest.approx(lut.network_latency(t, from_spec).total_ms)
+
+
+def test_net_config_errors_name_the_block():
+    cfg = _mobile_with_24_channels() if (PROXYLESS / "proxyless_mobile.config").exists() else None
+    if cfg is None:
+        pytest.skip(f"reference configs not found under {REF}")
+    del cfg["blocks"][6]["mobile_inverted_conv"]["kernel_size"]
+    with pytest.raises(lut.LUTError, match=r"blocks\[6\] lacks field 'kernel_size'"):
+        lut.arch_layers(cfg)
+    cfg["blocks"][6]["mobile_inverted_conv"].update(kernel_size=3, expand_ratio="six")
+    with pytest.raises(lut.LUTError, match=r"blocks\[6\] expand_ratio is 'six'"):
+        lut.arch_layers(cfg)

@@ -210,7 +210,8 @@ def _down(hw: int, stride: int) -> int:
 
 
 def _int(what: str, value, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < minimum:
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or value != int(value) or value < minimum):
         raise LUTError(f"{what} is {value!r}, expected an integer >= {minimum}")
     return int(value)
 
@@ -253,7 +254,11 @@ def net_config_layers(config: Mapping, image_size: int = 224) -> list:
         k = _int(f"{where} kernel_size", _field(conv, "kernel_size", where))
         s = _int(f"{where} stride", _field(conv, "stride", where))
         e = _field(conv, "expand_ratio", where)
+        if isinstance(e, bool) or not isinstance(e, (int, float)) or not e > 0:
+            raise LUTError(f"architecture: {where} expand_ratio is {e!r}, expected a positive number")
         shortcut = blk.get("shortcut")
+        if shortcut is not None and not isinstance(shortcut, Mapping):
+            raise LUTError(f"architecture: {where} shortcut must be null or an object, got {shortcut!r}")
         idskip = int(shortcut is not None and shortcut.get("name") != "ZeroLayer")
         if ofa:
             mid = conv.get("mid_channels") or round(cin * e)
