@@ -8,6 +8,7 @@ import sys
 # sub-command name -> module under jmsnas.commands exposing add_parser(subparsers) and run(args) -> int
 COMMANDS = {
     "latency": "latency",
+    "split": "split",
 }
 
 

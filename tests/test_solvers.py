@@ -118,6 +118,11 @@ def test_chain_dp_memory_limits_match_enumeration(seed):
     r = solvers.chain_dp(c, b, inb, topo, peak=peak, memory_limits=limits)
     ref = chain_enumeration(c, b, inb, topo, peak=peak, memory_limits=limits)
     assert r.feasible and r.total_ms == pytest.approx(ref.total_ms)
+    calls = []
+    counted = lambda layers: calls.append(layers) or peak(layers)  # rand_peak is monotone in the range
+    fast = solvers.chain_dp(c, b, inb, topo, peak=counted, memory_limits=limits, monotone_peak=True)
+    assert fast.total_ms == pytest.approx(ref.total_ms)
+    assert len(calls) <= 2 * (n + 1) * m + n  # two pointers per device (+ the final evaluation)
     assert all(r.peak_bytes[d] <= lim for d, lim in zip(topo.device_names, limits))
 
 

@@ -174,8 +174,10 @@ def _best_branches(g, h):
 
 
 def mesh_split(compute_ms, out_bytes, input_bytes, topo: Topology, net: MeshNet, *, peak=None,
-               memory_limits=None) -> SplitResult:
-    """The assignment of ``net`` over the mesh ``topo`` with the least eq. (2) latency (exact; see module doc)."""
+               memory_limits=None, monotone_peak: bool = False) -> SplitResult:
+    """The assignment of ``net`` over the mesh ``topo`` with the least eq. (2) latency (exact; see module doc).
+
+    ``monotone_peak``: as in ``solvers.chain_dp``, for the prefix and suffix chains."""
     c, b, inb = check_costs(compute_ms, out_bytes, input_bytes, topo)
     net = _check_net(net, topo, c.shape[0])
     check_peak(peak, memory_limits)
@@ -184,13 +186,14 @@ def mesh_split(compute_ms, out_bytes, input_bytes, topo: Topology, net: MeshNet,
     fork, heads, scut = _sizes(net, b, inb)
     # prefix over pre + root; the fork tensor always reaches the root
     P, cache = net.prefix, {}
-    segs = [range_costs(c[:P, d], peak_feasibility(peak, P, limits[d], cache)) for d in pre]
+    segs = [range_costs(c[:P, d], peak_feasibility(peak, P, limits[d], cache, 0, monotone_peak)) for d in pre]
     pcut = np.concatenate([[inb], b[:P]])
     _, bw, lat = path_links(topo, pre)
     pre_cost, pbounds = chain_dp_core(segs[0][0], segs[1:], [transfer_ms(pcut, bw[i], lat[i]) for i in range(len(bw))])
     # suffix over post[1:]; the aggregator's own cost is f0
     S, s0, cache = net.suffix, net.suffix_start, {}
-    ssegs = [range_costs(c[s0:, d], peak_feasibility(peak, S, limits[d], cache, s0)) for d in post[1:]]
+    ssegs = [range_costs(c[s0:, d], peak_feasibility(peak, S, limits[d], cache, s0, monotone_peak))
+             for d in post[1:]]
     _, bw, lat = path_links(topo, post)
     slinks = [np.where(np.arange(S + 1) < S, transfer_ms(scut, bw[i], lat[i]), 0.0) for i in range(len(bw))]
     agg_suffix = range_costs(c[s0:, agg])[0]

@@ -334,17 +334,35 @@ def range_costs(compute_col: np.ndarray, feasible: np.ndarray | None = None) -> 
     return r
 
 
-def peak_feasibility(peak, n: int, limit: float, cache: dict, offset: int = 0) -> np.ndarray | None:
+def peak_feasibility(peak, n: int, limit: float, cache: dict, offset: int = 0,
+                     monotone: bool = False) -> np.ndarray | None:
     """bool[n+1, n+1]: whether layers [offset + j, offset + k) fit in ``limit`` bytes; None when unconstrained.
-    ``cache`` maps (j, k) -> bytes and is shared across devices, so each range is measured once."""
+
+    ``cache`` maps (j, k) -> bytes and is shared across devices, so each range is measured once. With
+    ``monotone`` (the peak of a range never drops when the range grows, as for ``cost.memory.peak_memory_bytes``:
+    weights add up and live tensor sets only grow), each start j has a feasible prefix of ends found with two
+    pointers, O(n) calls instead of O(n^2).
+    """
     if peak is None or not math.isfinite(limit):
         return None
+
+    def fits(j, k):
+        if (j, k) not in cache:
+            cache[(j, k)] = _peak_of(peak, tuple(range(offset + j, offset + k)))
+        return cache[(j, k)] <= limit
+
     ok = np.ones((n + 1, n + 1), dtype=bool)
+    if monotone:
+        k = 0
+        for j in range(n + 1):
+            k = max(k, j)
+            while k < n and fits(j, k + 1):
+                k += 1
+            ok[j, k + 1:] = False
+        return ok
     for j in range(n + 1):
         for k in range(j + 1, n + 1):
-            if (j, k) not in cache:
-                cache[(j, k)] = _peak_of(peak, tuple(range(offset + j, offset + k)))
-            ok[j, k] = cache[(j, k)] <= limit
+            ok[j, k] = fits(j, k)
     return ok
 
 
@@ -373,7 +391,7 @@ def chain_dp_core(f0: np.ndarray, seg: Sequence[np.ndarray], link: Sequence[np.n
 
 
 def chain_dp(compute_ms, out_bytes, input_bytes, topo, *, edges=None, peak=None, memory_limits=None,
-             devices=None) -> SplitResult:
+             devices=None, monotone_peak: bool = False) -> SplitResult:
     """Optimal multi-split on a chain (HiveMind-style): contiguous layer ranges to the devices in path order.
 
     Exact dynamic programme over the split points minimising eq. (1) with the relay convention of this module
@@ -382,6 +400,7 @@ def chain_dp(compute_ms, out_bytes, input_bytes, topo, *, edges=None, peak=None,
     the result is optimal among contiguous splits; ``dag.dag_split`` searches all forward-only splits.
     With ``peak``, every device's range must fit its memory limit (exact: infeasible ranges are excluded).
     ``devices`` restricts which path devices may run layers (others relay). O(N^2 M) time, O(N^2) memory per device.
+    ``monotone_peak=True`` promises that ``peak`` never drops when a range grows, cutting its calls to O(N M).
     """
     c, b, inb = check_costs(compute_ms, out_bytes, input_bytes, topo)
     n = c.shape[0]
@@ -396,7 +415,7 @@ def chain_dp(compute_ms, out_bytes, input_bytes, topo, *, edges=None, peak=None,
     cut = cut_bytes(b, inb, e)
     cache, segs = {}, []
     for d in path:
-        s = range_costs(c[:, d], peak_feasibility(peak, n, limits[d], cache))
+        s = range_costs(c[:, d], peak_feasibility(peak, n, limits[d], cache, monotone=monotone_peak))
         if d not in allowed:
             s = np.where(np.eye(n + 1, dtype=bool), s, np.inf)  # only empty ranges
         segs.append(s)

@@ -1,0 +1,76 @@
+"""``jmsnas split``: split a network over a topology with every baseline and solver, with latency breakdowns.
+
+    jmsnas split --model mobilenet_v2 --topology splitnets --act-bits 8 --weight-bits 8 [--bandwidth 300] [--json]
+
+``--model`` is a zoo name (``jmsnas.split.zoo.NAMES``) or a JSON network file {"name", "input_shape", "layers":
+[{"name", "kind", "macs", "params", "out_shape", "inputs"}]}. ``--topology`` is chain, mesh or splitnets;
+``--bandwidth`` gives one Mbit/s value for every link or one per link. Layer latencies come from the roofline
+model of each device. Methods: see ``jmsnas.split.compare``. ``--json`` prints {"model", "topology", "methods":
+{method: {"latency_ms": {"total", "per_device", "per_link"}, "assignment", "ranges", "bytes_per_link",
+"peak_memory_bytes", "memory_limit_bytes", "memory_ok"} or {"error"}}}. Bad arguments print one
+``jmsnas split: error: ...`` line to stderr and exit with 2.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+from jmsnas.split import compare
+from jmsnas.topology import TopologyError
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("split", help="split a network over devices: baselines, Neurosurgeon, optimal splits",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="zoo network name or JSON network file")
+    p.add_argument("--topology", required=True, help=f"topology preset: {', '.join(sorted(compare.TOPOLOGIES))}")
+    p.add_argument("--bandwidth", type=float, nargs="+", metavar="MBPS",
+                   help="link bandwidth(s) in Mbit/s: one for all links or one per link")
+    p.add_argument("--act-bits", type=int, default=32, help="activation bit width (default 32)")
+    p.add_argument("--weight-bits", type=int, default=32, help="weight bit width (default 32)")
+    p.add_argument("--methods", nargs="+", default=list(compare.METHODS), choices=compare.METHODS,
+                   help="methods to run (default: all)")
+    p.add_argument("--json", action="store_true", help="print a JSON object instead of text")
+
+
+def _fail(message: str) -> int:
+    print(f"jmsnas split: error: {' '.join(message.split())}", file=sys.stderr)
+    return 2
+
+
+def _text(setup, results) -> str:
+    topo, net = setup.topo, setup.net
+    links = ", ".join(f"{l.src}->{l.dst} {l.bandwidth_mbps:g} Mbit/s" for l in topo.links)
+    lines = [f"{net.name} ({len(net.layers)} layers) on {topo.name}: {links}"]
+    for method, r in results.items():
+        if isinstance(r, str):
+            lines.append(f"{method:<17} infeasible: {r}")
+            continue
+        lines.append(f"{method:<17} total {r.total_ms:10.3f} ms")
+        for dev, a, b in compare.ranges(r, topo):
+            m = topo.device_names.index(dev)
+            pk = r.peak_bytes[dev]
+            flag = "" if r.memory_ok[dev] else f"  OVER the {topo.devices[m].memory_bytes / 1e6:.2f} MB limit"
+            lines.append(f"    {dev:<12} layers {a}-{b} ({net.layers[a].name} .. {net.layers[b].name}): "
+                         f"compute {r.per_device_ms[dev]:.3f} ms, peak memory {pk / 1e6:.2f} MB{flag}")
+        for ln, ms in r.per_link_ms.items():
+            if r.per_link_bytes[ln]:
+                lines.append(f"    {ln:<12} {r.per_link_bytes[ln]:.0f} bytes, {ms:.3f} ms")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    try:
+        net = compare.load_net(args.model)
+        topo = compare.topology(args.topology, args.bandwidth)
+        setup = compare.make_setup(net, topo, act_bits=args.act_bits, weight_bits=args.weight_bits)
+    except (ValueError, TopologyError) as e:
+        return _fail(str(e))
+    results = compare.run_all(setup, args.methods)
+    if args.json:
+        print(json.dumps({"model": net.name, "topology": topo.name,
+                          "links_mbps": {ln: l.bandwidth_mbps for ln, l in zip(topo.link_names, topo.links)},
+                          "methods": {m: compare.result_json(r, setup) for m, r in results.items()}}, indent=2))
+        return 0
+    print(_text(setup, results))
+    return 0
