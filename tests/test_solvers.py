@@ -193,6 +193,7 @@ def test_neurosurgeon_bandwidth_sweep():
     assert all(x >= y for x, y in zip(sent, sent[1:])), sent
     assert splits[-1] == len(out_b) and sent[-1] == 0  # slow link: edge-only
     assert len(set(splits)) >= 3  # the sweep passes through intermediate splits
+    assert splits == sorted(splits)  # the cloud is faster on every layer, so the index never moves back
 
 
 def test_neurosurgeon_split_index_can_move_back():

@@ -12,6 +12,9 @@ Methods (all see the network's skip connections, so a cut sends every tensor liv
 * ``neurosurgeon_mem``: the same restricted to splits whose two parts fit their devices' memory;
 * ``chain_dp``: optimal contiguous multi-split over every device, memory limits enforced (exact);
 * ``dag_min_cut``: optimal forward-only split of the DAG over every device (exact, memory not enforced).
+
+Zoo networks have no parallel device branches, so on the mesh preset these methods use the chain
+``pre + root + first branch device + post`` (``solvers.chain_path``); ``mesh.mesh_split`` needs a ``MeshNet``.
 """
 from __future__ import annotations
 

@@ -46,7 +46,8 @@ class SplitResult(NamedTuple):
     Attributes:
       method: solver name.
       assignment: int[N], the topology device index running each layer.
-      total_ms: end-to-end latency in ms.
+      total_ms: end-to-end latency in ms (on a mesh, parallel branches enter through eq. (2)'s max, so it can be
+        less than the sum of the per-device and per-link figures).
       per_device_ms: device name -> compute ms (0 for idle devices).
       per_link_ms: link name "a->b" -> communication ms (0 for unused links).
       per_link_bytes: link name -> bytes sent over it.
@@ -289,6 +290,11 @@ def neurosurgeon(compute_ms, out_bytes, input_bytes, topo, *, devices=None, edge
     ``devices=(a, b)`` (names or indices, a before b on the path; default first and last). Devices between them
     relay the cut tensor; devices before a relay the input. With ``peak``, splits over a memory limit are skipped.
     Ties go to fewer transmitted bytes, then to the smaller k. Cost O(N * links).
+
+    As the bandwidth falls the bytes sent never increase (exchange argument: total(k) = compute(k) +
+    bytes(k) * 8 / bandwidth + latency, so a split chosen at a lower bandwidth cannot send more). The split index
+    moves back to an earlier layer with a smaller output only when device a runs some layer faster than b;
+    when b is faster on every layer the index never decreases either (tests/test_solvers.py shows both).
     """
     c, b, inb = check_costs(compute_ms, out_bytes, input_bytes, topo)
     n = c.shape[0]
