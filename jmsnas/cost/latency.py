@@ -1,0 +1,120 @@
+"""Completion latency of a split network: eq. (1) for a chain and eq. (2) for a mesh (paper 003, section III).
+
+One function serves the expected latency E[T] (probabilities p = softmax(alpha), E[tau_n^m] = sum_i p_i U_n^m(v_i))
+and the latency of one discrete architecture (one-hot p). Everything is in ms and differentiable in p.
+
+Communication: the output of the last layer d(m) on device m crosses the link to the next device,
+eps = bytes * 8 / bandwidth + the link's fixed latency, and eps = 0 after the last device. The stem runs on the
+first device in execution order (the UE, which captures the image) and the classifier head on the last.
+In a mesh, the root forwards its output to each branch over that branch's own link (eq. (2) writes one eps for the
+root; with different links per branch each branch term uses its own), and the max over branches is taken of
+expected latencies when p is not one-hot — a lower bound of the true E[max] (Jensen), see the tests.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jmsnas.cost.tables import CostTable
+from jmsnas.gates import probabilities
+from jmsnas.space import SearchSpace
+
+
+class Latency(NamedTuple):
+    """total: ms; per_device: float32[M] compute ms; per_link: float32[L] communication ms (topology link order)."""
+
+    total: jnp.ndarray
+    per_device: jnp.ndarray
+    per_link: jnp.ndarray
+
+
+def layer_ms(table: CostTable, probs) -> jnp.ndarray:
+    """E[tau_n^m] = sum_i p_i U_n^m(v_i): float32[M, N]."""
+    return jnp.einsum("mnr,nr->mn", table.compute_ms, probs)
+
+
+def _comm_ms(table: CostTable, link: int, nbytes):
+    return nbytes * 8.0 / (table.bandwidth_mbps[link] * 1e3) + table.link_latency_ms[link]
+
+
+def _fixed_terms(space: SearchSpace, table: CostTable, per_device):
+    order = space.topology.path_order()
+    per_device = per_device.at[order[0]].add(table.stem_ms[order[0]])
+    return per_device.at[order[-1]].add(table.head_ms[order[-1]])
+
+
+def chain_latency(space: SearchSpace, table: CostTable, probs, assignment=None) -> Latency:
+    """Eq. (1). ``assignment`` int32[N] (device index per layer, contiguous in chain order) defaults to D^m."""
+    topo = space.topology
+    order = np.asarray(topo.pre)
+    assignment = jnp.asarray(space.layer_devices() if assignment is None else assignment)
+    tau = layer_ms(table, probs)  # [M, N]
+    onehot = jax.nn.one_hot(assignment, topo.num_devices, dtype=tau.dtype)  # [N, M]
+    per_device = _fixed_terms(space, table, jnp.einsum("mn,nm->m", tau, onehot))
+    chain_pos = jnp.asarray(np.argsort(order))[assignment]  # position of each layer's device along the chain
+    per_link = jnp.zeros((len(topo.links),), tau.dtype)
+    for j in range(len(order) - 1):
+        done = jnp.sum(chain_pos <= j)  # layers finished before crossing link j
+        nbytes = jnp.where(done > 0, table.out_bytes[jnp.maximum(done - 1, 0)], table.stem_bytes)
+        link = topo.link_index(int(order[j]), int(order[j + 1]))
+        per_link = per_link.at[link].set(_comm_ms(table, link, nbytes))
+    return Latency(jnp.sum(per_device) + jnp.sum(per_link), per_device, per_link)
+
+
+def mesh_latency(space: SearchSpace, table: CostTable, probs) -> Latency:
+    """Eq. (2): chain part C (before the root and from the aggregator on) plus the slowest root->branch path."""
+    topo = space.topology
+    tau = layer_ms(table, probs)
+    per_device = jnp.stack([jnp.sum(tau[m, list(space.layers_of(m))]) for m in range(topo.num_devices)])
+    per_device = _fixed_terms(space, table, per_device)
+    last_out = lambda m: table.out_bytes[space.layers_of(m)[-1]]
+    per_link = jnp.zeros((len(topo.links),), tau.dtype)
+    chain_seq = list(topo.pre) + [topo.root]
+    for a, b in zip(chain_seq, chain_seq[1:]):
+        link = topo.link_index(a, b)
+        per_link = per_link.at[link].set(_comm_ms(table, link, last_out(a)))
+    for a, b in zip(topo.post, topo.post[1:]):
+        link = topo.link_index(a, b)
+        per_link = per_link.at[link].set(_comm_ms(table, link, last_out(a)))
+    agg = topo.post[0]
+    branch_terms = []
+    for b in topo.branches:
+        down, up = topo.link_index(topo.root, b), topo.link_index(b, agg)
+        per_link = per_link.at[down].set(_comm_ms(table, down, last_out(topo.root)))
+        per_link = per_link.at[up].set(_comm_ms(table, up, last_out(b)))
+        branch_terms.append(per_device[topo.root] + per_link[down] + per_device[b] + per_link[up])
+    chain_part = sum(per_device[m] for m in list(topo.pre) + list(topo.post))
+    chain_part = chain_part + sum(per_link[topo.link_index(a, b)] for a, b in zip(chain_seq, chain_seq[1:]))
+    chain_part = chain_part + sum(per_link[topo.link_index(a, b)] for a, b in zip(topo.post, topo.post[1:]))
+    total = chain_part + jnp.max(jnp.stack(branch_terms))
+    return Latency(total, per_device, per_link)
+
+
+def latency(space: SearchSpace, table: CostTable, probs, assignment=None) -> Latency:
+    """Latency breakdown for probabilities ``probs`` float[N, R] (one-hot for a discrete architecture)."""
+    if space.topology.kind == "chain":
+        return chain_latency(space, table, probs, assignment)
+    if assignment is not None:
+        raise ValueError("a layer assignment can only be given for a chain topology; the mesh's is fixed by D^m")
+    return mesh_latency(space, table, probs)
+
+
+def expected_latency(space: SearchSpace, table: CostTable, alpha, assignment=None) -> Latency:
+    """E_alpha[T] with p = softmax(alpha) over the valid candidates (differentiable in alpha)."""
+    return latency(space, table, probabilities(alpha, jnp.asarray(space.mask())), assignment)
+
+
+def arch_latency(space: SearchSpace, table: CostTable, ops, assignment=None) -> Latency:
+    """T of one discrete architecture ops int32[N]."""
+    return latency(space, table, jax.nn.one_hot(jnp.asarray(ops), table.compute_ms.shape[-1]), assignment)
+
+
+def breakdown_dict(space: SearchSpace, lat: Latency) -> dict:
+    """A JSON-ready breakdown: {"total", "per_device": {name: ms}, "per_link": {"a->b": ms}}."""
+    topo = space.topology
+    return {"total": float(lat.total),
+            "per_device": {d.name: float(v) for d, v in zip(topo.devices, np.asarray(lat.per_device))},
+            "per_link": {n: float(v) for n, v in zip(topo.link_names, np.asarray(lat.per_link))}}

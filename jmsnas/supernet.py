@@ -1,0 +1,220 @@
+"""The supernet as pure functions: init(key, space) and apply(space, params, state, gates, x, train).
+
+Parameters are ``{"stem": ..., "layers": ({op_name: op_params}, ...), "head": ...}`` with one entry per valid
+candidate of each layer; ``state`` mirrors it with batch-norm running statistics. A mixed op outputs g^T v(x):
+with ``gates.paths`` given, only those K candidates are computed (``lax.switch`` executes one branch at run time),
+otherwise every valid candidate is. The compact network of one architecture has only the chosen candidates'
+parameters and computes exactly what the supernet computes with the matching one-hot gates.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jmsnas import ops as O
+from jmsnas.gates import Gates
+from jmsnas.space import OPS, OpSpec, SearchSpace
+
+
+def _valid_ops(space: SearchSpace, n: int) -> list:
+    return [int(i) for i in np.flatnonzero(space.mask()[n])]
+
+
+class _Layout(NamedTuple):
+    """Static padding layout of one layer's stacked candidates (position v = index in the valid list)."""
+
+    valid: tuple  # op indices of the valid candidates
+    kmax: int
+    mid_max: int
+    position: np.ndarray  # int32[R]: op index -> position v
+    kmask: np.ndarray  # float32[V, kmax, kmax, 1]: candidate v's centred k x k window
+    cmask: np.ndarray  # float32[V, mid_max]: candidate v's first in_ch * expand channels
+    mbconv: np.ndarray  # float32[V]: 1 for an MBConv, 0 for identity
+    shortcut: np.ndarray  # float32[V]: 1 where the input is added (shortcut or identity)
+
+
+def layout(space: SearchSpace, n: int) -> _Layout:
+    s = space.layers[n]
+    valid = tuple(_valid_ops(space, n))
+    convs = [OPS[i] for i in valid if not OPS[i].is_identity]
+    kmax = max(o.kernel for o in convs)
+    mid_max = s.in_ch * max(o.expand for o in convs)
+    position = np.zeros(len(OPS), np.int32)
+    position[list(valid)] = np.arange(len(valid))
+    kmask = np.zeros((len(valid), kmax, kmax, 1), np.float32)
+    cmask = np.zeros((len(valid), mid_max), np.float32)
+    for v, i in enumerate(valid):
+        o = OPS[i]
+        if not o.is_identity:
+            lo = (kmax - o.kernel) // 2
+            kmask[v, lo:lo + o.kernel, lo:lo + o.kernel] = 1.0
+            cmask[v, :s.in_ch * o.expand] = 1.0
+    mbconv = np.array([0.0 if OPS[i].is_identity else 1.0 for i in valid], np.float32)
+    shortcut = np.array([1.0 if OPS[i].is_identity or OPS[i].residual else 0.0 for i in valid], np.float32)
+    return _Layout(valid, kmax, mid_max, position, kmask, cmask, mbconv, shortcut)
+
+
+def _init_layer(key, space: SearchSpace, n: int):
+    """Stacked, zero-padded parameters of every valid candidate of layer n (one entry per candidate)."""
+    s, lay = space.layers[n], layout(space, n)
+    V, M = len(lay.valid), lay.mid_max
+    p = {"expand": np.zeros((V, s.in_ch, M), np.float32), "dw": np.zeros((V, lay.kmax, lay.kmax, M), np.float32),
+         "project": np.zeros((V, M, s.out_ch), np.float32)}
+    for name, ch in (("bn1", M), ("bn2", M), ("bn3", s.out_ch)):
+        p[name] = {"scale": np.zeros((V, ch), np.float32), "bias": np.zeros((V, ch), np.float32)}
+    st = {name: {"mean": np.zeros((V, ch), np.float32), "var": np.ones((V, ch), np.float32)}
+          for name, ch in (("bn1", M), ("bn2", M), ("bn3", s.out_ch))}
+    for v, (i, kv) in enumerate(zip(lay.valid, jax.random.split(key, V))):
+        op = OPS[i]
+        if op.is_identity:
+            continue
+        q, _ = O.mbconv_init(kv, op, s.in_ch, s.out_ch)
+        mid, lo = s.in_ch * op.expand, (lay.kmax - op.kernel) // 2
+        p["expand"][v, :, :mid] = q["expand"]
+        p["dw"][v, lo:lo + op.kernel, lo:lo + op.kernel, :mid] = q["dw"]
+        p["project"][v, :mid] = q["project"]
+        for name, ch in (("bn1", mid), ("bn2", mid), ("bn3", s.out_ch)):
+            p[name]["scale"][v, :ch] = q[name]["scale"]
+    return jax.tree_util.tree_map(jnp.asarray, p), jax.tree_util.tree_map(jnp.asarray, st)
+
+
+def init(key, space: SearchSpace):
+    """Initial (params, state) of the whole supernet; each layer holds its candidates stacked and zero-padded."""
+    k_stem, k_head, k_layers = jax.random.split(key, 3)
+    params, state = {}, {}
+    params["stem"], state["stem"] = O.conv_bn_init(k_stem, 3, space.in_channels, space.stem_channels)
+    layers = [_init_layer(kn, space, n) for n, kn in enumerate(jax.random.split(k_layers, space.num_layers))]
+    params["layers"] = tuple(l[0] for l in layers)
+    state["layers"] = tuple(l[1] for l in layers)
+    params["head"], state["head"] = O.head_init(k_head, space.layers[-1].out_ch, space.head_channels,
+                                                space.num_classes)
+    return params, state
+
+
+def _candidate(space: SearchSpace, lay: _Layout, n: int, params_n, state_n, v, x, train, dw_impl):
+    """Candidate at position v (traced) of layer n computed by one padded MBConv; returns (y, its new BN state).
+
+    The gathered parameters are multiplied by the candidate's static kernel/channel masks, so padding never
+    contributes to the output and receives zero gradient: the result equals the candidate's own computation.
+    """
+    cm, km = jnp.asarray(lay.cmask)[v], jnp.asarray(lay.kmask)[v]
+    take = lambda t: jax.tree_util.tree_map(lambda a: a[v], t)
+    p = {"expand": params_n["expand"][v] * cm, "dw": params_n["dw"][v] * km * cm,
+         "project": params_n["project"][v] * cm[:, None], "bn3": take(params_n["bn3"])}
+    for name in ("bn1", "bn2"):
+        p[name] = {k: a[v] * cm for k, a in params_n[name].items()}
+    widest = OpSpec("padded", lay.kmax, 0, False)
+    y, new = O.mbconv_apply(p, take(state_n), x, widest, space.layers[n].stride, train, dw_impl)
+    if space.layers[n].keeps_shape:
+        y = jnp.asarray(lay.mbconv)[v] * y + jnp.asarray(lay.shortcut)[v] * x
+    return y, new
+
+
+def mixed_op(space: SearchSpace, n: int, params_n, state_n, weights_n, paths_n, x, train: bool,
+             dw_impl: str = "auto"):
+    """Layer n's output sum_k g[paths[k]] v_{paths[k]}(x); every valid candidate when paths_n is None."""
+    lay = layout(space, n)
+    put = lambda st, v, new: jax.tree_util.tree_map(lambda a, b: a.at[v].set(b), st, new)
+    if paths_n is None:
+        vs = jnp.arange(len(lay.valid))
+        ys, new = jax.vmap(lambda v: _candidate(space, lay, n, params_n, state_n, v, x, train, dw_impl))(vs)
+        w = weights_n[jnp.asarray(lay.valid)]
+        return jnp.tensordot(w, ys, axes=1), new if train else state_n
+    out = 0.0
+    for k in range(paths_n.shape[0]):
+        idx = paths_n[k]
+        v = jnp.asarray(lay.position)[idx]
+        y, new = _candidate(space, lay, n, params_n, state_n, v, x, train, dw_impl)
+        state_n = put(state_n, v, new) if train else state_n
+        out = out + weights_n[idx] * y
+    return out, state_n
+
+
+def _layer_inputs(space: SearchSpace, n: int, outputs: dict, stem_out):
+    srcs = space.input_of(n)
+    xs = [stem_out if j < 0 else outputs[j] for j in srcs]
+    return xs[0] if len(xs) == 1 else sum(xs) / len(xs)  # mesh aggregator: mean of the branch outputs
+
+
+def apply(space: SearchSpace, params, state, gates: Gates, x, *, train: bool, dw_impl: str = "auto"):
+    """Logits float32[B, classes] of the supernet under ``gates`` and the updated batch-norm state."""
+    new_state = {}
+    h, new_state["stem"] = O.conv_bn_apply(params["stem"], state["stem"], x, space.stem_stride, train)
+    outputs, layer_states = {}, []
+    for s in space.layers:
+        inp = _layer_inputs(space, s.index, outputs, h)
+        paths_n = None if gates.paths is None else gates.paths[s.index]
+        y, st = mixed_op(space, s.index, params["layers"][s.index], state["layers"][s.index],
+                         gates.weights[s.index], paths_n, inp, train, dw_impl)
+        outputs[s.index] = y
+        layer_states.append(st)
+    new_state["layers"] = tuple(layer_states)
+    logits, new_state["head"] = O.head_apply(params["head"], state["head"], outputs[space.num_layers - 1], train)
+    return logits, new_state
+
+
+def _unpad(space: SearchSpace, n: int, params_n, state_n, i: int):
+    """Candidate i's own (unpadded) parameters and state from layer n's stacks."""
+    op, s, lay = OPS[i], space.layers[n], layout(space, n)
+    if op.is_identity:
+        return {}, {}
+    v, mid, lo = int(lay.position[i]), s.in_ch * op.expand, (lay.kmax - op.kernel) // 2
+    p = {"expand": params_n["expand"][v, :, :mid], "dw": params_n["dw"][v, lo:lo + op.kernel, lo:lo + op.kernel, :mid],
+         "project": params_n["project"][v, :mid]}
+    st = {}
+    for name, ch in (("bn1", mid), ("bn2", mid), ("bn3", s.out_ch)):
+        p[name] = {k: a[v, :ch] for k, a in params_n[name].items()}
+        st[name] = {k: a[v, :ch] for k, a in state_n[name].items()}
+    return p, st
+
+
+def extract(space: SearchSpace, params, state, ops: Sequence[int]):
+    """The compact network of architecture ``ops``: only the chosen candidates' parameters and state."""
+    ops = [int(i) for i in np.asarray(ops)]
+    space.validate_arch(ops)
+    parts = [_unpad(space, n, params["layers"][n], state["layers"][n], i) for n, i in enumerate(ops)]
+    cp = {"stem": params["stem"], "head": params["head"], "layers": tuple(p for p, _ in parts)}
+    cs = {"stem": state["stem"], "head": state["head"], "layers": tuple(st for _, st in parts)}
+    return cp, cs
+
+
+def compact_apply(space: SearchSpace, ops: tuple, params, state, x, *, train: bool, dw_impl: str = "auto"):
+    """Forward of the compact network ``ops`` (a static tuple of op indices) with params from ``extract``."""
+    new_state = {}
+    h, new_state["stem"] = O.conv_bn_apply(params["stem"], state["stem"], x, space.stem_stride, train)
+    outputs, layer_states = {}, []
+    for s, i in zip(space.layers, ops):
+        inp = _layer_inputs(space, s.index, outputs, h)
+        y, st = O.op_apply(params["layers"][s.index], state["layers"][s.index], inp, OPS[i], s.stride, train,
+                           dw_impl)
+        outputs[s.index] = y
+        layer_states.append(st)
+    new_state["layers"] = tuple(layer_states)
+    logits, new_state["head"] = O.head_apply(params["head"], state["head"], outputs[space.num_layers - 1], train)
+    return logits, new_state
+
+
+def count_params(tree) -> int:
+    """Number of scalars in a parameter pytree."""
+    return int(sum(np.size(x) for x in jax.tree_util.tree_leaves(tree)))
+
+
+def device_parts(space: SearchSpace, compact_params, ops: Sequence[int]) -> dict:
+    """Per-device parts of a compact network: device name -> {"layers": [...], "params": subtree}.
+
+    The stem goes with the first device in execution order, the head with the last.
+    """
+    topo = space.topology
+    order = topo.path_order()
+    parts = {topo.devices[m].name: {"layers": [], "ops": [], "params": {"layers": {}}} for m in order}
+    for s, i in zip(space.layers, ops):
+        part = parts[topo.devices[s.device].name]
+        part["layers"].append(s.index)
+        part["ops"].append(OPS[int(i)].name)
+        part["params"]["layers"][str(s.index)] = compact_params["layers"][s.index]
+    parts[topo.devices[order[0]].name]["params"]["stem"] = compact_params["stem"]
+    parts[topo.devices[order[-1]].name]["params"]["head"] = compact_params["head"]
+    return parts
