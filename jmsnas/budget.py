@@ -1,0 +1,142 @@
+"""A latency guarantee on top of the penalty: repair the derived architecture so that T <= T_const.
+
+With a fixed split, T is the sum of per-layer compute latencies plus terms that do not depend on the ops (stem,
+head, communication of fixed-shape tensors) inside the chain part, and a max over branches in a mesh. The repair
+picks, among all architectures with T <= T_const, the one that loses the least log-probability under alpha:
+minimise sum_n -log p_n(op_n) subject to T(ops) <= T_const.
+
+Exact method: per segment of additive layers, a dynamic programme over layers keeps the Pareto frontier of
+(latency, cost) pairs (no pair is dropped unless another is at least as fast and at least as cheap, so the optimum
+is never pruned). For a chain the whole network is one segment. For a mesh the chain part and the root form one
+additive segment and each branch another; T = const + A + max_b B_b, so every candidate value c of the max (a
+frontier latency of some branch) is tried: each branch takes its cheapest point with B_b <= c and the additive
+segment its cheapest point within T_const - const - c. This is exact over all architectures of the space.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import numpy as np
+
+from jmsnas.cost.latency import arch_latency
+from jmsnas.cost.tables import CostTable
+from jmsnas.gates import probabilities
+from jmsnas.space import SearchSpace
+
+
+class Repair(NamedTuple):
+    ops: np.ndarray  # int32[N], the repaired (or unchanged) architecture
+    latency_ms: float  # its T
+    repaired: bool  # True if the derived architecture exceeded the budget and was changed
+    feasible: bool  # False if no architecture of the space meets the budget (ops is then the fastest one)
+    min_latency_ms: float  # smallest T reachable in the space
+    logprob_loss: float  # sum_n log p(derived) - log p(ops) >= 0
+
+
+def _frontier(layers, lat, cost, valid):
+    """Pareto frontier over ``layers``: arrays (latency, cost, choices[K, len(layers)]) sorted by latency."""
+    lats, costs, picks = np.zeros(1), np.zeros(1), np.zeros((1, 0), np.int64)
+    for n in layers:
+        ops = np.flatnonzero(valid[n])
+        l = (lats[:, None] + lat[n, ops][None]).ravel()
+        c = (costs[:, None] + cost[n, ops][None]).ravel()
+        p = np.concatenate([np.repeat(picks, len(ops), 0), np.tile(ops, len(lats))[:, None]], 1)
+        order = np.lexsort((c, l))
+        l, c, p = l[order], c[order], p[order]
+        keep = c < np.minimum.accumulate(np.concatenate([[np.inf], c[:-1]]))  # strictly cheaper than all faster
+        lats, costs, picks = l[keep], c[keep], p[keep]
+    return lats, costs, picks
+
+
+def _cheapest_within(front, limit):
+    lats, costs, picks = front
+    ok = np.flatnonzero(lats <= limit + 1e-9)
+    if ok.size == 0:
+        return None
+    j = ok[np.argmin(costs[ok])]
+    return lats[j], costs[j], picks[j]
+
+
+def repair(space: SearchSpace, table: CostTable, alpha, derived_ops, t_const_ms: float) -> Repair:
+    """The cheapest (in -log p) architecture with T <= t_const_ms; ``derived_ops`` is kept if it already fits."""
+    derived_ops = np.asarray(derived_ops, np.int32)
+    mask = space.mask()
+    logp = np.log(np.maximum(np.asarray(probabilities(alpha, mask), np.float64), 1e-30))
+    cost = -logp
+    topo = space.topology
+    dev = space.layer_devices()
+    lat = np.asarray(table.compute_ms, np.float64)[dev, np.arange(space.num_layers)]  # [N, R] on own device
+    t_derived = float(arch_latency(space, table, derived_ops).total)
+    zero = np.zeros(space.num_layers, np.int32)
+    zero[:] = [int(np.flatnonzero(mask[n])[0]) for n in range(space.num_layers)]
+    # constant part: T of an architecture minus its per-layer compute (exact since T is affine in the layer terms)
+    base_ops = zero
+    if topo.kind == "chain":
+        const = float(arch_latency(space, table, base_ops).total) - lat[np.arange(space.num_layers), base_ops].sum()
+        front = _frontier(range(space.num_layers), lat, cost, mask)
+        best = _cheapest_within(front, t_const_ms - const)
+        t_min = const + front[0][0]
+        ops = None if best is None else np.asarray(best[2], np.int32)
+        fastest = np.asarray(front[2][0], np.int32)
+    else:
+        ops, t_min, fastest = _repair_mesh(space, table, lat, cost, mask, t_const_ms)
+    if t_derived <= t_const_ms + 1e-9:
+        return Repair(derived_ops, t_derived, False, True, t_min, 0.0)
+    feasible = ops is not None
+    ops = ops if feasible else fastest
+    t = float(arch_latency(space, table, ops).total)
+    loss = float(cost[np.arange(space.num_layers), ops].sum() - cost[np.arange(space.num_layers), derived_ops].sum())
+    return Repair(ops, t, True, feasible, t_min, loss)
+
+
+def _repair_mesh(space, table, lat, cost, mask, t_const_ms):
+    topo = space.topology
+    additive = [n for m in list(topo.pre) + [topo.root] + list(topo.post) for n in space.layers_of(m)]
+    branch_layers = [list(space.layers_of(b)) for b in topo.branches]
+    base = np.array([int(np.flatnonzero(mask[n])[0]) for n in range(space.num_layers)], np.int32)
+    n_all = np.arange(space.num_layers)
+    # T(ops) = const + sum_additive lat + max_b (sum_branch_b lat + comm_b); comm_b is op-independent
+    br_const = []
+    lat_b = np.asarray(_branch_terms(space, table, base))
+    for b, layers in enumerate(branch_layers):
+        br_const.append(lat_b[b] - lat[layers, base[layers]].sum())
+    const = float(arch_latency(space, table, base).total) - lat[additive, base[additive]].sum() - lat_b.max()
+    fa = _frontier(additive, lat, cost, mask)
+    fbs = [_frontier(layers, lat, cost, mask) for layers in branch_layers]
+    caps = sorted({float(l + k) for f, k in zip(fbs, br_const) for l in f[0]})
+    best, fastest = None, None
+    t_min = const + fa[0][0] + max(f[0][0] + k for f, k in zip(fbs, br_const))
+    for cap in caps:
+        picks = [_cheapest_within(f, cap - k) for f, k in zip(fbs, br_const)]
+        if any(p is None for p in picks):
+            continue
+        a = _cheapest_within(fa, t_const_ms - const - cap)
+        if a is None:
+            continue
+        total_cost = a[1] + sum(p[1] for p in picks)
+        if best is None or total_cost < best[0]:
+            best = (total_cost, a, picks)
+    ops_fast = base.copy()
+    ops_fast[additive] = fa[2][0]
+    for layers, f in zip(branch_layers, fbs):
+        ops_fast[layers] = f[2][0]
+    if best is None:
+        return None, t_min, ops_fast
+    ops = base.copy()
+    ops[additive] = best[1][2]
+    for layers, p in zip(branch_layers, best[2]):
+        ops[layers] = p[2]
+    return ops, t_min, ops_fast
+
+
+def _branch_terms(space, table, ops):
+    """Per branch: its compute plus its two links' communication (the root's compute excluded), ms."""
+    lat = arch_latency(space, table, ops)
+    topo = space.topology
+    agg = topo.post[0]
+    out = []
+    for b in topo.branches:
+        down, up = topo.link_index(topo.root, b), topo.link_index(b, agg)
+        out.append(float(lat.per_device[b] + lat.per_link[down] + lat.per_link[up]))
+    return out
