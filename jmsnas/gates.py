@@ -14,6 +14,7 @@ sum_k weights[n, paths[n, k]] * v_{paths[n, k]}(x). ``paths=None`` means every v
 """
 from __future__ import annotations
 
+import numbers
 from typing import NamedTuple, Optional
 
 import jax
@@ -115,6 +116,10 @@ def temperature_schedule(tau0: float = 5.0, tau_min: float = 0.1, decay: float =
     """Exponentially decaying Gumbel temperature tau(step) = max(tau_min, tau0 * decay^(step/steps_per_decay))."""
     if not (tau0 > 0 and tau_min > 0 and 0 < decay <= 1):
         raise ValueError(f"need tau0 > 0, tau_min > 0, 0 < decay <= 1; got {tau0}, {tau_min}, {decay}")
+    if isinstance(steps_per_decay, bool) or not isinstance(steps_per_decay, numbers.Integral) or steps_per_decay < 1:
+        raise ValueError(f"steps_per_decay must be an integer >= 1, got {steps_per_decay!r}")
+    if decay == 1:  # optax treats end_value as an upper bound when decay_rate >= 1
+        return optax.constant_schedule(max(tau0, tau_min))
     return optax.exponential_decay(tau0, steps_per_decay, decay, end_value=tau_min)
 
 
