@@ -74,10 +74,12 @@ def from_compute(space: SearchSpace, compute_ms, stem_ms, head_ms, activation_bi
         raise ValueError(f"compute_ms has shape {compute_ms.shape}, expected (devices, layers, ops) = {expect}")
     for name, arr in (("compute_ms", compute_ms), ("stem_ms", stem_ms), ("head_ms", head_ms)):
         arr = np.asarray(arr, np.float64)
+        if name != "compute_ms" and arr.shape != expect[:1]:
+            raise ValueError(f"{name} has shape {arr.shape}, expected (devices,) = {expect[:1]}")
         bad = np.argwhere(~np.isfinite(arr) | (arr < 0))
         if bad.size:
-            raise ValueError(f"{name} has a negative or non-finite latency at index {tuple(bad[0])}: "
-                             f"{arr[tuple(bad[0])]!r}")
+            at = tuple(int(i) for i in bad[0])  # plain ints/floats: numpy 2 would print np.int64(2)
+            raise ValueError(f"{name} has a negative or non-finite latency at index {at}: {float(arr[at])!r}")
     compute_ms = np.where(space.mask()[None], compute_ms, 0.0).astype(np.float32)
     out, stem, raw = activation_bytes(space, activation_bits)
     bw, lat = links_arrays(space)
