@@ -46,10 +46,29 @@ def _fixed_terms(space: SearchSpace, table: CostTable, per_device):
     return per_device.at[order[-1]].add(table.head_ms[order[-1]])
 
 
+def _check_assignment(space: SearchSpace, assignment) -> None:
+    """Rejects a concrete assignment that is not int[N] over the chain devices in non-decreasing chain order
+    (a traced one, inside jit/vmap, cannot be inspected here)."""
+    try:
+        a = np.asarray(assignment)
+    except jax.errors.TracerArrayConversionError:
+        return
+    order = list(space.topology.pre)
+    if a.shape != (space.num_layers,) or a.dtype.kind not in "iu" or not np.isin(a, order).all():
+        raise ValueError(f"assignment must be int[{space.num_layers}] of chain device indices {order}, "
+                         f"got {a.tolist()}")
+    pos = np.argsort(order)[a]
+    if np.any(np.diff(pos) < 0):
+        raise ValueError(f"assignment {a.tolist()} is not contiguous in chain order {order}: "
+                         f"a layer would send its output back to an earlier device")
+
+
 def chain_latency(space: SearchSpace, table: CostTable, probs, assignment=None) -> Latency:
     """Eq. (1). ``assignment`` int32[N] (device index per layer, contiguous in chain order) defaults to D^m."""
     topo = space.topology
     order = np.asarray(topo.pre)
+    if assignment is not None:
+        _check_assignment(space, assignment)
     assignment = jnp.asarray(space.layer_devices() if assignment is None else assignment)
     tau = layer_ms(table, probs)  # [M, N]
     onehot = jax.nn.one_hot(assignment, topo.num_devices, dtype=tau.dtype)  # [N, M]
