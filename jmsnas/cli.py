@@ -9,6 +9,8 @@ import sys
 COMMANDS = {
     "latency": "latency",
     "split": "split",
+    "search": "search",
+    "retrain": "search",
 }
 
 
@@ -23,9 +25,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="jmsnas", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     mods = _available()
-    for mod in mods.values():
+    for mod in {id(m): m for m in mods.values()}.values():  # a module may serve several sub-commands
         mod.add_parser(sub)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command not in ("search", "retrain"):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command in ("search", "retrain"):
+        return mods[args.command].run(args, extra)
     return mods[args.command].run(args)
 
 

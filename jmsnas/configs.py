@@ -1,0 +1,55 @@
+"""Built-in configurations (ml_collections). Experiment files under experiments/configs/ start from these."""
+from __future__ import annotations
+
+import ml_collections
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """The main job: the chain preset (UE -> SBS -> MBS -> cloud, Table I links) on the embedded digits data."""
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+    c.topology = "chain"
+    c.layers_per_device = (2, 2, 2, 2)
+    c.dataset = "digits"
+    c.data_dir = ml_collections.FieldReference(None, field_type=str)
+    c.val_fraction = 0.15
+    c.image_size = ml_collections.FieldReference(None, field_type=int)
+    c.max_train = ml_collections.FieldReference(None, field_type=int)
+    c.space = ml_collections.ConfigDict(dict(device_channels=(24, 32, 48, 64), device_strides=(1, 2, 1, 2),
+                                             stem_channels=16, stem_stride=1, head_channels=128))
+    c.cost = ml_collections.ConfigDict(dict(activation_bits=32))
+    c.cost.tables = ml_collections.FieldReference(None, field_type=dict)
+    # The derived latency of this space spans about 2.68-2.98 ms (the ue->sbs transfer alone is 1.97 ms).
+    c.t_const_ms = 2.8
+    c.search = ml_collections.ConfigDict(dict(
+        warmup_epochs=2, epochs=8, batch_size=64, arch_every=1, weight_lr=2e-3, arch_lr=2e-3, lambda1=1e-5,
+        lambda2=100.0, penalty="two_sided", gate_mode="two_path", tau0=5.0, tau_min=0.1, tau_decay=0.97))
+    c.retrain = ml_collections.ConfigDict(dict(epochs=15, lr=2e-3))
+    c.eval_batch_size = 256
+    c.checkpoint_every = 50
+    c.dw_impl = "auto"
+    return c
+
+
+def mesh_config() -> ml_collections.ConfigDict:
+    """Fig. 2(b): UE -> SBS -> three MBS in parallel -> cloud."""
+    c = default_config()
+    c.topology = "mesh"
+    c.layers_per_device = (2, 2, 2, 2, 2, 2)
+    c.space.device_channels = (24, 32, 48, 48, 48, 64)
+    c.space.device_strides = (1, 2, 1, 1, 1, 2)
+    return c
+
+
+def tiny(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """A few steps of everything (tests, smoke runs)."""
+    c.layers_per_device = tuple(1 for _ in c.layers_per_device)
+    c.space.device_channels = tuple(8 for _ in c.space.device_channels)
+    c.space.stem_channels = 8
+    c.space.head_channels = 16
+    c.max_train = 256
+    c.search.warmup_epochs, c.search.epochs, c.search.batch_size = 1, 1, 32
+    c.retrain.epochs = 1
+    c.eval_batch_size = 64
+    c.checkpoint_every = 3
+    return c

@@ -1,0 +1,290 @@
+"""The main job: ``search(config, workdir)`` runs stage 1, repairs the budget, retrains, reports.
+
+Everything a run needs to continue is checkpointed (orbax) every ``checkpoint_every`` steps and at every epoch end:
+the whole state plus the position in the data and the history. ``resume=True`` continues from the latest
+checkpoint; because batches are a pure function of (seed, epoch, position) and the PRNG key is part of the state,
+a resumed run ends with the same architecture as an uninterrupted one.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from tqdm import tqdm
+
+from jmsnas import budget, data, gates as G, presets, report, supernet, train
+from jmsnas.checkpoint import CheckpointError, Checkpointer
+from jmsnas.cost.latency import arch_latency, breakdown_dict, expected_latency
+from jmsnas.cost.tables import CostTable, analytic_table
+from jmsnas.space import OP_NAMES, SearchSpace, build_space
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot be used; the message names it."""
+
+
+def validate_config(cfg) -> None:
+    """Checks the values that would otherwise fail deep inside a run (before anything is loaded or written)."""
+    t = cfg.t_const_ms
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not np.isfinite(t) or t <= 0:
+        raise ConfigError(f"t_const_ms must be a positive number of ms, got {t!r}")
+    if cfg.dataset not in data.DATASETS:
+        raise ConfigError(f"unknown dataset {cfg.dataset!r}; expected one of {list(data.DATASETS)}")
+    if cfg.topology not in presets.TOPOLOGIES:
+        raise ConfigError(f"unknown topology preset {cfg.topology!r}; expected one of {sorted(presets.TOPOLOGIES)}")
+    s = cfg.search
+    for name in ("warmup_epochs", "epochs", "batch_size", "arch_every"):
+        v = s[name]
+        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "warmup_epochs" else 1):
+            raise ConfigError(f"search.{name} must be a {'non-negative' if name == 'warmup_epochs' else 'positive'}"
+                              f" integer, got {v!r}")
+    if cfg.retrain.epochs < 0:
+        raise ConfigError(f"retrain.epochs must be >= 0, got {cfg.retrain.epochs!r}")
+    n_dev = jax.device_count()
+    for name, bs in (("search.batch_size", s.batch_size), ("eval_batch_size", cfg.eval_batch_size)):
+        if bs % n_dev:
+            raise ConfigError(f"{name}={bs} must be divisible by the number of devices ({n_dev})")
+    if s.gate_mode not in G.GATE_MODES:
+        raise ConfigError(f"unknown search.gate_mode {s.gate_mode!r}; expected one of {list(G.GATE_MODES)}")
+
+
+def build(cfg):
+    """(space, table) from the configuration."""
+    topo = presets.topology(cfg.topology, cfg.get("layers_per_device"))
+    ds = cfg.space
+    space = build_space(topo, image_size=cfg.image_size_resolved, in_channels=cfg.channels_resolved,
+                        num_classes=cfg.num_classes_resolved, device_channels=tuple(ds.device_channels),
+                        device_strides=tuple(ds.device_strides), stem_channels=ds.stem_channels,
+                        stem_stride=ds.stem_stride, head_channels=ds.head_channels)
+    return space, make_table(space, cfg)
+
+
+def make_table(space: SearchSpace, cfg) -> CostTable:
+    """The cost table: per-device sources from ``cost.tables`` (see jmsnas.cost.build), else the roofline."""
+    tables_cfg = cfg.cost.get("tables")
+    if tables_cfg:
+        from jmsnas.cost.build import build_table  # measured / imported / fitted tables
+        return build_table(space, dict(tables_cfg), activation_bits=cfg.cost.activation_bits)
+    return analytic_table(space, cfg.cost.activation_bits)
+
+
+def fingerprint(cfg) -> str:
+    """A hash of everything that determines the run (so a resumed run cannot silently change it)."""
+    d = cfg.to_dict()
+    d.pop("checkpoint_every", None)
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _hparams(cfg) -> train.SearchHParams:
+    s = cfg.search
+    return train.SearchHParams(s.weight_lr, s.arch_lr, s.lambda1, s.lambda2, float(cfg.t_const_ms), s.penalty,
+                               s.gate_mode, s.tau0, s.tau_min, s.tau_decay)
+
+
+def _prepare_workdir(workdir: str, resume: bool) -> None:
+    try:
+        os.makedirs(workdir, exist_ok=True)
+        probe = os.path.join(workdir, ".write_test")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as e:
+        raise ConfigError(f"workdir {workdir!r} is not writable: {e.strerror or e}") from None
+    ckpt = os.path.join(workdir, "checkpoints")
+    if not resume and os.path.isdir(ckpt) and os.listdir(ckpt):
+        raise ConfigError(f"workdir {workdir!r} already holds a run; pass --resume to continue it or choose "
+                          "another workdir (nothing was changed)")
+    if resume and not (os.path.isdir(ckpt) and os.listdir(ckpt)):
+        raise ConfigError(f"--resume given but workdir {workdir!r} has no checkpoint")
+
+
+def load_data(cfg):
+    ds = data.load(cfg.dataset, data_dir=cfg.get("data_dir"), val_fraction=cfg.val_fraction, seed=cfg.seed,
+                   image_size=cfg.get("image_size"), max_train=cfg.get("max_train"))
+    with cfg.unlocked():
+        cfg.image_size_resolved = ds.image_size
+        cfg.channels_resolved = ds.channels
+        cfg.num_classes_resolved = ds.num_classes
+    return ds
+
+
+def search(cfg: ml_collections.ConfigDict, workdir: str, *, resume: bool = False, progress: bool = True) -> dict:
+    """Runs both stages and writes result.json, plots, per-device parts and checkpoints into ``workdir``."""
+    validate_config(cfg)
+    _prepare_workdir(workdir, resume)
+    cfg = ml_collections.ConfigDict(cfg.to_dict())
+    ds = load_data(cfg)
+    space, table = build(cfg)
+    mesh = train.data_mesh()
+    fp = fingerprint(cfg)
+    ckpt = Checkpointer(os.path.join(workdir, "checkpoints", "search"))
+    st, pos, history = _stage1(cfg, space, table, ds, mesh, ckpt, fp, resume, progress)
+    derived = np.asarray(G.derive(st.alpha, space.mask()))
+    fix = budget.repair(space, table, st.alpha, derived, float(cfg.t_const_ms))
+    ops = tuple(int(i) for i in fix.ops)
+    rt, history = _stage2(cfg, space, ds, mesh, st, ops, workdir, fp, resume, progress, history)
+    return _finish(cfg, space, table, ds, mesh, rt, ops, fix, derived, history, workdir)
+
+
+def _save(ckpt: Checkpointer, step: int, state, meta: dict) -> None:
+    if step not in ckpt.all_steps():
+        ckpt.save(step, jax.device_get(state), meta)
+
+
+def _stage1(cfg, space, table, ds, mesh, ckpt, fp, resume, progress):
+    hp = _hparams(cfg)
+    s = cfg.search
+    weight_step, arch_step, eval_step = train.make_search_steps(space, table, hp, cfg.dw_impl)
+    st = train.init_search_state(jax.random.PRNGKey(cfg.seed), space, hp)
+    epoch, start, history = 0, 0, []
+    if resume and ckpt.latest_step() is not None:
+        st, meta = ckpt.restore(jax.device_get(st), expect_meta={"fingerprint": fp})
+        epoch, start, history = meta["epoch"], meta["batch"], meta["history"]
+    st = train.replicate(st, mesh)
+    nb = data.num_batches(ds.train, s.batch_size)
+    n_val = data.num_batches(ds.val, s.batch_size)
+    total = s.warmup_epochs + s.epochs
+    bar = tqdm(total=total * nb, initial=epoch * nb + start, disable=not progress, desc="search", unit="step")
+    metrics = {}
+    while epoch < total:
+        warm = epoch < s.warmup_epochs
+        for i, (x, y) in enumerate(data.epoch_batches(ds.train, s.batch_size, seed=cfg.seed, epoch=epoch,
+                                                      start=start), start=start):
+            st, m = weight_step(st, *train.shard_batch((x, y), mesh))
+            metrics.update(m)
+            if not warm and i % s.arch_every == 0:
+                j = (i // s.arch_every) % n_val
+                xv, yv = next(data.epoch_batches(ds.val, s.batch_size, seed=cfg.seed + 1, epoch=epoch, start=j))
+                st, m = arch_step(st, *train.shard_batch((xv, yv), mesh))
+                metrics.update(m)
+            bar.update(1)
+            if (i + 1) % cfg.checkpoint_every == 0 and i + 1 < nb:
+                _save(ckpt, int(st.step), st, {"epoch": epoch, "batch": i + 1, "history": history, "fingerprint": fp})
+            if i % 5 == 0:
+                bar.set_postfix(loss=f"{float(metrics['loss']):.3f}", acc=f"{float(metrics['acc']):.3f}",
+                                ET=f"{float(expected_latency(space, table, st.alpha).total):.3f}ms")
+        history.append(_epoch_entry(cfg, space, table, ds, mesh, st, eval_step, epoch, warm, metrics))
+        epoch, start = epoch + 1, 0
+        _save(ckpt, int(st.step), st, {"epoch": epoch, "batch": 0, "history": history, "fingerprint": fp})
+    bar.close()
+    return st, (epoch, start), history
+
+
+def _epoch_entry(cfg, space, table, ds, mesh, st, eval_step, epoch, warm, metrics) -> dict:
+    ops = G.derive(st.alpha, space.mask())
+    acc, _ = train.evaluate(lambda x, y, v: eval_step(st.params, st.bn, ops, x, y, v), ds.val,
+                            cfg.eval_batch_size, mesh)
+    return {"epoch": epoch, "stage": "warmup" if warm else "search", "train_loss": float(metrics["loss"]),
+            "train_acc": float(metrics["acc"]), "val_acc": acc,
+            "expected_latency_ms": float(expected_latency(space, table, st.alpha).total),
+            "derived_latency_ms": float(arch_latency(space, table, ops).total)}
+
+
+def _stage2(cfg, space, ds, mesh, st, ops, workdir, fp, resume, progress, history):
+    r = cfg.retrain
+    rt = train.init_retrain_state(space, jax.device_get(st), ops, r.lr)
+    ckpt = Checkpointer(os.path.join(workdir, "checkpoints", "retrain"))
+    epoch, start = 0, 0
+    if resume and ckpt.latest_step() is not None:
+        rt, meta = ckpt.restore(jax.device_get(rt), expect_meta={"fingerprint": fp, "ops": list(ops)})
+        epoch, start, history = meta["epoch"], meta["batch"], meta["history"]
+    rt = train.replicate(rt, mesh)
+    train_step, eval_step = train.make_retrain_steps(space, ops, r.lr, cfg.search.lambda1, cfg.dw_impl)
+    bs = cfg.search.batch_size
+    nb = data.num_batches(ds.train, bs)
+    bar = tqdm(total=r.epochs * nb, initial=epoch * nb + start, disable=not progress, desc="retrain", unit="step")
+    metrics = {}
+    while epoch < r.epochs:
+        for i, (x, y) in enumerate(data.epoch_batches(ds.train, bs, seed=cfg.seed + 2, epoch=epoch, start=start),
+                                   start=start):
+            rt, metrics = train_step(rt, *train.shard_batch((x, y), mesh))
+            bar.update(1)
+            if i % 5 == 0:
+                bar.set_postfix(loss=f"{float(metrics['loss']):.3f}", acc=f"{float(metrics['acc']):.3f}")
+            if (i + 1) % cfg.checkpoint_every == 0 and i + 1 < nb:
+                _save(ckpt, int(rt.step), rt, {"epoch": epoch, "batch": i + 1, "history": history,
+                                                "fingerprint": fp, "ops": list(ops)})
+        acc, _ = train.evaluate(lambda x, y, v: eval_step(rt.params, rt.bn, x, y, v), ds.val, cfg.eval_batch_size, mesh)
+        history.append({"epoch": len(history), "stage": "retrain", "train_loss": float(metrics["loss"]),
+                        "train_acc": float(metrics["acc"]), "val_acc": acc, "expected_latency_ms": None,
+                        "derived_latency_ms": None})
+        epoch, start = epoch + 1, 0
+        _save(ckpt, int(rt.step), rt, {"epoch": epoch, "batch": 0, "history": history, "fingerprint": fp,
+                                       "ops": list(ops)})
+    bar.close()
+    return rt, history
+
+
+def _finish(cfg, space, table, ds, mesh, rt, ops, fix, derived, history, workdir) -> dict:
+    _, eval_step = train.make_retrain_steps(space, ops, cfg.retrain.lr, cfg.search.lambda1, cfg.dw_impl)
+    ev = lambda split: train.evaluate(lambda x, y, v: eval_step(rt.params, rt.bn, x, y, v), split,
+                                      cfg.eval_batch_size, mesh)[0]
+    val_acc, test_acc = ev(ds.val), ev(ds.test)
+    lat = breakdown_dict(space, arch_latency(space, table, jnp.asarray(ops)))
+    for h in history:
+        if h["derived_latency_ms"] is None:
+            h["derived_latency_ms"] = lat["total"]
+    names = space.topology.device_names
+    params = jax.device_get(rt.params)
+    result = {
+        "topology": space.topology.name, "t_const_ms": float(cfg.t_const_ms),
+        "architecture": [{"layer": s.index, "device": names[s.device], "op": OP_NAMES[i]}
+                         for s, i in zip(space.layers, ops)],
+        "latency_ms": lat, "accuracy": {"val": val_acc, "test": test_acc},
+        "params": supernet.count_params(params),
+        "budget": {"met": bool(lat["total"] <= cfg.t_const_ms + 1e-9), "repaired": bool(fix.repaired),
+                   "min_reachable_ms": fix.min_latency_ms,
+                   "note": _budget_note(fix, derived, cfg.t_const_ms)},
+        "dataset": ds.name, "seed": cfg.seed,
+    }
+    with open(os.path.join(workdir, "result.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    with open(os.path.join(workdir, "history.json"), "w") as f:
+        json.dump(history, f, indent=2)
+    report.write_report(result, history, workdir)
+    write_parts(space, params, jax.device_get(rt.bn), ops, os.path.join(workdir, "parts"))
+    return result
+
+
+def _budget_note(fix, derived, t_const) -> str:
+    if not fix.feasible:
+        return (f"no architecture of this space meets T_const={t_const:.4g} ms; the fastest reachable is "
+                f"{fix.min_latency_ms:.4g} ms and is used")
+    if fix.repaired:
+        return (f"the derived architecture exceeded T_const; repaired to the most probable architecture within it "
+                f"(log-probability loss {fix.logprob_loss:.3f})")
+    return "the derived (argmax) architecture meets T_const"
+
+
+def write_parts(space: SearchSpace, params, bn, ops, directory: str) -> dict:
+    """Per-device parts ready to deploy: ``<device>.npz`` (weights + BN statistics) and ``manifest.json``."""
+    os.makedirs(directory, exist_ok=True)
+    parts = supernet.device_parts(space, params, ops)
+    bn_parts = supernet.device_parts(space, bn, ops)
+    manifest = {"op_names": list(OP_NAMES), "devices": {}}
+    for dev, part in parts.items():
+        flat = {}
+        for prefix, tree in (("params", part["params"]), ("bn", bn_parts[dev]["params"])):
+            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+                flat[prefix + "/" + "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)] = \
+                    np.asarray(leaf)
+        np.savez(os.path.join(directory, f"{dev}.npz"), **flat)
+        layers = part["layers"]
+        manifest["devices"][dev] = {"layers": layers, "ops": part["ops"], "file": f"{dev}.npz",
+                                    "input_shape": _io_shape(space, layers, first=True),
+                                    "output_shape": _io_shape(space, layers, first=False)}
+    with open(os.path.join(directory, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=2)
+    return manifest
+
+
+def _io_shape(space, layers, first: bool):
+    if not layers:
+        return None
+    s = space.layers[layers[0] if first else layers[-1]]
+    return [s.in_hw, s.in_hw, s.in_ch] if first else [s.out_hw, s.out_hw, s.out_ch]

@@ -1,0 +1,195 @@
+"""The two stages of JMSNAS as pure jitted steps (paper 003, section V-B).
+
+Stage 1 (search): warm-up epochs train the weights only; then every weight step (one candidate sampled per layer
+from p = softmax(alpha), weights updated on the training split) is followed, every ``arch_every`` steps, by an
+architecture step (gates reset: two paths sampled, alpha updated on the validation split through eq. (5), with the
+latency term of eq. (4)). Adam for both. After every epoch the derived (argmax) network is evaluated on validation.
+Stage 2 (retrain): the derived architecture is fixed and its compact network retrained from the stage-1 weights.
+
+Every step is ``(state, x, y) -> (state, metrics)``, jitted once with the state donated. Steps run under a
+``jax.sharding.Mesh`` over all devices: the batch is sharded along ``data``, everything else replicated, so the
+same code is single-device, multi-device and (after ``jax.distributed.initialize()``) multi-host.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from jmsnas import gates as G
+from jmsnas import supernet
+from jmsnas.cost.latency import expected_latency
+from jmsnas.cost.tables import CostTable
+from jmsnas.objectives import cross_entropy, l2_norm_sq, latency_penalty
+from jmsnas.space import NUM_OPS, SearchSpace
+
+
+class SearchState(NamedTuple):
+    """Everything stage 1 needs to continue: weights, BN statistics, alpha[N, R], both Adam states, PRNG key, step."""
+
+    params: dict
+    bn: dict
+    alpha: jnp.ndarray
+    weight_opt: tuple
+    arch_opt: tuple
+    key: jnp.ndarray  # uint32[2] raw PRNG key
+    step: jnp.ndarray  # int32 scalar: weight steps taken
+
+
+class RetrainState(NamedTuple):
+    """Stage 2: the compact network's weights, BN statistics, Adam state and step."""
+
+    params: dict
+    bn: dict
+    opt: tuple
+    step: jnp.ndarray
+
+
+class SearchHParams(NamedTuple):
+    weight_lr: float = 2e-3
+    arch_lr: float = 2e-3
+    lambda1: float = 1e-5
+    lambda2: float = 1.0
+    t_const_ms: float = 1.0
+    penalty: str = "two_sided"
+    gate_mode: str = "two_path"
+    tau0: float = 5.0
+    tau_min: float = 0.1
+    tau_decay: float = 0.97
+
+
+def data_mesh(devices=None) -> Mesh:
+    """A 1-D mesh named ``data`` over all (global) devices."""
+    devices = np.asarray(jax.devices() if devices is None else devices)
+    return Mesh(devices, ("data",))
+
+
+def replicate(tree, mesh: Mesh):
+    return jax.device_put(tree, NamedSharding(mesh, P()))
+
+
+def shard_batch(batch, mesh: Mesh):
+    """Places a global batch (numpy) sharded along its first axis; each host passes the same global batch."""
+    sharding = NamedSharding(mesh, P("data"))
+    if jax.process_count() == 1:
+        return jax.device_put(batch, sharding)
+    n, i = jax.process_count(), jax.process_index()
+    return jax.tree_util.tree_map(
+        lambda a: jax.make_array_from_process_local_data(sharding, np.array_split(a, n)[i], a.shape), batch)
+
+
+def init_search_state(key, space: SearchSpace, hp: SearchHParams) -> SearchState:
+    k_init, k_run = jax.random.split(key)
+    params, bn = supernet.init(k_init, space)
+    alpha = jnp.zeros((space.num_layers, NUM_OPS), jnp.float32)
+    return SearchState(params, bn, alpha, optax.adam(hp.weight_lr).init(params), optax.adam(hp.arch_lr).init(alpha),
+                       k_run, jnp.zeros((), jnp.int32))
+
+
+def _accuracy(logits, y):
+    return jnp.mean((jnp.argmax(logits, -1) == y).astype(jnp.float32))
+
+
+def make_search_steps(space: SearchSpace, table: CostTable, hp: SearchHParams, dw_impl: str = "auto"):
+    """(weight_step, arch_step, eval_step), each jitted once; the two training steps donate the state."""
+    mask = jnp.asarray(space.mask())
+    w_tx, a_tx = optax.adam(hp.weight_lr), optax.adam(hp.arch_lr)
+    tau_at = G.temperature_schedule(hp.tau0, hp.tau_min, hp.tau_decay)
+
+    def weight_step(st: SearchState, x, y):
+        key, k = jax.random.split(st.key)
+        gates = G.single_path_gates(k, st.alpha, mask)
+
+        def loss_fn(params):
+            logits, bn = supernet.apply(space, params, st.bn, gates, x, train=True, dw_impl=dw_impl)
+            ce = cross_entropy(logits, y)
+            return ce + hp.lambda1 * l2_norm_sq(params), (ce, bn, logits)
+
+        (loss, (ce, bn, logits)), grads = jax.value_and_grad(loss_fn, has_aux=True)(st.params)
+        updates, w_opt = w_tx.update(grads, st.weight_opt, st.params)
+        st = st._replace(params=optax.apply_updates(st.params, updates), bn=bn, weight_opt=w_opt, key=key,
+                         step=st.step + 1)
+        return st, {"loss": loss, "ce": ce, "acc": _accuracy(logits, y)}
+
+    def arch_step(st: SearchState, x, y):
+        key, k = jax.random.split(st.key)
+        tau = tau_at(st.step)
+
+        def loss_fn(alpha):
+            gates = G.arch_gates(hp.gate_mode, k, alpha, mask, tau)
+            logits, _ = supernet.apply(space, st.params, st.bn, gates, x, train=True, dw_impl=dw_impl)
+            ce = cross_entropy(logits, y)
+            t = expected_latency(space, table, alpha).total
+            return ce + hp.lambda2 * latency_penalty(t, hp.t_const_ms, hp.penalty), (ce, t)
+
+        (loss, (ce, t)), grad = jax.value_and_grad(loss_fn, has_aux=True)(st.alpha)
+        updates, a_opt = a_tx.update(grad, st.arch_opt, st.alpha)
+        st = st._replace(alpha=optax.apply_updates(st.alpha, updates), arch_opt=a_opt, key=key)
+        return st, {"arch_loss": loss, "arch_ce": ce, "expected_latency_ms": t}
+
+    def eval_step(params, bn, ops, x, y, valid):
+        logits, _ = supernet.apply(space, params, bn, G.onehot_gates(ops, NUM_OPS), x, train=False, dw_impl=dw_impl)
+        return _eval_sums(logits, y, valid)
+
+    return (jax.jit(weight_step, donate_argnums=0), jax.jit(arch_step, donate_argnums=0), jax.jit(eval_step))
+
+
+def _eval_sums(logits, y, valid):
+    correct = jnp.sum((jnp.argmax(logits, -1) == y) * valid)
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, y)
+    return correct, jnp.sum(losses * valid)
+
+
+def init_retrain_state(space: SearchSpace, st: SearchState, ops, lr) -> RetrainState:
+    params, bn = supernet.extract(space, st.params, st.bn, ops)
+    return RetrainState(params, bn, optax.adam(lr).init(params), jnp.zeros((), jnp.int32))
+
+
+def make_retrain_steps(space: SearchSpace, ops: tuple, lr, lambda1: float, dw_impl: str = "auto"):
+    """(train_step, eval_step) of the compact network ``ops`` (static)."""
+    tx = optax.adam(lr)
+
+    def train_step(st: RetrainState, x, y):
+        def loss_fn(params):
+            logits, bn = supernet.compact_apply(space, ops, params, st.bn, x, train=True, dw_impl=dw_impl)
+            ce = cross_entropy(logits, y)
+            return ce + lambda1 * l2_norm_sq(params), (ce, bn, logits)
+
+        (loss, (ce, bn, logits)), grads = jax.value_and_grad(loss_fn, has_aux=True)(st.params)
+        updates, opt = tx.update(grads, st.opt, st.params)
+        st = RetrainState(optax.apply_updates(st.params, updates), bn, opt, st.step + 1)
+        return st, {"loss": loss, "ce": ce, "acc": _accuracy(logits, y)}
+
+    def eval_step(params, bn, x, y, valid):
+        logits, _ = supernet.compact_apply(space, ops, params, bn, x, train=False, dw_impl=dw_impl)
+        return _eval_sums(logits, y, valid)
+
+    return jax.jit(train_step, donate_argnums=0), jax.jit(eval_step)
+
+
+def padded_eval_batches(split, batch_size: int):
+    """Fixed-size evaluation batches (x, y, valid) covering every example once; the last one zero-padded."""
+    n = len(split.labels)
+    for start in range(0, n, batch_size):
+        x, y = split.images[start:start + batch_size], split.labels[start:start + batch_size]
+        k = len(y)
+        valid = np.zeros(batch_size, np.float32)
+        valid[:k] = 1.0
+        if k < batch_size:
+            x = np.concatenate([x, np.zeros((batch_size - k,) + x.shape[1:], x.dtype)])
+            y = np.concatenate([y, np.zeros(batch_size - k, y.dtype)])
+        yield x, y, valid
+
+
+def evaluate(eval_fn, split, batch_size: int, mesh: Mesh) -> tuple:
+    """(accuracy, mean loss) of ``eval_fn(x, y, valid) -> (correct, loss_sum)`` over a whole split."""
+    correct = loss = 0.0
+    for x, y, valid in padded_eval_batches(split, batch_size):
+        c, l = eval_fn(*shard_batch((x, y, valid), mesh))
+        correct, loss = correct + float(c), loss + float(l)
+    n = len(split.labels)
+    return correct / n, loss / n
