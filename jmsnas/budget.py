@@ -58,22 +58,28 @@ def _cheapest_within(front, limit):
     return lats[j], costs[j], picks[j]
 
 
-def repair(space: SearchSpace, table: CostTable, alpha, derived_ops, t_const_ms: float) -> Repair:
-    """The cheapest (in -log p) architecture with T <= t_const_ms; ``derived_ops`` is kept if it already fits."""
+def repair(space: SearchSpace, table: CostTable, alpha, derived_ops, t_const_ms: float,
+           assignment=None) -> Repair:
+    """The cheapest (in -log p) architecture with T <= t_const_ms; ``derived_ops`` is kept if it already fits.
+
+    ``assignment`` (chain only) fixes another layer->device split than D^m (e.g. a searched one).
+    """
     derived_ops = np.asarray(derived_ops, np.int32)
     mask = space.mask()
     logp = np.log(np.maximum(np.asarray(probabilities(alpha, mask), np.float64), 1e-30))
     cost = -logp
     topo = space.topology
-    dev = space.layer_devices()
+    if assignment is not None and topo.kind != "chain":
+        raise ValueError("an assignment can only be given for a chain topology")
+    dev = space.layer_devices() if assignment is None else np.asarray(assignment)
     lat = np.asarray(table.compute_ms, np.float64)[dev, np.arange(space.num_layers)]  # [N, R] on own device
-    t_derived = float(arch_latency(space, table, derived_ops).total)
+    t_derived = float(arch_latency(space, table, derived_ops, assignment).total)
     zero = np.zeros(space.num_layers, np.int32)
     zero[:] = [int(np.flatnonzero(mask[n])[0]) for n in range(space.num_layers)]
     # constant part: T of an architecture minus its per-layer compute (exact since T is affine in the layer terms)
     base_ops = zero
     if topo.kind == "chain":
-        const = float(arch_latency(space, table, base_ops).total) - lat[np.arange(space.num_layers), base_ops].sum()
+        const = float(arch_latency(space, table, base_ops, assignment).total) - lat[np.arange(space.num_layers), base_ops].sum()
         front = _frontier(range(space.num_layers), lat, cost, mask)
         best = _cheapest_within(front, t_const_ms - const)
         t_min = const + front[0][0]
@@ -85,7 +91,7 @@ def repair(space: SearchSpace, table: CostTable, alpha, derived_ops, t_const_ms:
         return Repair(derived_ops, t_derived, False, True, t_min, 0.0)
     feasible = ops is not None
     ops = ops if feasible else fastest
-    t = float(arch_latency(space, table, ops).total)
+    t = float(arch_latency(space, table, ops, assignment).total)
     loss = float(cost[np.arange(space.num_layers), ops].sum() - cost[np.arange(space.num_layers), derived_ops].sum())
     return Repair(ops, t, True, feasible, t_min, loss)
 

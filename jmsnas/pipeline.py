@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from jmsnas import budget, data, gates as G, presets, report, supernet, train
 from jmsnas.checkpoint import CheckpointError, Checkpointer
-from jmsnas.cost.latency import arch_latency, breakdown_dict, expected_latency
+from jmsnas.cost.latency import arch_latency, best_chain_assignment, breakdown_dict, expected_latency
 from jmsnas.cost.tables import CostTable, analytic_table
 from jmsnas.space import OP_NAMES, SearchSpace, build_space
 
@@ -49,6 +49,10 @@ def validate_config(cfg) -> None:
     for name, bs in (("search.batch_size", s.batch_size), ("eval_batch_size", cfg.eval_batch_size)):
         if bs % n_dev:
             raise ConfigError(f"{name}={bs} must be divisible by the number of devices ({n_dev})")
+    if cfg.split not in train.SPLITS:
+        raise ConfigError(f"unknown split {cfg.split!r}; expected one of {list(train.SPLITS)}")
+    if cfg.split == "searched" and cfg.topology not in ("chain",):
+        raise ConfigError(f"split 'searched' needs a chain topology, got {cfg.topology!r}")
     if s.gate_mode not in G.GATE_MODES:
         raise ConfigError(f"unknown search.gate_mode {s.gate_mode!r}; expected one of {list(G.GATE_MODES)}")
 
@@ -83,7 +87,7 @@ def fingerprint(cfg) -> str:
 def _hparams(cfg) -> train.SearchHParams:
     s = cfg.search
     return train.SearchHParams(s.weight_lr, s.arch_lr, s.lambda1, s.lambda2, float(cfg.t_const_ms), s.penalty,
-                               s.gate_mode, s.tau0, s.tau_min, s.tau_decay)
+                               s.gate_mode, s.tau0, s.tau_min, s.tau_decay, cfg.split)
 
 
 def _prepare_workdir(workdir: str, resume: bool) -> None:
@@ -125,10 +129,20 @@ def search(cfg: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints", "search"))
     st, pos, history = _stage1(cfg, space, table, ds, mesh, ckpt, fp, resume, progress)
     derived = np.asarray(G.derive(st.alpha, space.mask()))
-    fix = budget.repair(space, table, st.alpha, derived, float(cfg.t_const_ms))
+    assignment = _assignment(cfg, space, table, derived)
+    fix = budget.repair(space, table, st.alpha, derived, float(cfg.t_const_ms), assignment)
     ops = tuple(int(i) for i in fix.ops)
+    assignment = _assignment(cfg, space, table, fix.ops)  # re-split the repaired net: T can only fall
     rt, history = _stage2(cfg, space, ds, mesh, st, ops, workdir, fp, resume, progress, history)
-    return _finish(cfg, space, table, ds, mesh, rt, ops, fix, derived, history, workdir)
+    return _finish(cfg, space, table, ds, mesh, rt, ops, assignment, fix, derived, history, workdir)
+
+
+def _assignment(cfg, space, table, ops):
+    """The layer->device split: D^m (None) when fixed, the exact best chain split of ``ops`` when searched."""
+    if cfg.split == "fixed":
+        return None
+    onehot = jax.nn.one_hot(jnp.asarray(ops), len(OP_NAMES))
+    return np.asarray(best_chain_assignment(space, table, onehot))
 
 
 def _save(ckpt: Checkpointer, step: int, state, meta: dict) -> None:
@@ -181,8 +195,9 @@ def _epoch_entry(cfg, space, table, ds, mesh, st, eval_step, epoch, warm, metric
                             cfg.eval_batch_size, mesh)
     return {"epoch": epoch, "stage": "warmup" if warm else "search", "train_loss": float(metrics["loss"]),
             "train_acc": float(metrics["acc"]), "val_acc": acc,
-            "expected_latency_ms": float(expected_latency(space, table, st.alpha).total),
-            "derived_latency_ms": float(arch_latency(space, table, ops).total)}
+            "expected_latency_ms": float(train.step_latency(space, table, st.alpha, cfg.split)),
+            "derived_latency_ms": float(arch_latency(space, table, ops,
+                                                     _assignment(cfg, space, table, np.asarray(ops))).total)}
 
 
 def _stage2(cfg, space, ds, mesh, st, ops, workdir, fp, resume, progress, history):
@@ -220,12 +235,13 @@ def _stage2(cfg, space, ds, mesh, st, ops, workdir, fp, resume, progress, histor
     return rt, history
 
 
-def _finish(cfg, space, table, ds, mesh, rt, ops, fix, derived, history, workdir) -> dict:
+def _finish(cfg, space, table, ds, mesh, rt, ops, assignment, fix, derived, history, workdir) -> dict:
     _, eval_step = train.make_retrain_steps(space, ops, cfg.retrain.lr, cfg.search.lambda1, cfg.dw_impl)
     ev = lambda split: train.evaluate(lambda x, y, v: eval_step(rt.params, rt.bn, x, y, v), split,
                                       cfg.eval_batch_size, mesh)[0]
     val_acc, test_acc = ev(ds.val), ev(ds.test)
-    lat = breakdown_dict(space, arch_latency(space, table, jnp.asarray(ops)))
+    lat = breakdown_dict(space, arch_latency(space, table, jnp.asarray(ops), assignment))
+    devices = space.layer_devices() if assignment is None else assignment
     for h in history:
         if h["derived_latency_ms"] is None:
             h["derived_latency_ms"] = lat["total"]
@@ -233,8 +249,9 @@ def _finish(cfg, space, table, ds, mesh, rt, ops, fix, derived, history, workdir
     params = jax.device_get(rt.params)
     result = {
         "topology": space.topology.name, "t_const_ms": float(cfg.t_const_ms),
-        "architecture": [{"layer": s.index, "device": names[s.device], "op": OP_NAMES[i]}
-                         for s, i in zip(space.layers, ops)],
+        "architecture": [{"layer": s.index, "device": names[int(d)], "op": OP_NAMES[i]}
+                         for s, i, d in zip(space.layers, ops, devices)],
+        "split": cfg.split,
         "latency_ms": lat, "accuracy": {"val": val_acc, "test": test_acc},
         "params": supernet.count_params(params),
         "budget": {"met": bool(lat["total"] <= cfg.t_const_ms + 1e-9), "repaired": bool(fix.repaired),
@@ -247,7 +264,7 @@ def _finish(cfg, space, table, ds, mesh, rt, ops, fix, derived, history, workdir
     with open(os.path.join(workdir, "history.json"), "w") as f:
         json.dump(history, f, indent=2)
     report.write_report(result, history, workdir)
-    write_parts(space, params, jax.device_get(rt.bn), ops, os.path.join(workdir, "parts"))
+    write_parts(space, params, jax.device_get(rt.bn), ops, os.path.join(workdir, "parts"), assignment)
     return result
 
 
@@ -261,11 +278,11 @@ def _budget_note(fix, derived, t_const) -> str:
     return "the derived (argmax) architecture meets T_const"
 
 
-def write_parts(space: SearchSpace, params, bn, ops, directory: str) -> dict:
+def write_parts(space: SearchSpace, params, bn, ops, directory: str, assignment=None) -> dict:
     """Per-device parts ready to deploy: ``<device>.npz`` (weights + BN statistics) and ``manifest.json``."""
     os.makedirs(directory, exist_ok=True)
-    parts = supernet.device_parts(space, params, ops)
-    bn_parts = supernet.device_parts(space, bn, ops)
+    parts = supernet.device_parts(space, params, ops, assignment)
+    bn_parts = supernet.device_parts(space, bn, ops, assignment)
     manifest = {"op_names": list(OP_NAMES), "devices": {}}
     for dev, part in parts.items():
         flat = {}
@@ -285,6 +302,6 @@ def write_parts(space: SearchSpace, params, bn, ops, directory: str) -> dict:
 
 def _io_shape(space, layers, first: bool):
     if not layers:
-        return None
+        return None  # the device only relays the tensor it receives
     s = space.layers[layers[0] if first else layers[-1]]
     return [s.in_hw, s.in_hw, s.in_ch] if first else [s.out_hw, s.out_hw, s.out_ch]

@@ -202,16 +202,18 @@ def count_params(tree) -> int:
     return int(sum(np.size(x) for x in jax.tree_util.tree_leaves(tree)))
 
 
-def device_parts(space: SearchSpace, compact_params, ops: Sequence[int]) -> dict:
+def device_parts(space: SearchSpace, compact_params, ops: Sequence[int], assignment=None) -> dict:
     """Per-device parts of a compact network: device name -> {"layers": [...], "params": subtree}.
 
-    The stem goes with the first device in execution order, the head with the last.
+    ``assignment`` (device index per layer) defaults to the space's D^m split. The stem goes with the first
+    device in execution order, the head with the last.
     """
+    devices = space.layer_devices() if assignment is None else np.asarray(assignment)
     topo = space.topology
     order = topo.path_order()
     parts = {topo.devices[m].name: {"layers": [], "ops": [], "params": {"layers": {}}} for m in order}
-    for s, i in zip(space.layers, ops):
-        part = parts[topo.devices[s.device].name]
+    for s, i, d in zip(space.layers, ops, devices):
+        part = parts[topo.devices[int(d)].name]
         part["layers"].append(s.index)
         part["ops"].append(OPS[int(i)].name)
         part["params"]["layers"][str(s.index)] = compact_params["layers"][s.index]

@@ -22,7 +22,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jmsnas import gates as G
 from jmsnas import supernet
-from jmsnas.cost.latency import expected_latency
+from jmsnas.cost.latency import expected_latency, searched_latency
 from jmsnas.cost.tables import CostTable
 from jmsnas.objectives import cross_entropy, l2_norm_sq, latency_penalty
 from jmsnas.space import NUM_OPS, SearchSpace
@@ -60,6 +60,7 @@ class SearchHParams(NamedTuple):
     tau0: float = 5.0
     tau_min: float = 0.1
     tau_decay: float = 0.97
+    split: str = "fixed"  # "fixed": D^m from the topology; "searched": best chain split of E[tau] in every step
 
 
 def data_mesh(devices=None) -> Mesh:
@@ -123,7 +124,7 @@ def make_search_steps(space: SearchSpace, table: CostTable, hp: SearchHParams, d
             gates = G.arch_gates(hp.gate_mode, k, alpha, mask, tau)
             logits, _ = supernet.apply(space, st.params, st.bn, gates, x, train=True, dw_impl=dw_impl)
             ce = cross_entropy(logits, y)
-            t = expected_latency(space, table, alpha).total
+            t = step_latency(space, table, alpha, hp.split)
             return ce + hp.lambda2 * latency_penalty(t, hp.t_const_ms, hp.penalty), (ce, t)
 
         (loss, (ce, t)), grad = jax.value_and_grad(loss_fn, has_aux=True)(st.alpha)
@@ -136,6 +137,20 @@ def make_search_steps(space: SearchSpace, table: CostTable, hp: SearchHParams, d
         return _eval_sums(logits, y, valid)
 
     return (jax.jit(weight_step, donate_argnums=0), jax.jit(arch_step, donate_argnums=0), jax.jit(eval_step))
+
+
+SPLITS = ("fixed", "searched")
+
+
+def step_latency(space: SearchSpace, table: CostTable, alpha, split: str = "fixed"):
+    """E[T] for the objective: under the fixed split, or under the best split of the current E[tau] (a DP whose
+    argmin is held fixed for the gradient, so the gradient is that of eq. (1) at the chosen split: exact almost
+    everywhere, whereas a smoothed minimum would mix in splits that cannot be deployed)."""
+    if split == "fixed":
+        return expected_latency(space, table, alpha).total
+    if split == "searched":
+        return searched_latency(space, table, G.probabilities(alpha, jnp.asarray(space.mask())))[0].total
+    raise ValueError(f"unknown split mode {split!r}; expected one of {SPLITS}")
 
 
 def _eval_sums(logits, y, valid):

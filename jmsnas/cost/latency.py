@@ -137,3 +137,43 @@ def breakdown_dict(space: SearchSpace, lat: Latency) -> dict:
     return {"total": float(lat.total),
             "per_device": {d.name: float(v) for d, v in zip(topo.devices, np.asarray(lat.per_device))},
             "per_link": {n: float(v) for n, v in zip(topo.link_names, np.asarray(lat.per_link))}}
+
+
+def best_chain_assignment(space: SearchSpace, table: CostTable, probs) -> jnp.ndarray:
+    """The contiguous layer->device assignment minimising eq. (1) for per-layer latencies E[tau] (exact DP).
+
+    f[p, k] is the least latency of running layers 0..k-1 on the first p+1 chain devices; device p+1 then takes
+    layers j..k-1 after receiving the tensor at boundary j over link p -> p+1:
+    f[p+1, k] = min_{j<=k} f[p, j] + eps_p(j) + sum_{n=j}^{k-1} E[tau_n^{p+1}]. A device may take no layers (it
+    relays the tensor). Returns int32[N] device indices; O(M N^2), jit-friendly, no gradient (an argmin).
+    """
+    topo = space.topology
+    if topo.kind != "chain":
+        raise ValueError(f"a searched split needs a chain topology, got {topo.kind!r} ({topo.name!r})")
+    order = list(topo.pre)
+    n = space.num_layers
+    tau = jax.lax.stop_gradient(layer_ms(table, probs))[jnp.asarray(order)]  # [M, N] in chain order
+    cum = jnp.concatenate([jnp.zeros((len(order), 1), tau.dtype), jnp.cumsum(tau, axis=1)], axis=1)  # [M, N+1]
+    boundary_bytes = jnp.concatenate([table.stem_bytes[None], table.out_bytes])  # tensor at boundary j
+    j_le_k = jnp.tril(jnp.ones((n + 1, n + 1), bool))  # [k, j]: j <= k
+    f, choices = cum[0], []
+    for p in range(len(order) - 1):
+        link = topo.link_index(order[p], order[p + 1])
+        cand = (f + _comm_ms(table, link, boundary_bytes) - cum[p + 1])[None, :] + cum[p + 1][:, None]  # [k, j]
+        cand = jnp.where(j_le_k, cand, jnp.inf)
+        choices.append(jnp.argmin(cand, axis=1))
+        f = jnp.min(cand, axis=1)
+    # backtrack: the start layer of every device along the chain
+    starts, k = [], jnp.asarray(n)
+    for p in range(len(order) - 2, -1, -1):
+        k = choices[p][k]
+        starts.append(k)
+    starts = jnp.stack(starts[::-1]) if starts else jnp.zeros((0,), jnp.int32)  # start of devices 1..M-1
+    pos = jnp.sum(jnp.arange(n)[:, None] >= starts[None, :], axis=1)  # chain position of every layer
+    return jnp.asarray(order, jnp.int32)[pos]
+
+
+def searched_latency(space: SearchSpace, table: CostTable, probs) -> tuple:
+    """(Latency under the best split of E[tau], that assignment); gradients flow through the chosen split."""
+    assignment = best_chain_assignment(space, table, probs)
+    return chain_latency(space, table, probs, assignment), assignment
