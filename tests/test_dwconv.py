@@ -1,0 +1,152 @@
+"""The shifted-sum depthwise convolution equals XLA's grouped convolution in values and gradients."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from jmsnas import dwconv
+from jmsnas.dwconv import depthwise_conv, pointwise_conv
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def _uniform(rng, shape):
+    return jnp.asarray(rng.uniform(-1, 1, shape), jnp.float32)
+
+
+def _value_and_vjp(impl, x, w, stride, seed):
+    """(y, dx, dw) for a random cotangent drawn from seed (the same for every impl), jitted as one program."""
+    oh, ow = -(-x.shape[1] // stride), -(-x.shape[2] // stride)
+    g = _uniform(np.random.default_rng(seed), (x.shape[0], oh, ow, x.shape[3]))
+
+    @jax.jit
+    def run(a, b, g):
+        y, pull = jax.vjp(lambda a, b: depthwise_conv(a, b, stride, impl), a, b)
+        return (y, *pull(g))
+
+    return run(x, w, g)
+
+
+def _numpy_depthwise(x, w, stride):
+    """Brute-force oracle: explicit SAME padding (low = total // 2) and a loop over outputs and taps."""
+    x, w = np.asarray(x, np.float64), np.asarray(w, np.float64)
+    b, h, wd, c = x.shape
+    k = w.shape[0]
+    oh, ow = -(-h // stride), -(-wd // stride)
+    ph = max((oh - 1) * stride + k - h, 0)
+    pw = max((ow - 1) * stride + k - wd, 0)
+    xp = np.zeros((b, h + ph, wd + pw, c))
+    xp[:, ph // 2:ph // 2 + h, pw // 2:pw // 2 + wd] = x
+    out = np.zeros((b, oh, ow, c))
+    for r, s, i, j in itertools.product(range(oh), range(ow), range(k), range(k)):
+        out[:, r, s] += xp[:, stride * r + i, stride * s + j] * w[i, j]
+    return out
+
+
+@pytest.mark.parametrize("k", [3, 5, 7])
+@pytest.mark.parametrize("stride", [1, 2])
+@pytest.mark.parametrize("hw", [(7, 8), (8, 7)])
+def test_shifted_matches_xla_values_and_gradients(k, stride, hw):
+    rng = np.random.default_rng([k, stride, *hw])
+    x, w = _uniform(rng, (2, *hw, 3)), _uniform(rng, (k, k, 3))
+    ref = _value_and_vjp("xla", x, w, stride, seed=k + stride)
+    got = _value_and_vjp("shifted", x, w, stride, seed=k + stride)
+    assert got[0].shape == (2, -(-hw[0] // stride), -(-hw[1] // stride), 3)
+    for name, a, b in zip(("y", "dx", "dw"), got, ref):
+        np.testing.assert_allclose(a, b, **TOL, err_msg=name)
+
+
+@pytest.mark.parametrize("k, stride, h", [(3, 1, 35), (5, 2, 67)])
+def test_tall_images_take_the_blocked_weight_gradient(k, stride, h):
+    """More than 32 output rows: the weight gradient loops over row blocks (zero-padded last block)."""
+    assert -(-h // stride) > dwconv._ROWS_PER_STEP
+    rng = np.random.default_rng(h)
+    x, w = _uniform(rng, (2, h, 5, 3)), _uniform(rng, (k, k, 3))
+    ref = _value_and_vjp("xla", x, w, stride, seed=h)
+    got = _value_and_vjp("shifted", x, w, stride, seed=h)
+    for name, a, b in zip(("y", "dx", "dw"), got, ref):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=2e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("impl", ["xla", "shifted"])
+@pytest.mark.parametrize("k, stride, hw", [(3, 2, (6, 5)), (5, 1, (4, 5)), (5, 2, (2, 3))])
+def test_matches_brute_force_same_padding(impl, k, stride, hw):
+    """Both impls equal a loop over taps with explicit TF-style SAME padding (asymmetric for stride 2)."""
+    rng = np.random.default_rng(7)
+    x, w = _uniform(rng, (2, *hw, 4)), _uniform(rng, (k, k, 4))
+    got = jax.jit(depthwise_conv, static_argnums=(2, 3))(x, w, stride, impl)
+    np.testing.assert_allclose(got, _numpy_depthwise(x, w, stride), **TOL)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_jitted_grad_of_scalar_loss(stride):
+    rng = np.random.default_rng(stride)
+    x, w = _uniform(rng, (3, 9, 8, 5)), _uniform(rng, (5, 5, 5))
+    t = _uniform(rng, (3, -(-9 // stride), -(-8 // stride), 5))
+
+    def loss(impl):
+        return lambda a, b: jnp.sum((depthwise_conv(jnp.tanh(a), b, stride, impl) - t) ** 2)
+
+    got = jax.jit(jax.grad(loss("shifted"), argnums=(0, 1)))(x, w)
+    ref = jax.jit(jax.grad(loss("xla"), argnums=(0, 1)))(x, w)
+    for a, b in zip(got, ref):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-4)
+    assert float(jnp.max(jnp.abs(got[1]))) > 1e-2  # the gradient is not trivially zero
+
+
+def test_auto_picks_shifted_on_cpu_and_xla_elsewhere(monkeypatch):
+    assert jax.default_backend() == "cpu"
+    assert dwconv.resolve_impl("auto") == "shifted"
+    x, w = jnp.ones((1, 4, 4, 2)), jnp.ones((3, 3, 2))
+    jaxpr = str(jax.make_jaxpr(lambda a, b: depthwise_conv(a, b))(x, w))
+    assert "custom_vjp" in jaxpr and "conv_general_dilated" not in jaxpr
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert dwconv.resolve_impl("auto") == "xla"
+    assert "conv_general_dilated" in str(jax.make_jaxpr(lambda a, b: depthwise_conv(a, b))(x, w))
+
+
+@pytest.mark.parametrize("x_shape, w_shape, stride, impl, needle", [
+    ((1, 5, 5, 3), (4, 4, 3), 1, "auto", "4x4"),
+    ((1, 5, 5, 3), (3, 5, 3), 1, "auto", "3x5"),
+    ((5, 5, 3), (3, 3, 3), 1, "auto", "(5, 5, 3)"),
+    ((1, 5, 5, 3), (3, 3), 1, "auto", "(3, 3)"),
+    ((1, 5, 5, 3), (3, 3, 4), 1, "auto", "4 channels"),
+    ((1, 5, 5, 3), (3, 3, 3), 1, "fast", "'fast'"),
+    ((1, 5, 5, 3), (3, 3, 3), 3, "shifted", "got 3"),
+])
+def test_bad_input_raises_naming_the_value(x_shape, w_shape, stride, impl, needle):
+    with pytest.raises(ValueError) as err:
+        depthwise_conv(jnp.zeros(x_shape), jnp.zeros(w_shape), stride, impl)
+    assert needle in str(err.value)
+
+
+def test_pointwise_matches_1x1_conv_values_and_gradients():
+    rng = np.random.default_rng(11)
+    x, w = _uniform(rng, (2, 5, 6, 7)), _uniform(rng, (7, 4))
+
+    def conv(a, b):
+        return lax.conv_general_dilated(a, b[None, None], (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    def value_and_vjp(f):
+        return jax.jit(lambda a, b, g: (lambda y, pull: (y, *pull(g)))(*jax.vjp(f, a, b)))
+
+    g = _uniform(rng, (2, 5, 6, 4))
+    got = value_and_vjp(pointwise_conv)(x, w, g)
+    assert got[0].shape == (2, 5, 6, 4)
+    for a, b in zip(got, value_and_vjp(conv)(x, w, g)):
+        np.testing.assert_allclose(a, b, **TOL)
+
+
+@pytest.mark.parametrize("x_shape, w_shape, needle", [
+    ((5, 5, 3), (3, 4), "(5, 5, 3)"),
+    ((1, 5, 5, 3), (3, 4, 1), "(3, 4, 1)"),
+    ((1, 5, 5, 3), (2, 4), "2 input channels"),
+])
+def test_pointwise_bad_input(x_shape, w_shape, needle):
+    with pytest.raises(ValueError) as err:
+        pointwise_conv(jnp.zeros(x_shape), jnp.zeros(w_shape))
+    assert needle in str(err.value)
