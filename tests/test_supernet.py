@@ -1,0 +1,334 @@
+"""The supernet as pure functions: padded candidate stacks, mixed ops g^T v(x), the compact network, mesh
+wiring, gradients through two-path gates, and a jitted train step that compiles once (issue 2, item 4)."""
+import functools
+import re
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jmsnas import gates as G
+from jmsnas import ops as O
+from jmsnas import supernet as SN
+from jmsnas.objectives import cross_entropy
+from jmsnas.space import IDENTITY, NUM_OPS, OPS, build_space, op_params
+from jmsnas.topology import DeviceProfile, LinkProfile, chain, make_topology
+
+R = NUM_OPS
+B = 2
+
+
+def _devs(*names):
+    return [DeviceProfile(n, 10.0, 1e9) for n in names]
+
+
+# Every layer reads 4 channels, so the candidates' expand/depthwise shapes repeat across layers and spaces:
+# the eager initialisation compiles one sampler per distinct shape.
+
+def chain_space():
+    """ue -> edge -> cloud, one layer each on 7x7 images: L0 keeps 4 ch (13 ops), L1 stride 2 on an odd size
+    (6 ops), L2 keeps 4 ch at 4x4 (13 ops)."""
+    topo = chain("c", _devs("ue", "edge", "cloud"), [10.0, 10.0], [1, 1, 1])
+    return build_space(topo, image_size=7, in_channels=3, num_classes=5, device_channels=[4, 4, 4],
+                       device_strides=[1, 2, 1], stem_channels=4, head_channels=8)
+
+
+def mesh_space():
+    """ue -> root -> {b1, b2} -> agg, one layer each on 6x6 images: L0, L1 keep 4 ch (13 ops); the branches
+    L2, L3 have stride 2 (6 ops); the aggregator L4 widens 4 -> 8 ch (6 ops)."""
+    links = [LinkProfile("ue", "root", 10.0), LinkProfile("root", "b1", 10.0), LinkProfile("root", "b2", 10.0),
+             LinkProfile("b1", "agg", 10.0), LinkProfile("b2", "agg", 10.0)]
+    topo = make_topology("m", _devs("ue", "root", "b1", "b2", "agg"), links, [1] * 5)
+    return build_space(topo, image_size=6, in_channels=3, num_classes=5, device_channels=[4, 4, 4, 4, 8],
+                       device_strides=[1, 1, 2, 2, 1], stem_channels=4, head_channels=8)
+
+
+CHAIN, MESH = chain_space(), mesh_space()
+
+
+def perturb(seed, params, state):
+    """Random values everywhere, padding included: the padded entries must never reach the output.
+    (NumPy draws: eager jax.random would compile one sampler per leaf shape.)"""
+    rng = np.random.default_rng(seed)
+    params = jax.tree_util.tree_map(lambda a: jnp.asarray(a + 0.3 * rng.standard_normal(a.shape), a.dtype), params)
+
+    def stat(path, a):
+        if "var" in jax.tree_util.keystr(path):
+            return jnp.asarray(rng.uniform(0.5, 2.0, a.shape), a.dtype)
+        return jnp.asarray(0.3 * rng.standard_normal(a.shape), a.dtype)
+
+    return params, jax.tree_util.tree_map_with_path(stat, state)
+
+
+@functools.lru_cache(maxsize=None)
+def initial(space):
+    return SN.init(jax.random.PRNGKey(0), space)
+
+
+@functools.lru_cache(maxsize=None)
+def net(space):
+    """Perturbed supernet parameters and state of ``space``, a batch and labels (built once per space)."""
+    params, state = perturb(1, *initial(space))
+    x = jnp.asarray(np.random.default_rng(2).standard_normal((B, space.image_size, space.image_size,
+                                                              space.in_channels)), jnp.float32)
+    y = jnp.arange(B) % space.num_classes
+    return params, state, x, y
+
+
+apply_jit = jax.jit(SN.apply, static_argnums=0, static_argnames=("train",))
+
+
+def archs_of(space, seed=0, count=3):
+    """Identity wherever allowed, every shortcut variant wherever allowed, and random valid architectures."""
+    mask = space.mask()
+    rng = np.random.default_rng(seed)
+    out = [tuple(IDENTITY if mask[n, IDENTITY] else 0 for n in range(space.num_layers)),
+           tuple(11 if mask[n, 11] else 4 for n in range(space.num_layers))]  # k7_e6_res / k5_e3
+    out += [tuple(int(rng.choice(np.flatnonzero(m))) for m in mask) for _ in range(count)]
+    assert OPS[11].residual and not OPS[4].residual
+    return out
+
+
+def assert_trees_close(a, b, rtol=1e-4, atol=1e-4):
+    chex.assert_trees_all_equal_structs(a, b)
+    jax.tree_util.tree_map(lambda u, v: np.testing.assert_allclose(np.asarray(u), np.asarray(v), rtol=rtol,
+                                                                   atol=atol), a, b)
+
+
+# ------------------------------------------------------------------------------------------------ layout
+
+@pytest.mark.parametrize("space", [CHAIN, MESH], ids=["chain", "mesh"])
+def test_init_stacks_valid_candidates_and_extract_has_op_params(space):
+    params, state = initial(space)
+    mask = space.mask()
+    for n, s in enumerate(space.layers):
+        v = int(mask[n].sum())
+        assert {a.shape[0] for a in jax.tree_util.tree_leaves(params["layers"][n])} == {v}
+        assert {a.shape[0] for a in jax.tree_util.tree_leaves(state["layers"][n])} == {v}
+    for ops in archs_of(space):
+        cp, cs = SN.extract(space, params, state, ops)
+        for n, (s, i) in enumerate(zip(space.layers, ops)):
+            assert SN.count_params(cp["layers"][n]) == op_params(OPS[i], s)
+            if OPS[i].is_identity:
+                assert cp["layers"][n] == {} and cs["layers"][n] == {}
+            else:
+                mid = s.in_ch * OPS[i].expand
+                assert cp["layers"][n]["expand"].shape == (s.in_ch, mid)
+                assert cp["layers"][n]["dw"].shape == (OPS[i].kernel, OPS[i].kernel, mid)
+                assert cp["layers"][n]["project"].shape == (mid, s.out_ch)
+        total = SN.count_params(cp)
+        fixed = SN.count_params(params["stem"]) + SN.count_params(params["head"])
+        assert total == fixed + sum(op_params(OPS[i], s) for s, i in zip(space.layers, ops))
+
+
+def test_extract_rejects_bad_arch():
+    params, state, _, _ = net(CHAIN)
+    with pytest.raises(ValueError, match=rf"layer 1: op index {IDENTITY} is not a valid candidate"):
+        SN.extract(CHAIN, params, state, [0, IDENTITY, 0])
+    with pytest.raises(ValueError, match=re.escape("architecture has shape (2,), expected (3,)")):
+        SN.extract(CHAIN, params, state, [0, 0])
+
+
+def test_device_parts_follow_the_topology():
+    params, state, _, _ = net(MESH)
+    ops = archs_of(MESH)[2]
+    cp, _ = SN.extract(MESH, params, state, ops)
+    parts = SN.device_parts(MESH, cp, ops)
+    assert list(parts) == ["ue", "root", "b1", "b2", "agg"]
+    assert [parts[d]["layers"] for d in parts] == [[0], [1], [2], [3], [4]]
+    assert [parts[d]["ops"] for d in parts] == [[OPS[i].name] for i in ops]
+    assert "stem" in parts["ue"]["params"] and "head" in parts["agg"]["params"]
+    assert sum("stem" in p["params"] or "head" in p["params"] for p in parts.values()) == 2
+
+
+# ------------------------------------------------------------------------------------------------ mixed op
+
+def test_mixed_op_is_weighted_sum_of_candidates():
+    """g^T v(x) against each candidate computed on its own (compact) parameters."""
+    space, n = CHAIN, 0
+    params, state, _, _ = net(space)
+    x = jnp.asarray(np.random.default_rng(3).standard_normal((B, 7, 7, 4)), jnp.float32)
+    assert space.layers[n].keeps_shape
+    valid = np.flatnonzero(space.mask()[n])
+    w = np.zeros(R, np.float32)
+    w[valid] = np.random.default_rng(0).uniform(0.1, 1.0, len(valid))
+    s = space.layers[n]
+
+    def own(i):
+        cp, cs = SN.extract(space, params, state, [i, 0, 0])
+        return O.op_apply(cp["layers"][0], cs["layers"][0], x, OPS[i], s.stride, False)[0]
+
+    outs = {int(i): np.asarray(own(int(i))) for i in valid}
+    mixed = jax.jit(SN.mixed_op, static_argnums=(0, 1, 7))
+    full, _ = mixed(space, n, params["layers"][n], state["layers"][n], jnp.asarray(w), None, x, False)
+    np.testing.assert_allclose(np.asarray(full), sum(w[i] * outs[i] for i in valid), rtol=1e-4, atol=1e-4)
+    pair = jnp.array([IDENTITY, 9], jnp.int32)
+    two, _ = mixed(space, n, params["layers"][n], state["layers"][n], jnp.asarray(w), pair, x, False)
+    np.testing.assert_allclose(np.asarray(two), w[IDENTITY] * outs[IDENTITY] + w[9] * outs[9], rtol=1e-4,
+                               atol=1e-4)
+    np.testing.assert_array_equal(outs[IDENTITY], np.asarray(x))
+
+
+# ------------------------------------------------------------------------------------------------ compact net
+
+@pytest.mark.parametrize("space", [CHAIN, MESH], ids=["chain", "mesh"])
+def test_compact_network_equals_supernet_with_onehot_gates(space):
+    params, state, x, _ = net(space)
+    for ops in archs_of(space):
+        gates = G.onehot_gates(jnp.asarray(ops), R)
+        cp, cs = SN.extract(space, params, state, ops)
+        # inference
+        sup, _ = apply_jit(space, params, state, gates, x, train=False)
+        com, _ = SN.compact_apply(space, ops, cp, cs, x, train=False)
+        np.testing.assert_allclose(np.asarray(sup), np.asarray(com), rtol=1e-4, atol=1e-4)
+        # a training-mode step: batch statistics, and the running statistics it returns
+        sup_t, sup_state = apply_jit(space, params, state, gates, x, train=True)
+        com_t, com_state = SN.compact_apply(space, ops, cp, cs, x, train=True)
+        np.testing.assert_allclose(np.asarray(sup_t), np.asarray(com_t), rtol=1e-4, atol=1e-4)
+        _, ext_state = SN.extract(space, params, sup_state, ops)
+        assert_trees_close(ext_state, com_state)
+        # candidates that did not run keep their statistics
+        for n, i in enumerate(ops):
+            pos = SN.layout(space, n).position
+            others = [int(pos[j]) for j in np.flatnonzero(space.mask()[n]) if j != i]
+            for before, after in zip(jax.tree_util.tree_leaves(state["layers"][n]),
+                                     jax.tree_util.tree_leaves(sup_state["layers"][n])):
+                np.testing.assert_array_equal(np.asarray(before)[others], np.asarray(after)[others])
+        # inference after the step, with the updated statistics
+        sup_e, _ = apply_jit(space, params, sup_state, gates, x, train=False)
+        com_e, _ = SN.compact_apply(space, ops, cp, com_state, x, train=False)
+        np.testing.assert_allclose(np.asarray(sup_e), np.asarray(com_e), rtol=1e-4, atol=1e-4)
+
+
+def hand_mesh_forward(cp, cs, ops, x):
+    """The mesh written out: stem -> ue -> root -> (b1, b2 both on the root's output) -> mean -> agg -> head."""
+    sp = MESH
+    run = lambda n, h: O.op_apply(cp["layers"][n], cs["layers"][n], h, OPS[ops[n]], sp.layers[n].stride, False)[0]
+    h, _ = O.conv_bn_apply(cp["stem"], cs["stem"], x, sp.stem_stride, False)
+    root = run(1, run(0, h))
+    b1, b2 = run(2, root), run(3, root)
+    agg = run(4, (b1 + b2) / 2)
+    return O.head_apply(cp["head"], cs["head"], agg, False)[0]
+
+
+def test_mesh_supernet_matches_hand_wired_network():
+    params, state, x, _ = net(MESH)
+    for ops in archs_of(MESH, seed=1):
+        cp, cs = SN.extract(MESH, params, state, ops)
+        sup, _ = apply_jit(MESH, params, state, G.onehot_gates(jnp.asarray(ops), R), x, train=False)
+        np.testing.assert_allclose(np.asarray(sup), np.asarray(hand_mesh_forward(cp, cs, ops, x)), rtol=1e-4,
+                                   atol=1e-4)
+
+
+def test_mesh_aggregator_averages_branches():
+    params, state, x, _ = net(MESH)
+    ops = (0, 1, 2, 5, 4)
+    gates = G.onehot_gates(jnp.asarray(ops), R)
+    base, _ = apply_jit(MESH, params, state, gates, x, train=False)
+    # swapping the two branches (their ops and parameters) leaves a mean unchanged
+    swapped_layers = list(params["layers"])
+    swapped_layers[2], swapped_layers[3] = params["layers"][3], params["layers"][2]
+    swapped_state = list(state["layers"])
+    swapped_state[2], swapped_state[3] = state["layers"][3], state["layers"][2]
+    sw_ops = (0, 1, 5, 2, 4)
+    out, _ = apply_jit(MESH, {**params, "layers": tuple(swapped_layers)}, {**state, "layers": tuple(swapped_state)},
+                       G.onehot_gates(jnp.asarray(sw_ops), R), x, train=False)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(base), rtol=1e-5, atol=1e-5)
+    # changing one branch's weights changes the output (both branches are used)
+    bumped = list(params["layers"])
+    bumped[3] = jax.tree_util.tree_map(lambda a: a * 1.5, params["layers"][3])
+    out, _ = apply_jit(MESH, {**params, "layers": tuple(bumped)}, state, gates, x, train=False)
+    assert np.abs(np.asarray(out) - np.asarray(base)).max() > 1e-3
+
+
+# ------------------------------------------------------------------------------------------------ gradients
+
+def ce_of(space, params, state, gates, x, y, dw_impl="auto"):
+    logits, new_state = SN.apply(space, params, state, gates, x, train=True, dw_impl=dw_impl)
+    return cross_entropy(logits, y), new_state
+
+
+@jax.jit
+@chex.assert_max_traces(n=1)
+def weight_step(params, state, gates, x, y):
+    """One SGD step on the weights with the given (single-path) gates; returns the gradient too."""
+    (loss, new_state), grads = jax.value_and_grad(ce_of, argnums=1, has_aux=True)(CHAIN, params, state, gates, x, y)
+    params = jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, grads)
+    return params, new_state, loss, grads
+
+
+@jax.jit
+@chex.assert_max_traces(n=1)
+def arch_grad(alpha, key, params, state, x, y):
+    """dCE/dalpha through two-path binary gates sampled inside the step, and dCE/dg of the same backward pass
+    (g = binary gates + a zero offset, so the offset's gradient is dL/dg). XLA's depthwise convolution: its
+    gradient compiles in less than half the time of the CPU default's custom VJP, which is not under test here."""
+    mask = jnp.asarray(CHAIN.mask())
+
+    def loss(a, offset):
+        g = G.two_path_gates(key, a, mask)
+        return ce_of(CHAIN, params, state, G.Gates(g.weights + offset, g.paths), x, y, "xla")[0]
+
+    return jax.grad(loss, argnums=(0, 1))(alpha, jnp.zeros_like(alpha))
+
+
+def eq5(alpha, paths, dl_dg):
+    """Lemma 1 / eq. (5) on each layer's sampled pair with p renormalised over the pair; zero elsewhere."""
+    out = np.zeros_like(alpha, dtype=np.float64)
+    for n, pair in enumerate(paths):
+        p = np.exp(alpha[n, pair] - alpha[n, pair].max())
+        p /= p.sum()
+        for a, i in enumerate(pair):
+            out[n, i] = sum(dl_dg[n, j] * p[b] * ((a == b) - p[a]) for b, j in enumerate(pair))
+    return out
+
+
+def test_weight_step_compiles_once_while_gates_change():
+    chex.clear_trace_counter()
+    params, state, x, y = net(CHAIN)
+    alpha, mask = jnp.zeros((CHAIN.num_layers, R)), jnp.asarray(CHAIN.mask())
+    seen = set()
+    for step in range(4):
+        gates = G.single_path_gates(jax.random.PRNGKey(10 + step), alpha, mask)
+        seen.add(tuple(np.asarray(gates.paths)[:, 0].tolist()))
+        new_params, state, loss, grads = weight_step(params, state, gates, x, y)
+        assert np.isfinite(float(loss))
+        chex.assert_tree_all_finite(grads)
+        # only the sampled candidate of each layer is trained; padding gets no gradient
+        for n, i in enumerate(np.asarray(gates.paths)[:, 0]):
+            lay = SN.layout(CHAIN, n)
+            v = int(lay.position[i])
+            g = grads["layers"][n]
+            for name, leaf in jax.tree_util.tree_leaves_with_path(g):
+                leaf = np.asarray(leaf)
+                assert np.all(np.delete(leaf, v, axis=0) == 0), (n, name)
+            if not OPS[i].is_identity:
+                mid = CHAIN.layers[n].in_ch * OPS[i].expand
+                assert np.all(np.asarray(g["expand"])[v, :, mid:] == 0)
+                assert np.all(np.asarray(g["project"])[v, mid:] == 0)
+                lo = (lay.kmax - OPS[i].kernel) // 2
+                dw = np.asarray(g["dw"])[v].copy()
+                dw[lo:lo + OPS[i].kernel, lo:lo + OPS[i].kernel, :mid] = 0
+                assert np.all(dw == 0)
+                assert np.abs(np.asarray(g["expand"])[v]).max() > 0
+        params = new_params
+    assert len(seen) > 1, "the gates should have changed between steps"
+
+
+def test_arch_gradient_through_two_path_gates_is_eq5_and_compiles_once():
+    chex.clear_trace_counter()
+    params, state, x, y = net(CHAIN)
+    mask = CHAIN.mask()
+    alpha = jnp.asarray(np.where(mask, np.random.default_rng(0).normal(0, 1, mask.shape), 0.0), jnp.float32)
+    for step in range(3):
+        key = jax.random.PRNGKey(20 + step)
+        grad, dl_dg = (np.asarray(a) for a in arch_grad(alpha, key, params, state, x, y))
+        gates = G.two_path_gates(key, alpha, jnp.asarray(mask))
+        paths = np.asarray(gates.paths)
+        assert np.isfinite(grad).all()
+        sampled = np.zeros(mask.shape, bool)
+        sampled[np.arange(CHAIN.num_layers)[:, None], paths] = True
+        assert np.all(grad[~sampled] == 0) and np.abs(grad[sampled]).max() > 0
+        np.testing.assert_allclose(grad, eq5(np.asarray(alpha), paths, dl_dg), rtol=1e-4, atol=1e-6)
