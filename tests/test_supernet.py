@@ -48,6 +48,13 @@ def mesh_space():
 CHAIN, MESH = chain_space(), mesh_space()
 
 
+@pytest.fixture(autouse=True)
+def full_precision_matmuls():
+    """Float32 matmuls everywhere (GPUs default to TF32, which would swamp the 1e-4 comparisons); no-op on CPU."""
+    with jax.default_matmul_precision("float32"):
+        yield
+
+
 def perturb(seed, params, state):
     """Random values everywhere, padding included: the padded entries must never reach the output.
     (NumPy draws: eager jax.random would compile one sampler per leaf shape.)"""
