@@ -21,6 +21,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.cost.tables = ml_collections.FieldReference(None, field_type=dict)
     # The derived latency of this space spans about 2.68-2.98 ms (the ue->sbs transfer alone is 1.97 ms).
     c.t_const_ms = 2.8
+    c.shared_weights = True  # one superkernel per layer (see jmsnas.supernet.init); False: ProxylessNAS-style
     c.split = "fixed"  # or "searched": the best chain split of the current E[tau] in every architecture step
     c.search = ml_collections.ConfigDict(dict(
         warmup_epochs=2, epochs=8, batch_size=64, arch_every=1, weight_lr=2e-3, arch_lr=2e-3, lambda1=1e-5,

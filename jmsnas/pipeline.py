@@ -154,7 +154,7 @@ def _stage1(cfg, space, table, ds, mesh, ckpt, fp, resume, progress):
     hp = _hparams(cfg)
     s = cfg.search
     weight_step, arch_step, eval_step = train.make_search_steps(space, table, hp, cfg.dw_impl)
-    st = train.init_search_state(jax.random.PRNGKey(cfg.seed), space, hp)
+    st = train.init_search_state(jax.random.PRNGKey(cfg.seed), space, hp, cfg.shared_weights)
     epoch, start, history = 0, 0, []
     if resume and ckpt.latest_step() is not None:
         st, meta = ckpt.restore(jax.device_get(st), expect_meta={"fingerprint": fp})

@@ -57,12 +57,17 @@ def layout(space: SearchSpace, n: int) -> _Layout:
     return _Layout(valid, kmax, mid_max, position, kmask, cmask, mbconv, shortcut)
 
 
-def _init_layer(key, space: SearchSpace, n: int):
-    """Stacked, zero-padded parameters of every valid candidate of layer n (one entry per candidate)."""
+def _init_layer(key, space: SearchSpace, n: int, shared: bool):
+    """Stacked, zero-padded parameters of every valid candidate of layer n (one entry per candidate).
+
+    With ``shared`` the convolution weights are one widest (kmax x kmax, largest expansion) set whose centred
+    sub-kernel and leading channels every candidate uses; batch norm stays per candidate.
+    """
     s, lay = space.layers[n], layout(space, n)
     V, M = len(lay.valid), lay.mid_max
-    p = {"expand": np.zeros((V, s.in_ch, M), np.float32), "dw": np.zeros((V, lay.kmax, lay.kmax, M), np.float32),
-         "project": np.zeros((V, M, s.out_ch), np.float32)}
+    W = 1 if shared else V
+    p = {"expand": np.zeros((W, s.in_ch, M), np.float32), "dw": np.zeros((W, lay.kmax, lay.kmax, M), np.float32),
+         "project": np.zeros((W, M, s.out_ch), np.float32)}
     for name, ch in (("bn1", M), ("bn2", M), ("bn3", s.out_ch)):
         p[name] = {"scale": np.zeros((V, ch), np.float32), "bias": np.zeros((V, ch), np.float32)}
     st = {name: {"mean": np.zeros((V, ch), np.float32), "var": np.ones((V, ch), np.float32)}
@@ -71,22 +76,46 @@ def _init_layer(key, space: SearchSpace, n: int):
         op = OPS[i]
         if op.is_identity:
             continue
+        mid = s.in_ch * op.expand
+        for name, ch in (("bn1", mid), ("bn2", mid), ("bn3", s.out_ch)):
+            p[name]["scale"][v, :ch] = 1.0
+        if shared:
+            continue
         q, _ = O.mbconv_init(kv, op, s.in_ch, s.out_ch)
-        mid, lo = s.in_ch * op.expand, (lay.kmax - op.kernel) // 2
+        lo = (lay.kmax - op.kernel) // 2
         p["expand"][v, :, :mid] = q["expand"]
         p["dw"][v, lo:lo + op.kernel, lo:lo + op.kernel, :mid] = q["dw"]
         p["project"][v, :mid] = q["project"]
         for name, ch in (("bn1", mid), ("bn2", mid), ("bn3", s.out_ch)):
             p[name]["scale"][v, :ch] = q[name]["scale"]
+    if shared:
+        widest = OpSpec("widest", lay.kmax, M // s.in_ch, False)
+        q, _ = O.mbconv_init(key, widest, s.in_ch, s.out_ch)
+        p["expand"][0], p["dw"][0], p["project"][0] = q["expand"], q["dw"], q["project"]
     return jax.tree_util.tree_map(jnp.asarray, p), jax.tree_util.tree_map(jnp.asarray, st)
 
 
-def init(key, space: SearchSpace):
-    """Initial (params, state) of the whole supernet; each layer holds its candidates stacked and zero-padded."""
+def is_shared(params_n) -> bool:
+    """True if layer params hold one shared convolution weight set (static: read from the shapes)."""
+    return params_n["expand"].shape[0] == 1 and params_n["bn1"]["scale"].shape[0] > 1
+
+
+def init(key, space: SearchSpace, *, shared_weights: bool = True):
+    """Initial (params, state) of the whole supernet; each layer holds its candidates stacked and zero-padded.
+
+    ``shared_weights=True`` (default): the candidates of a layer share one superkernel (the k x k kernel is the
+    centre of the 7 x 7 one, expansion 3 the first half of expansion 6's channels, with and without shortcut the same
+    weights), as in Single-Path NAS and Once-for-All; each candidate keeps its own batch norm. Sampling one path
+    per step then trains weights every candidate uses, which is what makes stage 1 learn in a few epochs on small
+    data (with separate weights a path is trained on 1/13 of the steps and the sampled networks see inconsistent
+    features: on the digits a supernet with separate weights stayed at chance for 10 epochs).
+    ``shared_weights=False``: every candidate has its own weights, as in ProxylessNAS/JMSNAS.
+    """
     k_stem, k_head, k_layers = jax.random.split(key, 3)
     params, state = {}, {}
     params["stem"], state["stem"] = O.conv_bn_init(k_stem, 3, space.in_channels, space.stem_channels)
-    layers = [_init_layer(kn, space, n) for n, kn in enumerate(jax.random.split(k_layers, space.num_layers))]
+    layers = [_init_layer(kn, space, n, shared_weights)
+              for n, kn in enumerate(jax.random.split(k_layers, space.num_layers))]
     params["layers"] = tuple(l[0] for l in layers)
     state["layers"] = tuple(l[1] for l in layers)
     params["head"], state["head"] = O.head_init(k_head, space.layers[-1].out_ch, space.head_channels,
@@ -102,8 +131,9 @@ def _candidate(space: SearchSpace, lay: _Layout, n: int, params_n, state_n, v, x
     """
     cm, km = jnp.asarray(lay.cmask)[v], jnp.asarray(lay.kmask)[v]
     take = lambda t: jax.tree_util.tree_map(lambda a: a[v], t)
-    p = {"expand": params_n["expand"][v] * cm, "dw": params_n["dw"][v] * km * cm,
-         "project": params_n["project"][v] * cm[:, None], "bn3": take(params_n["bn3"])}
+    w = 0 if is_shared(params_n) else v
+    p = {"expand": params_n["expand"][w] * cm, "dw": params_n["dw"][w] * km * cm,
+         "project": params_n["project"][w] * cm[:, None], "bn3": take(params_n["bn3"])}
     for name in ("bn1", "bn2"):
         p[name] = {k: a[v] * cm for k, a in params_n[name].items()}
     widest = OpSpec("padded", lay.kmax, 0, False)
@@ -162,8 +192,9 @@ def _unpad(space: SearchSpace, n: int, params_n, state_n, i: int):
     if op.is_identity:
         return {}, {}
     v, mid, lo = int(lay.position[i]), s.in_ch * op.expand, (lay.kmax - op.kernel) // 2
-    p = {"expand": params_n["expand"][v, :, :mid], "dw": params_n["dw"][v, lo:lo + op.kernel, lo:lo + op.kernel, :mid],
-         "project": params_n["project"][v, :mid]}
+    w = 0 if is_shared(params_n) else v
+    p = {"expand": params_n["expand"][w, :, :mid], "dw": params_n["dw"][w, lo:lo + op.kernel, lo:lo + op.kernel, :mid],
+         "project": params_n["project"][w, :mid]}
     st = {}
     for name, ch in (("bn1", mid), ("bn2", mid), ("bn3", s.out_ch)):
         p[name] = {k: a[v, :ch] for k, a in params_n[name].items()}

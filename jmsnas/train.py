@@ -83,9 +83,9 @@ def shard_batch(batch, mesh: Mesh):
         lambda a: jax.make_array_from_process_local_data(sharding, np.array_split(a, n)[i], a.shape), batch)
 
 
-def init_search_state(key, space: SearchSpace, hp: SearchHParams) -> SearchState:
+def init_search_state(key, space: SearchSpace, hp: SearchHParams, shared_weights: bool = True) -> SearchState:
     k_init, k_run = jax.random.split(key)
-    params, bn = supernet.init(k_init, space)
+    params, bn = supernet.init(k_init, space, shared_weights=shared_weights)
     alpha = jnp.zeros((space.num_layers, NUM_OPS), jnp.float32)
     return SearchState(params, bn, alpha, optax.adam(hp.weight_lr).init(params), optax.adam(hp.arch_lr).init(alpha),
                        k_run, jnp.zeros((), jnp.int32))
