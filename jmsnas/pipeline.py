@@ -235,7 +235,10 @@ def _stage2(cfg, space, ds, mesh, st, ops, workdir, fp, resume, progress, histor
     return rt, history
 
 
-def _finish(cfg, space, table, ds, mesh, rt, ops, assignment, fix, derived, history, workdir) -> dict:
+def _finish(cfg, space, table, ds, mesh, rt, ops, assignment, fix, derived, history, workdir, *,
+            note: str | None = None, extra: dict | None = None) -> dict:
+    """Evaluates the retrained net and writes result.json, history.json, the report and parts/. ``note``
+    replaces the budget note and ``extra`` adds keys to result.json (for flows other than the search)."""
     _, eval_step = train.make_retrain_steps(space, ops, cfg.retrain.lr, cfg.search.lambda1, cfg.dw_impl)
     ev = lambda split: train.evaluate(lambda x, y, v: eval_step(rt.params, rt.bn, x, y, v), split,
                                       cfg.eval_batch_size, mesh)[0]
@@ -256,8 +259,9 @@ def _finish(cfg, space, table, ds, mesh, rt, ops, assignment, fix, derived, hist
         "params": supernet.count_params(params),
         "budget": {"met": bool(lat["total"] <= cfg.t_const_ms + 1e-9), "repaired": bool(fix.repaired),
                    "min_reachable_ms": fix.min_latency_ms,
-                   "note": _budget_note(fix, derived, cfg.t_const_ms)},
+                   "note": _budget_note(fix, derived, cfg.t_const_ms) if note is None else note},
         "dataset": ds.name, "seed": cfg.seed,
+        **(extra or {}),
     }
     with open(os.path.join(workdir, "result.json"), "w") as f:
         json.dump(result, f, indent=2)
