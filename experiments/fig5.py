@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -106,10 +107,23 @@ def trend(rows, topology: str, key: str = "latency_ms") -> str:
     return "does not fall"
 
 
-def summary_markdown(rows, quick: bool) -> str:
-    """The fig5_summary.md text."""
+def code_version() -> str:
+    """The git commit of the code that ran, plus the jmsnas/ files that differed from it (a shared working tree)."""
+    git = lambda *a: subprocess.run(["git", *a], cwd=HERE, capture_output=True, text=True).stdout
+    try:
+        head = git("rev-parse", "--short", "HEAD").strip()
+        dirty = [d for d in git("status", "--porcelain", "--", "../jmsnas").splitlines() if d.strip()]
+    except OSError:
+        return "unknown (git not available)"
+    if not head:
+        return "unknown (not a git checkout)"
+    return head + (f" with uncommitted changes to {', '.join(d[3:] for d in dirty)}" if dirty else "")
+
+
+def summary_markdown(rows, quick: bool, version: str | None = None) -> str:
+    """The fig5_summary.md text; ``version`` says which code ran (see ``code_version``)."""
     lines = ["# Fig. 5 at our scale: chain and mesh, three T_const levels" + (" (QUICK smoke run)" if quick else ""),
-             "", "Latencies in ms (analytic cost table of the presets); accuracies on the embedded digits data. "
+             "", f"Code: {version}." if version else "", "", "Latencies in ms (analytic cost table of the presets); accuracies on the embedded digits data. "
              "`stage-1 T` is the derived (argmax) architecture at the end of the search, before any repair; "
              "`final T` is after the budget repair (if needed) and is what stage 2 retrains.", "",
              "| topology | level | T_const | reachable | stage-1 E[T] | stage-1 T | final T | budget | "
@@ -154,7 +168,7 @@ def plot_fig5(rows, path: str) -> Figure:
             ax.scatter(r["stage1_latency_ms"], 100 * r["stage1_val_acc"], facecolors="none", edgecolors=c,
                        marker=m, s=50, zorder=3)
             ax.annotate(f"{topo}:{r['level']}", (r["latency_ms"], 100 * r["test_acc"]), textcoords="offset points",
-                        xytext=(4, 4), fontsize=7)
+                        xytext=(4, 4 if topo == "chain" else -10), fontsize=7)
     for topo, m in _MARKERS.items():
         ax.scatter([], [], color="gray", marker=m, label=f"{topo}: test acc after stage 2, final T")
         ax.scatter([], [], facecolors="none", edgecolors="gray", marker=m, label=f"{topo}: stage-1 val acc, stage-1 T")
@@ -164,6 +178,7 @@ def plot_fig5(rows, path: str) -> Figure:
     ax.legend(fontsize=7, loc="lower right")
     for col, topo in enumerate(TOPOLOGIES, start=1):
         a_acc, a_lat = fig.add_subplot(grid[0, col]), fig.add_subplot(grid[1, col])
+        warm = []
         for r in (r for r in rows if r["topology"] == topo):
             s1 = [h for h in r["history"] if h["stage"] in ("warmup", "search")]
             x = [h["epoch"] for h in s1]
@@ -173,7 +188,11 @@ def plot_fig5(rows, path: str) -> Figure:
             a_lat.plot(x, [h["derived_latency_ms"] for h in s1], "o-", ms=3, color=c, label=f"derived T, {r['level']}")
             a_lat.plot(x, [h["expected_latency_ms"] for h in s1], ":", color=c)
             a_lat.axhline(r["t_const_ms"], ls="--", color=c, lw=0.8)
-        a_acc.set_title(f"{topo}: stage 1 (dotted: E[T], dashed: T_const)")
+            warm = [h["epoch"] for h in s1 if h["stage"] == "warmup"]
+        for a in (a_acc, a_lat):
+            if warm:
+                a.axvspan(min(warm) - 0.5, max(warm) + 0.5, color="#eeeeee", zorder=0, lw=0)
+        a_acc.set_title(f"{topo}: stage 1, grey = warm-up (dotted: E[T], dashed: T_const)", fontsize=10)
         a_acc.set_ylabel("val accuracy of derived net (%)")
         a_acc.legend(fontsize=7, loc="lower right")
         a_lat.set_ylabel("latency (ms)")
@@ -201,6 +220,12 @@ def parse_args(argv):
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     os.makedirs(args.out, exist_ok=True)
+    version = code_version()  # taken before the runs: modules are imported once, at the first run
+    print(f"code: {version}", flush=True)
+    if "uncommitted" in version:  # keep what actually ran
+        diff = subprocess.run(["git", "diff", "HEAD", "--", "../jmsnas"], cwd=HERE, capture_output=True, text=True)
+        with open(os.path.join(args.out, "code.diff"), "w") as f:
+            f.write(diff.stdout)
     rows = []
     for arg in args.runs:
         cfg = load_config(arg, args.quick)
@@ -211,9 +236,9 @@ def main(argv=None) -> int:
         r = rows[-1]
         print(f"   final T {r['latency_ms']:.4f} ms, test acc {100 * r['test_acc']:.1f}%", flush=True)
     with open(os.path.join(args.out, "fig5_summary.md"), "w") as f:
-        f.write(summary_markdown(rows, args.quick))
+        f.write(summary_markdown(rows, args.quick, version))
     plot_fig5(rows, os.path.join(args.out, "fig5_accuracy_latency.png"))
-    print(summary_markdown(rows, args.quick))
+    print(summary_markdown(rows, args.quick, version))
     print(f"wrote {args.out}/fig5_summary.md and {args.out}/fig5_accuracy_latency.png")
     return 0
 

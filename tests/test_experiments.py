@@ -88,7 +88,7 @@ def test_no_random_architecture_leaves_the_reachable_range(configs, spaces):
         e = configs[(t, "mid")].experiment
         mask = space.mask()
         lats = []
-        for _ in range(30):
+        for _ in range(20):
             ops = np.array([rng.choice(np.flatnonzero(mask[n])) for n in range(space.num_layers)], np.int32)
             lats.append(float(arch_latency(space, table, ops).total))
         assert min(lats) >= e.reachable_min_ms - 1e-5 and max(lats) <= e.reachable_max_ms + 1e-5
@@ -120,3 +120,14 @@ def test_summary_reports_the_trend_per_topology():
     md = runner.summary_markdown(rows, quick=False)
     assert md.count("\n| chain |") == 3 and md.count("\n| mesh |") == 3
     assert "- chain: final T falls; stage-1 derived T does not fall" in md
+
+
+def test_plot_has_the_scatter_and_one_stage1_panel_pair_per_topology(tmp_path):
+    runner = _module(os.path.join(ROOT, "experiments", "fig5.py"), "fig5_runner")
+    hist = [{"epoch": e, "stage": "warmup" if e < 1 else "search", "val_acc": 0.5, "expected_latency_ms": 2.8,
+             "derived_latency_ms": 2.7} for e in range(3)]
+    rows = [dict(_row("chain", "tight", 2.6, 2.7), history=hist), dict(_row("mesh", "loose", 2.9, 2.9), history=hist)]
+    fig = runner.plot_fig5(rows, tmp_path / "f.png")
+    assert (tmp_path / "f.png").stat().st_size > 0
+    assert len(fig.axes) == 5
+    assert len(fig.axes[0].collections) >= 4  # filled + hollow point per run (plus legend proxies)
