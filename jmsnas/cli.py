@@ -11,6 +11,7 @@ COMMANDS = {
     "split": "split",
     "search": "search",
     "retrain": "search",
+    "evolve": "evolve",
 }
 
 
@@ -28,9 +29,9 @@ def main(argv=None) -> int:
     for mod in {id(m): m for m in mods.values()}.values():  # a module may serve several sub-commands
         mod.add_parser(sub)
     args, extra = parser.parse_known_args(argv)
-    if extra and args.command not in ("search", "retrain"):
+    if extra and args.command not in ("search", "retrain", "evolve"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    if args.command in ("search", "retrain"):
+    if args.command in ("search", "retrain", "evolve"):
         return mods[args.command].run(args, extra)
     return mods[args.command].run(args)
 
