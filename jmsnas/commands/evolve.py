@@ -1,0 +1,35 @@
+"""``jmsnas evolve``: sandwich-rule supernet training, then evolution under T <= T_const (``jmsnas.evolve``)."""
+from __future__ import annotations
+
+import os
+import sys
+
+from jmsnas.commands.search import apply_overrides, load_config
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("evolve", help="two-stage weight sharing: supernet (sandwich rule), evolution under "
+                                      "T <= T_const, retrain; same outputs as search",
+                       epilog="Overrides: --config.KEY=VALUE, e.g. --config.evolve.population=128 "
+                              "(evolve settings: see jmsnas.evolve.DEFAULTS)")
+    p.add_argument("--config", default=None, help="config file (.py with get_config()); default: built-in chain")
+    p.add_argument("--workdir", required=True, help="where checkpoints, result.json, plots and parts go")
+    p.add_argument("--resume", action="store_true", help="continue the run in --workdir")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args, extra=()) -> int:
+    from jmsnas import evolve, report
+    from jmsnas.checkpoint import CheckpointError
+    from jmsnas.data import DatasetError
+    from jmsnas.topology import TopologyError
+    try:
+        cfg = apply_overrides(evolve.with_defaults(load_config(args.config)), extra)
+        result = evolve.evolve(cfg, args.workdir, resume=args.resume, progress=not args.no_progress)
+    except (ValueError, CheckpointError, DatasetError, TopologyError) as e:
+        print(f"jmsnas {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    print(report.format_summary(result))
+    print(f"\nwrote {os.path.join(args.workdir, 'result.json')}, evolution.json and plots, parts/ and "
+          "checkpoints/ there")
+    return 0

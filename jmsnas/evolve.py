@@ -1,0 +1,361 @@
+"""``jmsnas evolve``: the two-stage weight-sharing flow (SplitNets, paper 000, section 3.2; OFA/BigNAS training).
+
+Stage 1 trains the supernet alone with the sandwich rule: every step computes the gradient of the largest
+sub-network (the widest valid candidate of each layer: kernel 7, expansion 6, with shortcut where allowed), of
+the smallest (identity where allowed, else kernel 3 / expansion 3) and of ``num_random`` uniformly sampled ones,
+adds them up (plus the L2 term once) and makes one Adam update. Weights are shared (``supernet.init``), so every
+sampled path trains weights the others use; the largest and smallest bound the range the search will query.
+
+Stage 2 is evolution (``strategies.make("evolution")``) with the supernet as a fixed accuracy predictor. Fitness
+of a population is its accuracy on a fixed validation subset from ``evaluate.evaluate_population`` (BN statistics
+recalibrated per sub-network on a few training batches); the hard constraint T <= T_const discards a candidate
+(fitness -inf) and the soft ranking is by that accuracy, ties broken by lower latency (a term below half an
+example, so it never outweighs one correctly classified image). The winner is then retrained as in ``jmsnas
+search`` (its weights inherited from the supernet) and the run writes the same outputs: result.json (plus
+``"flow": "evolve"`` and an ``evolution`` summary), history.json, the report plots, parts/, and evolution.json
+(per-generation statistics). Both stages checkpoint (``checkpoints/supernet``, ``checkpoints/evolution``) and a
+run resumes from where it stopped, to the same result.
+
+Settings live in ``cfg.evolve`` (``DEFAULTS`` fills what is missing); the supernet's batch size, learning rate and
+L2 weight are ``cfg.search.batch_size``, ``weight_lr`` and ``lambda1``, the retrain is ``cfg.retrain``.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from tqdm import tqdm
+
+from jmsnas import budget, data, pipeline, strategies, supernet, train
+from jmsnas.checkpoint import Checkpointer
+from jmsnas.cost.latency import arch_latency, latency, searched_latency
+from jmsnas.evaluate import evaluate_population
+from jmsnas.gates import onehot_gates
+from jmsnas.objectives import cross_entropy, l2_norm_sq
+from jmsnas.pipeline import ConfigError
+from jmsnas.space import IDENTITY, NUM_OPS, OP_NAMES, OPS, SearchSpace
+from jmsnas.strategies.base import sample_valid
+
+DEFAULTS = dict(
+    epochs=10,  # supernet training epochs (stage 1)
+    num_random=2,  # random sub-networks per step, besides the largest and the smallest
+    population=512,  # SplitNets: 512 candidates ...
+    generations=20,  # ... for 20 generations
+    parent_ratio=0.25, mutation_prob=0.1, mutation_ratio=0.5,  # see strategies.evolution
+    fitness_examples=512,  # validation examples the fitness is measured on (at most the whole split)
+    bn_batches=4, bn_batch_size=64,  # BN recalibration: K training batches of this size (0 batches: running stats)
+    chunk=8,  # evaluate_population's chunk of architectures (memory ~ chunk x fitness_examples activations)
+)
+_INTS = {"epochs": 1, "num_random": 0, "population": 2, "generations": 1, "fitness_examples": 1, "bn_batches": 0,
+         "bn_batch_size": 1, "chunk": 1}  # name -> smallest allowed value
+
+
+# ----------------------------------------------------------------------------------------------- configuration
+
+def with_defaults(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """``cfg`` (modified in place and returned) with ``cfg.evolve`` holding every setting of ``DEFAULTS``.
+
+    Raises ConfigError for keys of an existing ``cfg.evolve`` that are not settings."""
+    given = cfg.evolve.to_dict() if "evolve" in cfg else {}
+    unknown = sorted(set(given) - set(DEFAULTS))
+    if unknown:
+        raise ConfigError(f"unknown evolve settings {unknown}; expected some of {sorted(DEFAULTS)}")
+    with cfg.unlocked():
+        cfg.evolve = ml_collections.ConfigDict({**DEFAULTS, **given})
+    return cfg
+
+
+def validate(cfg) -> None:
+    """Checks ``cfg`` (pipeline.validate_config plus ``cfg.evolve``); ConfigError names the bad value."""
+    pipeline.validate_config(cfg)
+    e = cfg.evolve
+    for name, lo in _INTS.items():
+        v = e[name]
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+            raise ConfigError(f"evolve.{name} must be an integer >= {lo}, got {v!r}")
+    try:  # the strategy's own checks of its hyperparameters, on a one-layer mask
+        make_strategy(np.ones((1, 1), bool), e)
+    except ValueError as err:
+        raise ConfigError(f"evolve.{err}") from None
+
+
+# ----------------------------------------------------------------------------------------------- stage 1
+
+class SandwichState(NamedTuple):
+    """Stage 1: supernet weights, BN running statistics, Adam state, PRNG key (uint32[2]), steps taken."""
+
+    params: dict
+    bn: dict
+    opt: tuple
+    key: jnp.ndarray
+    step: jnp.ndarray
+
+
+def sandwich_ops(space: SearchSpace) -> tuple:
+    """(largest, smallest) int32[N]: per layer the widest valid candidate (largest kernel, then expansion, then
+    with shortcut) and the narrowest (identity where valid, else the smallest kernel, then expansion)."""
+    mask = space.mask()
+    size = lambda i: (OPS[i].kernel, OPS[i].expand, OPS[i].residual)
+    largest = [max(np.flatnonzero(m), key=size) for m in mask]
+    smallest = [IDENTITY if m[IDENTITY] else min(np.flatnonzero(m), key=size) for m in mask]
+    return np.asarray(largest, np.int32), np.asarray(smallest, np.int32)
+
+
+def sandwich_archs(key, mask, largest, smallest, num_random: int) -> jnp.ndarray:
+    """int32[2 + num_random, N]: the largest, the smallest, then ``num_random`` uniform valid sub-networks."""
+    rand = sample_valid(key, jnp.asarray(mask), num_random)
+    return jnp.concatenate([jnp.asarray(largest)[None], jnp.asarray(smallest)[None], rand]).astype(jnp.int32)
+
+
+def init_sandwich_state(key, space: SearchSpace, lr: float, shared_weights: bool = True) -> SandwichState:
+    k_init, k_run = jax.random.split(key)
+    params, bn = supernet.init(k_init, space, shared_weights=shared_weights)
+    return SandwichState(params, bn, optax.adam(lr).init(params), k_run, jnp.zeros((), jnp.int32))
+
+
+def sandwich_step(space: SearchSpace, lr: float, lambda1: float, num_random: int, dw_impl: str = "auto"):
+    """The pure step ``(state, x, y) -> (state, metrics)`` of stage 1 (jit it; ``make_sandwich_step`` does).
+
+    x float32[B, H, W, C], y int32[B]. The sub-networks (``sandwich_archs`` with the step's key) run in turn
+    inside one ``lax.scan`` (one compiled body whatever they are); each updates the running statistics of the BN
+    it used, the next starts from those. The update is one Adam step on sum_k grad CE_k + lambda1 grad ||w||^2.
+    Metrics: ``loss``/``acc`` (mean CE / accuracy over the sub-networks), ``*_largest``, ``*_smallest``.
+    """
+    tx = optax.adam(lr)
+    largest, smallest = sandwich_ops(space)
+    mask = space.mask()
+
+    def one(params, x, y):
+        def loss_fn(p, bn, ops):
+            logits, bn = supernet.apply(space, p, bn, onehot_gates(ops, NUM_OPS), x, train=True, dw_impl=dw_impl)
+            return cross_entropy(logits, y), (bn, jnp.mean((jnp.argmax(logits, -1) == y).astype(jnp.float32)))
+
+        def body(carry, ops):
+            grads, bn = carry
+            (ce, (bn, acc)), g = jax.value_and_grad(loss_fn, has_aux=True)(params, bn, ops)
+            return (jax.tree_util.tree_map(jnp.add, grads, g), bn), (ce, acc)
+
+        return body
+
+    def step(st: SandwichState, x, y):
+        key, k = jax.random.split(st.key)
+        archs = sandwich_archs(k, mask, largest, smallest, num_random)
+        zeros = jax.tree_util.tree_map(jnp.zeros_like, st.params)
+        (grads, bn), (ce, acc) = jax.lax.scan(one(st.params, x, y), (zeros, st.bn), archs)
+        grads = jax.tree_util.tree_map(jnp.add, grads, jax.grad(lambda p: lambda1 * l2_norm_sq(p))(st.params))
+        updates, opt = tx.update(grads, st.opt, st.params)
+        st = SandwichState(optax.apply_updates(st.params, updates), bn, opt, key, st.step + 1)
+        return st, {"loss": jnp.mean(ce), "acc": jnp.mean(acc), "loss_largest": ce[0], "acc_largest": acc[0],
+                    "loss_smallest": ce[1], "acc_smallest": acc[1]}
+
+    return step
+
+
+def make_sandwich_step(space: SearchSpace, lr: float, lambda1: float, num_random: int, dw_impl: str = "auto"):
+    """``sandwich_step`` jitted once, with the state donated."""
+    return jax.jit(sandwich_step(space, lr, lambda1, num_random, dw_impl), donate_argnums=0)
+
+
+def _train_supernet(cfg, space, table, ds, mesh, ckpt, fp, resume, progress):
+    """Stage 1 with checkpoints every ``checkpoint_every`` steps and at every epoch end; returns (state, history)."""
+    s, e = cfg.search, cfg.evolve
+    step = make_sandwich_step(space, s.weight_lr, s.lambda1, e.num_random, cfg.dw_impl)
+    _, _, eval_step = train.make_search_steps(space, table, pipeline._hparams(cfg), cfg.dw_impl)
+    st = init_sandwich_state(jax.random.PRNGKey(cfg.seed), space, s.weight_lr, cfg.shared_weights)
+    epoch, start, history = 0, 0, []
+    if resume and ckpt.latest_step() is not None:
+        st, meta = ckpt.restore(jax.device_get(st), expect_meta={"fingerprint": fp})
+        epoch, start, history = meta["epoch"], meta["batch"], meta["history"]
+    st = train.replicate(st, mesh)
+    nb = data.num_batches(ds.train, s.batch_size)
+    bar = tqdm(total=e.epochs * nb, initial=epoch * nb + start, disable=not progress, desc="supernet", unit="step")
+    m = {}
+    while epoch < e.epochs:
+        for i, (x, y) in enumerate(data.epoch_batches(ds.train, s.batch_size, seed=cfg.seed, epoch=epoch,
+                                                      start=start), start=start):
+            st, m = step(st, *train.shard_batch((x, y), mesh))
+            bar.update(1)
+            if (i + 1) % cfg.checkpoint_every == 0 and i + 1 < nb:
+                pipeline._save(ckpt, int(st.step), st, {"epoch": epoch, "batch": i + 1, "history": history,
+                                                        "fingerprint": fp})
+            if i % 5 == 0:
+                bar.set_postfix(loss=f"{float(m['loss']):.3f}", big=f"{float(m['acc_largest']):.3f}",
+                                small=f"{float(m['acc_smallest']):.3f}")
+        history.append(_epoch_entry(cfg, space, table, ds, mesh, st, eval_step, epoch, m))
+        epoch, start = epoch + 1, 0
+        pipeline._save(ckpt, int(st.step), st, {"epoch": epoch, "batch": 0, "history": history, "fingerprint": fp})
+    bar.close()
+    return st, history
+
+
+def _epoch_entry(cfg, space, table, ds, mesh, st, eval_step, epoch, m) -> dict:
+    """History row: train metrics of the last step, validation accuracy (running BN statistics) and latency of
+    the largest sub-network (``val_acc``, ``derived_latency_ms``) and of the smallest (``*_smallest``)."""
+    row = {"epoch": epoch, "stage": "search", "train_loss": float(m["loss"]), "train_acc": float(m["acc"]),
+           "expected_latency_ms": None}
+    for name, ops in zip(("", "_smallest"), sandwich_ops(space)):
+        acc, _ = train.evaluate(lambda x, y, v: eval_step(st.params, st.bn, jnp.asarray(ops), x, y, v), ds.val,
+                                cfg.eval_batch_size, mesh)
+        lat = float(arch_latency(space, table, ops, pipeline._assignment(cfg, space, table, ops)).total)
+        row.update({f"val_acc{name}": acc, f"derived_latency_ms{name}": lat})
+    return row
+
+
+# ----------------------------------------------------------------------------------------------- stage 2
+
+def population_latency(space: SearchSpace, table, ops, split: str = "fixed") -> jnp.ndarray:
+    """float32[P] total latency T (ms) of ops int32[P, N]: under the topology's split, or (``"searched"``) under
+    each architecture's own best chain split, the same T that ``jmsnas search`` reports for it."""
+    def one(o):
+        onehot = jax.nn.one_hot(o, NUM_OPS)
+        if split == "searched":
+            return searched_latency(space, table, onehot)[0].total
+        return latency(space, table, onehot).total
+
+    return jax.vmap(one)(jnp.asarray(ops, jnp.int32))
+
+
+_population_latency = jax.jit(population_latency, static_argnames=("space", "split"))
+
+
+class FitnessData(NamedTuple):
+    """Fixed inputs of the fitness: x float32[n, H, W, C], y int32[n], bn float32[K, B, H, W, C] or None."""
+
+    x: np.ndarray
+    y: np.ndarray
+    bn: np.ndarray | None
+
+
+def fitness_data(cfg, ds) -> FitnessData:
+    """The first ``fitness_examples`` validation examples and the first ``bn_batches`` training batches (of
+    ``bn_batch_size``, shuffled with seed + 3): the same every generation, so fitness is deterministic."""
+    e = cfg.evolve
+    n = min(e.fitness_examples, len(ds.val.labels))
+    bn = None
+    if e.bn_batches:
+        if data.num_batches(ds.train, e.bn_batch_size) < e.bn_batches:
+            raise ConfigError(f"evolve.bn_batches={e.bn_batches} batches of evolve.bn_batch_size="
+                              f"{e.bn_batch_size} need {e.bn_batches * e.bn_batch_size} training examples, "
+                              f"the split has {len(ds.train.labels)}")
+        batches = data.epoch_batches(ds.train, e.bn_batch_size, seed=cfg.seed + 3, epoch=0)
+        bn = np.stack([next(batches)[0] for _ in range(e.bn_batches)])
+    return FitnessData(ds.val.images[:n], ds.val.labels[:n], bn)
+
+
+def fitness(space, table, params, bn, ops, fd: FitnessData, t_const_ms: float, split: str, chunk: int) -> dict:
+    """Per architecture of ops int32[P, N]: ``accuracy`` (supernet, BN recalibrated), ``latency_ms``,
+    ``feasible`` (T <= T_const) and ``fitness`` = accuracy - (T / T_const) / (2 n) where feasible, else -inf
+    (n = number of fitness examples, so the latency term only breaks ties). numpy float64/bool arrays [P]."""
+    ev = evaluate_population(space, table, params, bn, ops, fd.x, fd.y, bn_batches=fd.bn, chunk=chunk)
+    acc = np.asarray(ev["accuracy"], np.float64)
+    lat = np.asarray(_population_latency(space, table, ops, split=split), np.float64)
+    feasible = lat <= t_const_ms + 1e-9
+    fit = np.where(feasible, acc - lat / t_const_ms / (2 * len(fd.y)), -np.inf)
+    return {"accuracy": acc, "latency_ms": lat, "feasible": feasible, "fitness": fit}
+
+
+def make_strategy(mask, e) -> strategies.Strategy:
+    """The evolution strategy over ``mask`` bool[N, R] with the settings of ``cfg.evolve`` (``e``)."""
+    return strategies.make("evolution", mask=mask, population=e.population, parent_ratio=e.parent_ratio,
+                           mutation_prob=e.mutation_prob, mutation_ratio=e.mutation_ratio)
+
+
+def _record(ops, f, i) -> dict:
+    return {"ops": np.asarray(ops[i]).tolist(), "accuracy": float(f["accuracy"][i]),
+            "latency_ms": float(f["latency_ms"][i]), "fitness": float(f["fitness"][i])}
+
+
+def _evolution(cfg, space, table, st, fd, strategy, ckpt, fp, resume, progress):
+    """Stage 2, checkpointed after every generation. Returns (per-generation log, the best feasible candidate
+    (None if none was), the most accurate candidate whatever its latency), candidates as ``_record`` dicts."""
+    e, t_const = cfg.evolve, float(cfg.t_const_ms)
+    key = jax.random.PRNGKey(cfg.seed + 4)
+    ask, tell = jax.jit(strategy.ask), jax.jit(strategy.tell)
+    es = strategy.init(jax.random.fold_in(key, 0))
+    gen, log, best, top = 0, [], None, None
+    if resume and ckpt.latest_step() is not None:
+        es, meta = ckpt.restore(jax.device_get(es), expect_meta={"fingerprint": fp})
+        gen, log, best, top = meta["generation"], meta["log"], meta["best"], meta["most_accurate"]
+    bar = tqdm(total=e.generations, initial=gen, disable=not progress, desc="evolution", unit="gen")
+    while gen < e.generations:
+        k_ask, k_tell = jax.random.split(jax.random.fold_in(key, gen + 1))
+        archs, es = ask(k_ask, es)
+        f = fitness(space, table, st.params, st.bn, archs.ops, fd, t_const, cfg.split, e.chunk)
+        es, _ = tell(k_tell, archs, jnp.asarray(f["fitness"], jnp.float32), es)
+        i, j = int(np.argmax(f["fitness"])), int(np.argmax(f["accuracy"]))
+        if f["feasible"][i] and (best is None or f["fitness"][i] > best["fitness"]):
+            best = _record(archs.ops, f, i)
+        if top is None or f["accuracy"][j] > top["accuracy"]:
+            top = _record(archs.ops, f, j)
+        ok = f["feasible"]
+        log.append({"generation": gen, "feasible_fraction": float(ok.mean()),
+                    "best_accuracy": float(f["accuracy"][ok].max()) if ok.any() else None,
+                    "mean_accuracy": float(f["accuracy"].mean()),
+                    "best_so_far_accuracy": None if best is None else best["accuracy"],
+                    "min_latency_ms": float(f["latency_ms"].min()), "max_latency_ms": float(f["latency_ms"].max())})
+        gen += 1
+        bar.update(1)
+        bar.set_postfix(best=f"{log[-1]['best_so_far_accuracy'] or 0:.3f}", feasible=f"{ok.mean():.2f}")
+        pipeline._save(ckpt, gen, es, {"generation": gen, "log": log, "best": best, "most_accurate": top,
+                                       "fingerprint": fp})
+    bar.close()
+    return log, best, top
+
+
+def _winner(cfg, space, table, best, top):
+    """(ops, Repair, note): the best feasible candidate; if none was feasible, the most accurate candidate
+    repaired to the nearest architecture (fewest changed layers) within T_const, or the fastest one."""
+    t_const = float(cfg.t_const_ms)
+    start = np.asarray((best or top)["ops"], np.int32)
+    alpha = 10.0 * np.eye(NUM_OPS, dtype=np.float32)[start]  # -log p ~ 10 per changed layer: nearest first
+    fix = budget.repair(space, table, alpha, start, t_const, pipeline._assignment(cfg, space, table, start))
+    if not fix.repaired:
+        note = ("the evolution's best architecture (validation accuracy in the supernet, BN recalibrated) "
+                "meets T_const")
+    elif fix.feasible:
+        note = ("no evolved candidate met T_const; the most accurate one was repaired to the nearest "
+                "architecture within it")
+    else:
+        note = (f"no architecture of this space meets T_const={t_const:.4g} ms; the fastest reachable is "
+                f"{fix.min_latency_ms:.4g} ms and is used")
+    return tuple(int(i) for i in fix.ops), fix, note
+
+
+# ----------------------------------------------------------------------------------------------- the flow
+
+def evolve(cfg: ml_collections.ConfigDict, workdir: str, *, resume: bool = False, progress: bool = True) -> dict:
+    """Runs stage 1 (sandwich supernet), stage 2 (evolution), retrains the winner and writes result.json,
+    history.json, evolution.json, the plots, parts/ and checkpoints/ into ``workdir``; returns the result dict."""
+    cfg = with_defaults(ml_collections.ConfigDict(cfg.to_dict()))
+    validate(cfg)
+    pipeline._prepare_workdir(workdir, resume)
+    ds = pipeline.load_data(cfg)
+    fd = fitness_data(cfg, ds)
+    space, table = pipeline.build(cfg)
+    e = cfg.evolve
+    mesh = train.data_mesh()
+    fp = pipeline.fingerprint(cfg)
+    ckpts = os.path.join(workdir, "checkpoints")
+    st, history = _train_supernet(cfg, space, table, ds, mesh, Checkpointer(os.path.join(ckpts, "supernet")), fp,
+                                  resume, progress)
+    log, best, top = _evolution(cfg, space, table, st, fd, make_strategy(space.mask(), e),
+                                Checkpointer(os.path.join(ckpts, "evolution")), fp, resume, progress)
+    ops, fix, note = _winner(cfg, space, table, best, top)
+    assignment = pipeline._assignment(cfg, space, table, ops)
+    rt, history = pipeline._stage2(cfg, space, ds, mesh, st, ops, workdir, fp, resume, progress, history)
+    summary = {"population": e.population, "generations": e.generations, "evaluated": e.population * e.generations,
+               "fitness_examples": len(fd.y),
+               "bn_recalibration_examples": 0 if fd.bn is None else int(fd.bn.shape[0] * fd.bn.shape[1]),
+               "supernet_val_acc": best["accuracy"] if best and list(ops) == best["ops"] else None}
+    with open(os.path.join(workdir, "evolution.json"), "w") as f:
+        json.dump({"generations": log, "best": best, "most_accurate": top, "winner": list(ops), "summary": summary},
+                  f, indent=2)
+    return pipeline._finish(cfg, space, table, ds, mesh, rt, ops, assignment, fix, None, history, workdir,
+                            note=note, extra={"flow": "evolve", "evolution": summary})
+
