@@ -255,10 +255,25 @@ def qlearning(mask=None, *, env: TabularEnv | None = None, history: int | None =
         return QState(jnp.full((num_s, num_a), q0, jnp.float32), jnp.zeros((), jnp.int32),
                       jnp.zeros((h,), jnp.int32), jnp.asarray(-jnp.inf, jnp.float32))
 
+    # jitted inside so that eager (Python-driven) ask/tell calls compile these loops once, not on every call
+    @jax.jit
+    def episodes(keys, q, eps):
+        episode = lambda k: run_episode(k, q, env, eps, lr, gamma, h, learn=False)[1].actions
+        return jax.vmap(episode)(keys)
+
+    @jax.jit
+    def learn(q, ops, fit):
+        def one(q, xs):
+            acts, f = xs
+            states, rewards = _trajectory(env, acts)
+            last = jnp.arange(h) == jnp.sum(acts >= 0) - 1
+            return _replay(q, env, states, acts, rewards + jnp.where(last, f, 0.0), lr, gamma), None
+
+        return jax.lax.scan(one, q, (ops, fit))[0]
+
     def ask(key, state):
         eps = eps0 + (eps1 - eps0) * jnp.minimum(state.step / decay, 1.0)
-        episode = lambda k: run_episode(k, state.q, env, eps, lr, gamma, h, learn=False)[1].actions
-        return Arch(jax.vmap(episode)(jax.random.split(key, p))), state
+        return Arch(episodes(jax.random.split(key, p), state.q, eps)), state
 
     def tell(key, archs, fitness, state):
         """``fitness`` float32[P] is added to the reward of each episode's last step; ``key`` is unused."""
@@ -266,14 +281,7 @@ def qlearning(mask=None, *, env: TabularEnv | None = None, history: int | None =
         ok = jnp.isfinite(fitness)
         worst = jnp.min(jnp.where(ok, fitness, jnp.inf))
         f = jnp.where(ok, fitness, jnp.where(jnp.isfinite(worst), worst, 0.0)).astype(jnp.float32)
-
-        def one(q, xs):
-            acts, fit = xs
-            states, rewards = _trajectory(env, acts)
-            last = jnp.arange(h) == jnp.sum(acts >= 0) - 1
-            return _replay(q, env, states, acts, rewards + jnp.where(last, fit, 0.0), lr, gamma), None
-
-        q, _ = jax.lax.scan(one, state.q, (archs.ops, f))
+        q = learn(state.q, archs.ops, f)
         best_ops, best_f = update_best(state.best_ops, state.best_fitness, archs.ops, fitness)
         eps = eps0 + (eps1 - eps0) * jnp.minimum(state.step / decay, 1.0)
         metrics = {"mean_fitness": jnp.mean(f), "best_fitness": best_f, "epsilon": eps}

@@ -139,40 +139,49 @@ def _lstm(mask, hidden: int) -> Policy:
     def init(key):
         return net.init(key, zero_carry(1), jnp.full((1,), n_ops, jnp.int32), 0)
 
-    def decode(params, num, choose):
-        """Runs the controller for N steps; ``choose(n, logits [num, R]) -> int32[num]`` picks each decision."""
+    def logits_at(params, c, tok, n):
+        c, logits = net.apply(params, c, tok, n)
+        return c, masked_logits(logits, mask[n])
 
-        def body(carry, n):
-            c, tok = carry
-            c, logits = net.apply(params, c, tok, n)
-            a = choose(n, masked_logits(logits, mask[n])).astype(jnp.int32)
-            return (c, a), a
+    def sample_body(carry, xs):
+        params, c, tok = carry
+        n, key = xs
+        c, logits = logits_at(params, c, tok, n)
+        a = jax.random.categorical(key, logits).astype(jnp.int32)
+        return (params, c, a), a
 
-        _, acts = jax.lax.scan(body, (zero_carry(num), jnp.full((num,), n_ops, jnp.int32)), layers)
-        return acts.T
+    def greedy_body(carry, n):
+        params, c, tok = carry
+        c, logits = logits_at(params, c, tok, n)
+        a = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        return (params, c, a), a
+
+    def log_prob_body(carry, xs):
+        params, c = carry
+        n, tok, a = xs
+        c, logits = logits_at(params, c, tok, n)
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        lp = jnp.take_along_axis(logp, a[:, None], axis=-1)[:, 0]
+        return (params, c), (lp, -jnp.sum(jnp.exp(logp) * logp, axis=-1))
+
+    def start(params, num):
+        return params, zero_carry(num), jnp.full((num,), n_ops, jnp.int32)
 
     def sample(params, key, num):
-        keys = jax.random.split(key, n_layers)
-        return decode(params, num, lambda n, lg: jax.random.categorical(keys[n], lg))
+        _, acts = jax.lax.scan(sample_body, start(params, num), (layers, jax.random.split(key, n_layers)))
+        return acts.T
 
     def mode(params):
-        return decode(params, 1, lambda n, lg: jnp.argmax(lg, axis=-1))[0]
+        return jax.lax.scan(greedy_body, start(params, 1), layers)[1][:, 0]
 
     def log_prob(params, ops):
         num = ops.shape[0]
         prev = jnp.concatenate([jnp.full((num, 1), n_ops, jnp.int32), ops[:, :-1]], axis=1)
-
-        def body(c, xs):
-            n, tok, a = xs
-            c, logits = net.apply(params, c, tok, n)
-            logp = jax.nn.log_softmax(masked_logits(logits, mask[n]), axis=-1)
-            lp = jnp.take_along_axis(logp, a[:, None], axis=-1)[:, 0]
-            return c, (lp, -jnp.sum(jnp.exp(logp) * logp, axis=-1))
-
-        _, (lp, ent) = jax.lax.scan(body, zero_carry(num), (layers, prev.T, ops.T))
+        _, (lp, ent) = jax.lax.scan(log_prob_body, (params, zero_carry(num)), (layers, prev.T, ops.T))
         return lp.sum(0), ent.sum(0)
 
-    return Policy(init, sample, log_prob, mode)
+    # jitted inside so that eager (Python-driven) ask/tell calls compile these scans once, not on every call
+    return Policy(init, jax.jit(sample, static_argnums=2), jax.jit(log_prob), jax.jit(mode))
 
 
 def make_policy(mask, kind: str = "independent", hidden: int = 100) -> Policy:
