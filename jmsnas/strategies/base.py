@@ -110,6 +110,14 @@ def sample_valid(key: jax.Array, mask: jnp.ndarray, num: int) -> jnp.ndarray:
     return jax.random.categorical(key, logits, shape=(num, mask.shape[0])).astype(jnp.int32)
 
 
+def finite_or_worst(fitness: jnp.ndarray) -> jnp.ndarray:
+    """float32[P]: non-finite entries replaced by the smallest finite one (all 0 if none is finite), so a
+    violator ranks with the worst of its batch in a learning update."""
+    ok = jnp.isfinite(fitness)
+    worst = jnp.min(jnp.where(ok, fitness, jnp.inf))
+    return jnp.where(ok, fitness, jnp.where(jnp.isfinite(worst), worst, 0.0)).astype(jnp.float32)
+
+
 def update_best(state_best_ops, state_best_fitness, ops: jnp.ndarray, fitness: jnp.ndarray) -> tuple:
     """Best-so-far after seeing candidates ops int32[P, N] with fitness float32[P] (non-finite never wins)."""
     f = jnp.where(jnp.isfinite(fitness), fitness, -jnp.inf)

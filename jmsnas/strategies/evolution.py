@@ -15,7 +15,8 @@ One generation:
 * ``tell``: a child whose fitness is not finite (the caller passes ``-inf``) or whose ``feasible`` flag is False
   is discarded. The next population is the best P of (previous population + feasible children) by fitness, so
   the soft objective ranks and the best candidate is never lost (elitist (mu + lambda) selection). Fitness is
-  whatever scalar the caller builds from the soft objectives (e.g. ``-latency_ms`` or accuracy).
+  whatever scalar the caller builds from the soft objectives (e.g. ``-latency_ms`` or accuracy). Duplicate
+  architectures are not removed (a fixed-size, jit-able population), so a converged population repeats its best.
 """
 from __future__ import annotations
 

@@ -27,7 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jmsnas.space import Arch
-from jmsnas.strategies.base import Strategy, check_float, check_int, check_mask, register, update_best
+from jmsnas.strategies.base import (Strategy, check_float, check_int, check_mask, finite_or_worst, register,
+                                    update_best)
 
 
 class TabularEnv(NamedTuple):
@@ -220,17 +221,8 @@ def _replay(q, env, states, acts, rewards, lr, gamma):
     return jax.lax.scan(body, q, (states, acts, rewards), reverse=True)[0]
 
 
-@register("qlearning")
-def qlearning(mask=None, *, env: TabularEnv | None = None, history: int | None = 1, population: int = 8, epsilon: float = 0.2,
-              epsilon_final: float | None = None, decay_steps: int = 1, learning_rate: float = 0.5,
-              discount: float = 1.0, horizon: int | None = None, q_init: float = 0.0) -> Strategy:
-    """Q-learning in ask/tell form over a bool[N, R] op ``mask`` (``chain_env(mask, history)``) or a caller's
-    ``env`` (exactly one).
-
-    Epsilon decays linearly from ``epsilon`` to ``epsilon_final`` (default: no decay) over ``decay_steps`` tells;
-    ``horizon`` (default N for a mask) bounds the episode length. ``q_init`` fills the initial table; a value
-    above every achievable return (optimistic initialisation) makes the greedy choice try untried actions first.
-    """
+def _resolve_env(mask, env, history, horizon) -> tuple:
+    """(env, horizon) from exactly one of a bool[N, R] op mask (chain env, horizon N) or a caller's env."""
     if (mask is None) == (env is None):
         raise ValueError("pass exactly one of mask (architecture search) or env (a TabularEnv)")
     if env is None:
@@ -240,7 +232,22 @@ def qlearning(mask=None, *, env: TabularEnv | None = None, history: int | None =
         raise ValueError(f"env must be a TabularEnv (see make_env), got {type(env).__name__}")
     if horizon is None:
         raise ValueError("horizon is required with a caller-supplied env")
-    h = check_int("horizon", horizon, 1)
+    return env, check_int("horizon", horizon, 1)
+
+
+@register("qlearning")
+def qlearning(mask=None, *, env: TabularEnv | None = None, history: int | None = 1, population: int = 8,
+              epsilon: float = 0.2, epsilon_final: float | None = None, decay_steps: int = 1,
+              learning_rate: float = 0.5, discount: float = 1.0, horizon: int | None = None,
+              q_init: float = 0.0) -> Strategy:
+    """Q-learning in ask/tell form over a bool[N, R] op ``mask`` (``chain_env(mask, history)``) or a caller's
+    ``env`` (exactly one).
+
+    Epsilon decays linearly from ``epsilon`` to ``epsilon_final`` (default: no decay) over ``decay_steps`` tells;
+    ``horizon`` (default N for a mask) bounds the episode length. ``q_init`` fills the initial table; a value
+    above every achievable return (optimistic initialisation) makes the greedy choice try untried actions first.
+    """
+    env, h = _resolve_env(mask, env, history, horizon)
     p = check_int("population", population, 1)
     eps0 = check_float("epsilon", epsilon, 0.0, 1.0)
     eps1 = eps0 if epsilon_final is None else check_float("epsilon_final", epsilon_final, 0.0, 1.0)
@@ -249,6 +256,7 @@ def qlearning(mask=None, *, env: TabularEnv | None = None, history: int | None =
     gamma = check_float("discount", discount, 0.0, 1.0)
     q0 = check_float("q_init", q_init, -float("inf"), float("inf"), lo_open=True, hi_open=True)
     num_s, num_a = env.valid.shape
+    epsilon_at = lambda step: eps0 + (eps1 - eps0) * jnp.minimum(step / decay, 1.0)
 
     def init(key):
         del key
@@ -272,19 +280,15 @@ def qlearning(mask=None, *, env: TabularEnv | None = None, history: int | None =
         return jax.lax.scan(one, q, (ops, fit))[0]
 
     def ask(key, state):
-        eps = eps0 + (eps1 - eps0) * jnp.minimum(state.step / decay, 1.0)
-        return Arch(episodes(jax.random.split(key, p), state.q, eps)), state
+        return Arch(episodes(jax.random.split(key, p), state.q, epsilon_at(state.step))), state
 
     def tell(key, archs, fitness, state):
         """``fitness`` float32[P] is added to the reward of each episode's last step; ``key`` is unused."""
         del key
-        ok = jnp.isfinite(fitness)
-        worst = jnp.min(jnp.where(ok, fitness, jnp.inf))
-        f = jnp.where(ok, fitness, jnp.where(jnp.isfinite(worst), worst, 0.0)).astype(jnp.float32)
+        f = finite_or_worst(fitness)
         q = learn(state.q, archs.ops, f)
         best_ops, best_f = update_best(state.best_ops, state.best_fitness, archs.ops, fitness)
-        eps = eps0 + (eps1 - eps0) * jnp.minimum(state.step / decay, 1.0)
-        metrics = {"mean_fitness": jnp.mean(f), "best_fitness": best_f, "epsilon": eps}
+        metrics = {"mean_fitness": jnp.mean(f), "best_fitness": best_f, "epsilon": epsilon_at(state.step)}
         return QState(q, state.step + 1, best_ops, best_f), metrics
 
     return Strategy(init, ask, tell)

@@ -32,8 +32,8 @@ import jax.numpy as jnp
 import optax
 
 from jmsnas.space import Arch
-from jmsnas.strategies.base import (Strategy, check_float, check_int, check_mask, masked_logits,
-                                    register, update_best)
+from jmsnas.strategies.base import (Strategy, check_float, check_int, check_mask, finite_or_worst,
+                                    masked_logits, register, update_best)
 
 POLICIES = ("independent", "lstm")
 
@@ -205,12 +205,6 @@ class ReinforceState(NamedTuple):
     best_fitness: jnp.ndarray  # float32[]
 
 
-def _clean_rewards(fitness):
-    ok = jnp.isfinite(fitness)
-    worst = jnp.min(jnp.where(ok, fitness, jnp.inf))
-    return jnp.where(ok, fitness, jnp.where(jnp.isfinite(worst), worst, 0.0)).astype(jnp.float32)
-
-
 @register("reinforce")
 def reinforce(mask, *, policy: str = "independent", population: int = 16, learning_rate: float | None = None,
               baseline_decay: float = 0.95, entropy_coef: float = 0.0, hidden: int = 100) -> Strategy:
@@ -241,7 +235,7 @@ def reinforce(mask, *, policy: str = "independent", population: int = 16, learni
     def tell(key, archs, fitness, state):
         """``fitness`` float32[P] is the reward (apply a reward shape first); ``key`` is unused."""
         del key
-        r = _clean_rewards(fitness)
+        r = finite_or_worst(fitness)
         b = jnp.where(state.step == 0, jnp.mean(r), decay * state.baseline + (1.0 - decay) * jnp.mean(r))
         adv = r - b
 
