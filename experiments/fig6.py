@@ -20,6 +20,10 @@ digits data, this compares:
 Usage:
   python experiments/fig6.py [--out runs/fig6] [--fig5 runs/fig5] [--results experiments/results] [--quick]
 
+Writes ``<out>/fig6_data.json`` (every row with its latency breakdown and accuracies), ``<out>/fig6_tables.md``
+(the two tables) and ``<results>/fig6.png`` (test accuracy against latency, log scale). The discussion in
+``experiments/results/fig6.md`` is written from those.
+
 ``--quick`` shortens every training (1 warm-up + 2 search epochs, 2 retrain epochs) and writes to
 ``runs/fig6_quick`` (results there too). Finished runs are skipped, so the command can be started again.
 """
@@ -346,7 +350,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=None, help="run folder (default runs/fig6, runs/fig6_quick with --quick)")
     p.add_argument("--fig5", default="runs/fig5", help="where finished Fig. 5 chain runs are reused from")
-    p.add_argument("--results", default=None, help="where fig6.md/png go (default experiments/results; "
+    p.add_argument("--results", default=None, help="where fig6.png goes (default experiments/results; "
                                                    "the run folder with --quick)")
     p.add_argument("--quick", action="store_true", help="short trainings (smoke run)")
     p.add_argument("--no-progress", action="store_true")
@@ -415,9 +419,11 @@ def main(argv=None) -> int:
     _write_json(os.path.join(args.out, "fig6_data.json"), data)
     plot(rows, os.path.join(args.results, "fig6.png"))
     names, links = space.topology.device_names, space.topology.link_names
-    print(table_markdown(rows, names, links))
-    print(reference_markdown(ref, names, links))
-    print(f"wrote {args.out}/fig6_data.json and {args.results}/fig6.png")
+    tables = table_markdown(rows, names, links) + "\n\n" + reference_markdown(ref, names, links) + "\n"
+    with open(os.path.join(args.out, "fig6_tables.md"), "w") as f:
+        f.write(tables)
+    print(tables)
+    print(f"wrote {args.out}/fig6_data.json, {args.out}/fig6_tables.md and {args.results}/fig6.png")
     return 0
 
 
