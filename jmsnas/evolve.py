@@ -6,7 +6,8 @@ the smallest (identity where allowed, else kernel 3 / expansion 3) and of ``num_
 adds them up (plus the L2 term once) and makes one Adam update. Weights are shared (``supernet.init``), so every
 sampled path trains weights the others use; the largest and smallest bound the range the search will query.
 
-Stage 2 is evolution (``strategies.make("evolution")``) with the supernet as a fixed accuracy predictor. Fitness
+Stage 2 is evolution (``strategies.make("evolution")``) with the supernet as a fixed accuracy predictor; its
+initial population is drawn inside the budget where possible (``feasible_population``). Fitness
 of a population is its accuracy on a fixed validation subset from ``evaluate.evaluate_population`` (BN statistics
 recalibrated per sub-network on a few training batches); the hard constraint T <= T_const discards a candidate
 (fitness -inf) and the soft ranking is by that accuracy, ties broken by lower latency (a term below half an
@@ -267,8 +268,20 @@ def make_strategy(mask, e) -> strategies.Strategy:
 
 
 def _record(ops, f, i) -> dict:
+    fit = float(f["fitness"][i])
     return {"ops": np.asarray(ops[i]).tolist(), "accuracy": float(f["accuracy"][i]),
-            "latency_ms": float(f["latency_ms"][i]), "fitness": float(f["fitness"][i])}
+            "latency_ms": float(f["latency_ms"][i]), "fitness": fit if np.isfinite(fit) else None}
+
+
+def feasible_population(key, space: SearchSpace, table, t_const_ms: float, split: str, size: int,
+                        tries: int = 64) -> np.ndarray:
+    """int32[size, N]: an initial population that meets T <= T_const where it can (rejection sampling, as OFA's
+    evolution finder starts). ``size * tries`` uniform architectures are drawn and their latencies computed (cheap:
+    no network is run); the feasible ones come first, in draw order, and infeasible ones fill what is left."""
+    cand = np.asarray(sample_valid(key, jnp.asarray(space.mask()), size * tries))
+    lat = np.asarray(_population_latency(space, table, cand, split=split), np.float64)
+    order = np.argsort(~(lat <= t_const_ms + 1e-9), kind="stable")
+    return cand[order[:size]]
 
 
 def _evolution(cfg, space, table, st, fd, strategy, ckpt, fp, resume, progress):
@@ -277,7 +290,10 @@ def _evolution(cfg, space, table, st, fd, strategy, ckpt, fp, resume, progress):
     e, t_const = cfg.evolve, float(cfg.t_const_ms)
     key = jax.random.PRNGKey(cfg.seed + 4)
     ask, tell = jax.jit(strategy.ask), jax.jit(strategy.tell)
-    es = strategy.init(jax.random.fold_in(key, 0))
+    k_init, k_pop = jax.random.split(jax.random.fold_in(key, 0))
+    es = strategy.init(k_init)  # generation 0 asks for es.population: start it inside the budget
+    es = es._replace(population=jnp.asarray(feasible_population(k_pop, space, table, t_const, cfg.split,
+                                                                e.population)))
     gen, log, best, top = 0, [], None, None
     if resume and ckpt.latest_step() is not None:
         es, meta = ckpt.restore(jax.device_get(es), expect_meta={"fingerprint": fp})
@@ -289,7 +305,7 @@ def _evolution(cfg, space, table, st, fd, strategy, ckpt, fp, resume, progress):
         f = fitness(space, table, st.params, st.bn, archs.ops, fd, t_const, cfg.split, e.chunk)
         es, _ = tell(k_tell, archs, jnp.asarray(f["fitness"], jnp.float32), es)
         i, j = int(np.argmax(f["fitness"])), int(np.argmax(f["accuracy"]))
-        if f["feasible"][i] and (best is None or f["fitness"][i] > best["fitness"]):
+        if f["feasible"][i] and (best is None or f["fitness"][i] > best["fitness"]):  # strict: first kept
             best = _record(archs.ops, f, i)
         if top is None or f["accuracy"][j] > top["accuracy"]:
             top = _record(archs.ops, f, j)
