@@ -1,0 +1,312 @@
+"""The two-stage weight-sharing flow: sandwich-rule step (sub-networks, gradient, one compilation), fitness under the
+hard latency constraint, configuration errors, and ``jmsnas evolve`` end to end with resume."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import chex
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+
+from jmsnas import cli, configs, evolve, pipeline, supernet
+from jmsnas.cost.latency import arch_latency, best_chain_assignment
+from jmsnas.cost.tables import analytic_table
+from jmsnas.evaluate import evaluate_loop
+from jmsnas.gates import onehot_gates
+from jmsnas.objectives import cross_entropy, l2_norm_sq
+from jmsnas.pipeline import ConfigError
+from jmsnas.space import NUM_OPS, OP_NAMES, OPS, build_space, op_index
+from jmsnas.strategies.base import sample_valid
+from jmsnas.topology import DeviceProfile, chain
+
+LR, L1, R = 1e-2, 1e-3, 2
+
+
+def small_space():
+    """ue -> cloud, one layer each on 6x6 images: L0 keeps 4 channels (13 ops, identity allowed), L1 has stride 2
+    (6 ops, no identity or shortcut)."""
+    topo = chain("c", [DeviceProfile(n, 10.0, 1e9) for n in ("ue", "cloud")], [10.0], [1, 1])
+    return build_space(topo, image_size=6, in_channels=3, num_classes=5, device_channels=[4, 4],
+                       device_strides=[1, 2], stem_channels=4, head_channels=8)
+
+
+def tiny_space():
+    cfg = configs.tiny(configs.default_config())
+    with cfg.unlocked():
+        cfg.image_size_resolved, cfg.channels_resolved, cfg.num_classes_resolved = 8, 1, 10
+    return pipeline.build(cfg)
+
+
+def mesh_space():
+    cfg = configs.tiny(configs.mesh_config())
+    with cfg.unlocked():
+        cfg.image_size_resolved, cfg.channels_resolved, cfg.num_classes_resolved = 8, 1, 10
+    return pipeline.build(cfg)[0]
+
+
+# ----------------------------------------------------------------------------------------------- sub-networks
+
+@pytest.mark.parametrize("space", [small_space(), tiny_space()[0], mesh_space()], ids=["small", "chain", "mesh"])
+def test_largest_and_smallest_are_the_named_extremes(space):
+    largest, smallest = evolve.sandwich_ops(space)
+    mask = space.mask()
+    for n in range(space.num_layers):
+        shortcut_ok = mask[n, op_index("identity")]
+        assert OP_NAMES[largest[n]] == ("mbconv_k7_e6_res" if shortcut_ok else "mbconv_k7_e6")
+        assert OP_NAMES[smallest[n]] == ("identity" if shortcut_ok else "mbconv_k3_e3")
+    assert mask[:, op_index("identity")].any() and not mask[:, op_index("identity")].all()  # both cases occur
+    space.validate_arch(largest)
+    space.validate_arch(smallest)
+
+
+def test_sandwich_archs_rows():
+    space = tiny_space()[0]
+    largest, smallest = evolve.sandwich_ops(space)
+    mask = space.mask()
+    archs = np.asarray(evolve.sandwich_archs(jax.random.PRNGKey(3), mask, largest, smallest, 5))
+    assert archs.shape == (7, space.num_layers) and archs.dtype == np.int32
+    np.testing.assert_array_equal(archs[0], largest)
+    np.testing.assert_array_equal(archs[1], smallest)
+    assert mask[np.arange(space.num_layers)[None], archs[2:]].all()  # random rows pick valid ops only
+    other = np.asarray(evolve.sandwich_archs(jax.random.PRNGKey(4), mask, largest, smallest, 5))
+    assert not np.array_equal(other[2:], archs[2:]) and np.array_equal(other[:2], archs[:2])
+    assert evolve.sandwich_archs(jax.random.PRNGKey(3), mask, largest, smallest, 0).shape == (2, space.num_layers)
+
+
+# ----------------------------------------------------------------------------------------------- the step
+
+@pytest.fixture(scope="module")
+def stepped():
+    """Three sandwich steps of the small space through one jitted, trace-counted step (the flow's own function)."""
+    space = small_space()
+    chex.clear_trace_counter()
+    step = jax.jit(chex.assert_max_traces(evolve.sandwich_step(space, LR, L1, R, "xla"), n=1))
+    st0 = evolve.init_sandwich_state(jax.random.PRNGKey(0), space, LR)
+    rng = np.random.default_rng(0)
+    batches = [(rng.normal(size=(4, 6, 6, 3)).astype(np.float32), rng.integers(0, 5, 4).astype(np.int32))
+               for _ in range(3)]
+    states, metrics, st = [], [], st0
+    for x, y in batches:
+        st, m = step(st, x, y)
+        states.append(st)
+        metrics.append(m)
+    return space, st0, batches, states, metrics
+
+
+def test_sandwich_step_compiles_once_and_advances(stepped):
+    _, st0, _, states, metrics = stepped  # a second trace would have raised inside the fixture
+    assert [int(s.step) for s in states] == [1, 2, 3]
+    keys = [np.asarray(st0.key)] + [np.asarray(s.key) for s in states]
+    assert len({k.tobytes() for k in keys}) == 4  # a fresh key, so fresh random sub-networks, every step
+    for m in metrics:
+        assert set(m) == {"loss", "acc", "loss_largest", "acc_largest", "loss_smallest", "acc_smallest"}
+        assert all(np.isfinite(float(v)) for v in m.values())
+
+
+@pytest.mark.slow
+def test_sandwich_step_is_one_adam_update_of_the_summed_gradients(stepped):
+    """Oracle: the sub-networks the step's key picks, run one after the other eagerly (no jit, no scan) through
+    supernet.apply with one-hot gates, each starting from the BN state the previous left; gradients summed,
+    plus the L2 term once."""
+    space, st0, batches, states, metrics = stepped
+    x, y = batches[0]
+    archs = np.asarray(evolve.sandwich_archs(jax.random.split(st0.key)[1], space.mask(),
+                                             *evolve.sandwich_ops(space), R))
+    with jax.disable_jit():
+        bn, total, ces = st0.bn, jax.tree_util.tree_map(jnp.zeros_like, st0.params), []
+        for ops in archs:
+            def loss(p, bn=bn, ops=ops):
+                logits, new = supernet.apply(space, p, bn, onehot_gates(ops, NUM_OPS), x, train=True, dw_impl="xla")
+                return cross_entropy(logits, y), new
+
+            (ce, bn), g = jax.value_and_grad(loss, has_aux=True)(st0.params)
+            total = jax.tree_util.tree_map(jnp.add, total, g)
+            ces.append(float(ce))
+        total = jax.tree_util.tree_map(jnp.add, total, jax.grad(lambda p: L1 * l2_norm_sq(p))(st0.params))
+    _, want_opt = optax.adam(LR).update(total, st0.opt, st0.params)
+    got = states[0]
+    # Adam's moments hold the gradient (its first update is ~lr * sign(g), which magnifies rounding of tiny g)
+    for got_leaf, want_leaf in zip(jax.tree_util.tree_leaves(got.opt), jax.tree_util.tree_leaves(want_opt)):
+        np.testing.assert_allclose(got_leaf, want_leaf, rtol=1e-4, atol=1e-8)
+    chex.assert_trees_all_close(got.bn, bn, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(float(metrics[0]["loss"]), np.mean(ces), rtol=1e-5)
+    np.testing.assert_allclose([float(metrics[0]["loss_largest"]), float(metrics[0]["loss_smallest"])], ces[:2],
+                               rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------- fitness
+
+def test_population_latency_matches_arch_latency():
+    space, table = tiny_space()
+    ops = np.asarray(sample_valid(jax.random.PRNGKey(1), jnp.asarray(space.mask()), 6))
+    fixed = np.asarray(evolve.population_latency(space, table, ops, "fixed"))
+    searched = np.asarray(evolve.population_latency(space, table, ops, "searched"))
+    for o, f, s in zip(ops, fixed, searched):
+        assert f == pytest.approx(float(arch_latency(space, table, o).total), rel=1e-6)
+        split = best_chain_assignment(space, table, jax.nn.one_hot(o, NUM_OPS))
+        assert s == pytest.approx(float(arch_latency(space, table, o, split).total), rel=1e-6)
+        assert s <= f * (1 + 1e-6)  # the best split is never worse than the fixed one
+
+
+def test_initial_population_is_feasible_where_possible():
+    space, table = tiny_space()
+    key = jax.random.PRNGKey(2)
+    pop = evolve.feasible_population(key, space, table, 0.85, "fixed", 8, tries=64)
+    assert pop.shape == (8, space.num_layers)
+    assert space.mask()[np.arange(space.num_layers)[None], pop].all()
+    assert all(float(arch_latency(space, table, o).total) <= 0.85 for o in pop)
+    # below the fastest architecture nothing is feasible: the population is still filled, with valid draws
+    low = evolve.feasible_population(key, space, table, 0.5, "fixed", 8, tries=64)
+    np.testing.assert_array_equal(low, np.asarray(sample_valid(key, jnp.asarray(space.mask()), 512))[:8])
+
+
+@pytest.mark.slow
+def test_fitness_discards_over_budget_and_ranks_by_accuracy(stepped):
+    space, _, batches, states, _ = stepped
+    table = analytic_table(space)
+    largest, smallest = evolve.sandwich_ops(space)
+    ops = np.concatenate([[largest, smallest], sample_valid(jax.random.PRNGKey(5), jnp.asarray(space.mask()), 6)])
+    lat = np.array([float(arch_latency(space, table, o).total) for o in ops])
+    u = np.unique(lat)
+    t_const = float(u[len(u) // 2 - 1] + u[len(u) // 2]) / 2  # about half of them over the budget
+    (x, y), (xb, _) = batches[0], batches[1]
+    fd = evolve.FitnessData(x, y, xb[None])
+    st = states[-1]
+    f = evolve.fitness(space, table, st.params, st.bn, ops, fd, t_const, "fixed", chunk=4)
+    ref = evaluate_loop(space, table, st.params, st.bn, ops, x, y, bn_batches=xb[None])
+    np.testing.assert_allclose(f["accuracy"], ref["accuracy"], atol=1e-6)
+    np.testing.assert_allclose(f["latency_ms"], lat, rtol=1e-6)
+    np.testing.assert_array_equal(f["feasible"], lat <= t_const)
+    assert np.all(np.isneginf(f["fitness"][lat > t_const]))
+    ok = lat <= t_const
+    # among feasible candidates the order is accuracy first, then lower latency
+    for a in np.flatnonzero(ok):
+        for b in np.flatnonzero(ok):
+            acc, t = f["accuracy"], f["latency_ms"]
+            if acc[a] > acc[b] or (acc[a] == acc[b] and t[a] < t[b]):
+                assert f["fitness"][a] > f["fitness"][b]
+
+
+# ----------------------------------------------------------------------------------------------- configuration
+
+def test_defaults_fill_and_keep_given_values():
+    cfg = configs.default_config()
+    cfg.evolve = {"population": 64}
+    e = evolve.with_defaults(cfg).evolve
+    assert e.population == 64 and e.generations == evolve.DEFAULTS["generations"] == 20
+    assert evolve.DEFAULTS["population"] == 512
+    assert set(e) == set(evolve.DEFAULTS)
+    assert evolve.with_defaults(configs.default_config()).evolve.to_dict() == evolve.DEFAULTS
+
+
+@pytest.mark.parametrize("key, value, needle", [
+    ("population", 1, "evolve.population"), ("generations", 0, "evolve.generations"),
+    ("epochs", True, "evolve.epochs"), ("num_random", -1, "evolve.num_random"),
+    ("fitness_examples", 2.5, "evolve.fitness_examples"), ("chunk", 0, "evolve.chunk"),
+    ("parent_ratio", 0.0, "evolve.parent_ratio"), ("mutation_prob", 1.5, "evolve.mutation_prob"),
+    ("bogus", 3, "bogus"),
+])
+def test_bad_settings_fail_before_anything_is_written(tmp_path, key, value, needle):
+    cfg = configs.default_config()
+    cfg.evolve = {key: value}
+    work = tmp_path / "work"
+    with pytest.raises(ConfigError, match=needle):
+        evolve.evolve(cfg, str(work))
+    assert not work.exists()
+
+
+def test_cli_reports_bad_overrides_in_one_line(capsys, tmp_path):
+    code = cli.main(["evolve", "--workdir", str(tmp_path / "w"), "--config.evolve.generations=0"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "evolve.generations" in err
+    code = cli.main(["evolve", "--workdir", str(tmp_path / "w"), "--config.evolve.nope=1"])
+    assert code == 2 and "evolve.nope" in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()
+
+
+def test_too_few_training_examples_for_recalibration(tmp_path):
+    cfg = configs.tiny(configs.default_config())  # 256 training examples
+    cfg.evolve = {"bn_batches": 5, "bn_batch_size": 64}
+    with pytest.raises(ConfigError, match="evolve.bn_batches=5"):
+        evolve.evolve(cfg, str(tmp_path / "w"), progress=False)
+    assert not (tmp_path / "w" / "checkpoints").exists()
+
+
+# ----------------------------------------------------------------------------------------------- end to end
+
+TINY = textwrap.dedent("""
+    from jmsnas.configs import default_config, tiny
+    def get_config(arg=None):
+        c = tiny(default_config())
+        c.dw_impl = "xla"
+        c.t_const_ms = 0.85  # the tiny chain spans about 0.80-0.90 ms: the largest networks are over budget
+        c.evolve = dict(epochs=1, num_random=1, population=8, generations=2, fitness_examples=48, bn_batches=1,
+                        bn_batch_size=32)
+        return c
+""")
+SEARCH_KEYS = {"topology", "t_const_ms", "architecture", "split", "latency_ms", "accuracy", "params", "budget",
+               "dataset", "seed"}
+
+
+def _evolve(cfg, workdir, env, *extra):
+    cmd = [sys.executable, "-m", "jmsnas.cli", "evolve", "--config", cfg, "--workdir", str(workdir), "--no-progress",
+           *extra]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
+
+
+@pytest.mark.slow
+def test_evolve_end_to_end_meets_the_budget_and_resumes(tmp_path):
+    cfg_file = tmp_path / "tiny.py"
+    cfg_file.write_text(TINY)
+    env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(tmp_path / "cache"),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PLATFORMS="cpu")
+    run = tmp_path / "run"
+    out = _evolve(str(cfg_file), run, env)
+    assert out.returncode == 0, out.stderr
+    for name in ("result.json", "history.json", "evolution.json", "summary.txt", "history.png",
+                 "latency_breakdown.png", "architecture.png", "parts/manifest.json"):
+        assert (run / name).exists(), name
+    result = json.loads((run / "result.json").read_text())
+    assert set(result) == SEARCH_KEYS | {"flow", "evolution"} and result["flow"] == "evolve"
+    ops = [op_index(a["op"]) for a in result["architecture"]]
+    space, table = tiny_space()
+    t = float(arch_latency(space, table, np.asarray(ops)).total)
+    assert t <= 0.85 and result["latency_ms"]["total"] == pytest.approx(t)
+    assert result["budget"]["met"] and not result["budget"]["repaired"]
+
+    ev = json.loads((run / "evolution.json").read_text())
+    assert len(ev["generations"]) == 2 and ev["winner"] == ops == ev["best"]["ops"]
+    assert ev["best"]["latency_ms"] <= 0.85
+    # soft ranking by accuracy: the winner is the most accurate feasible candidate ever evaluated
+    assert ev["best"]["accuracy"] == max(g["best_accuracy"] for g in ev["generations"] if g["best_accuracy"] is not None)
+    assert ev["most_accurate"]["accuracy"] >= ev["best"]["accuracy"]
+    assert ev["generations"][0]["feasible_fraction"] == 1.0  # the initial population starts inside the budget
+    history = json.loads((run / "history.json").read_text())
+    assert [h["stage"] for h in history] == ["search", "retrain"]
+    largest, smallest = evolve.sandwich_ops(space)
+    assert history[0]["derived_latency_ms"] == pytest.approx(float(arch_latency(space, table, largest).total))
+    assert history[0]["derived_latency_ms_smallest"] == pytest.approx(float(arch_latency(space, table,
+                                                                                          smallest).total))
+    summary = (run / "summary.txt").read_text()
+    assert "within the budget" in summary
+
+    # resume: drop the last supernet step (mid-epoch checkpoint is left), the last generation and the outputs
+    sup = run / "checkpoints" / "supernet"
+    steps = sorted(int(p.name) for p in sup.iterdir() if p.name.isdigit())
+    shutil.rmtree(sup / str(steps[-1]))
+    shutil.rmtree(run / "checkpoints" / "evolution" / "2")
+    for name in ("result.json", "evolution.json", "history.json"):
+        (run / name).unlink()
+    out = _evolve(str(cfg_file), run, env, "--resume")
+    assert out.returncode == 0, out.stderr
+    again = json.loads((run / "result.json").read_text())
+    assert again["architecture"] == result["architecture"]
+    assert again["accuracy"] == pytest.approx(result["accuracy"])
+    assert json.loads((run / "evolution.json").read_text()) == ev
