@@ -322,7 +322,8 @@ def reference_markdown(rows, device_names, link_names) -> str:
     return "\n".join(lines)
 
 
-GROUPS = {"fixed": "JMSNAS nets / MobileNets as deployed (D^m)", "chain_dp": "chain DP (stem UE, head cloud)",
+GROUPS = {"fixed": "fixed split D^m", "searched": "searched split (as found by the search)",
+          "chain_dp": "chain DP (stem UE, head cloud)",
           "chain_dp_free": "chain DP, whole network", "cloud": "cloud computing (raw input uploaded)"}
 
 
@@ -360,66 +361,110 @@ def parse_args(argv):
     return args
 
 
+def _level_workdir(args, level: str) -> str:
+    """runs/fig5/chain_<level> when finished there; <out>/chain_<level> otherwise (refuses to duplicate a Fig. 5
+    run that is still in progress, which would only halve the speed of both)."""
+    reuse = os.path.join(args.fig5, f"chain_{level}")
+    if args.quick or not args.fig5:
+        return os.path.join(args.out, f"chain_{level}")
+    if os.path.isfile(os.path.join(reuse, "result.json")):
+        return reuse
+    if os.path.isdir(reuse):
+        raise SystemExit(f"{reuse} holds an unfinished Fig. 5 run; let experiments/fig5.py finish it, or pass "
+                         "--fig5 '' to run the level here")
+    return os.path.join(args.out, f"chain_{level}")
+
+
+def train_all(args, space, progress: bool):
+    """Every training this figure needs (each skipped when finished): the three levels, the fixed/searched pair
+    at the middle level, the MobileNets and the mid network from scratch. Returns (levels, pair, scratch):
+    {level: (cfg, result, workdir)}, {split: (cfg, result, workdir)}, {name: (ops, scratch result)}."""
+    levels, pair, scratch = {}, {}, {}
+    for level in LEVELS:
+        cfg, workdir = level_config(level, args.quick), _level_workdir(args, level)
+        print(f"== JMSNAS chain:{level} (T_const {cfg.t_const_ms} ms) <- {workdir}", flush=True)
+        levels[level] = (cfg, run_search(cfg, workdir, progress), workdir)
+    for split in ("fixed", "searched"):
+        cfg, workdir = level_config("mid", args.quick, split), os.path.join(args.out, f"mid_{split}")
+        print(f"== JMSNAS chain:mid split={split} -> {workdir}", flush=True)
+        pair[split] = (cfg, run_search(cfg, workdir, progress), workdir)
+    todo = {name: mobilenet_ops(space, blocks) for name, blocks in BASELINES.items()}
+    todo["mid_fixed_scratch"] = tuple(_ops_of(pair["fixed"][1]))
+    for name, ops in todo.items():
+        print(f"== {name} from scratch -> {args.out}/{name}", flush=True)
+        scratch[name] = (ops, train_from_scratch(level_config("mid", args.quick), ops, os.path.join(args.out, name),
+                                                 progress))
+    return levels, pair, scratch
+
+
+def _same_run(a: dict, b: dict) -> bool:
+    keys = ("architecture", "latency_ms", "accuracy", "params")
+    return all(a[k] == b[k] for k in keys)
+
+
+def all_rows(space, table, levels, pair, scratch) -> list:
+    """Every table row: the levels (D^m, cloud; the mid one also re-split by the DP), the searched-split run (as
+    found, cloud), the fixed-split rerun unless it reproduced the Fig. 5 mid run exactly, the baselines."""
+    rows = []
+    mid_same = _same_run(levels["mid"][1], pair["fixed"][1])
+    for level, (cfg, result, _) in levels.items():
+        name = f"JMSNAS {level}" + (" (= fixed-split rerun)" if level == "mid" and mid_same else "")
+        splits = ["fixed", "chain_dp", "cloud"] if level == "mid" and mid_same else ["fixed", "cloud"]
+        rows += network_rows(space, table, name, _ops_of(result), result["accuracy"], cfg.t_const_ms, splits)
+    if not mid_same:
+        cfg, result, _ = pair["fixed"]
+        rows += network_rows(space, table, "JMSNAS mid, fixed-split rerun", _ops_of(result), result["accuracy"],
+                             cfg.t_const_ms, ["fixed", "chain_dp", "cloud"])
+    cfg, result, _ = pair["searched"]
+    ops = _ops_of(result)
+    a = np.array([space.topology.device_names.index(x["device"]) for x in result["architecture"]], np.int32)
+    found = network_rows(space, table, "JMSNAS mid, searched split", ops, result["accuracy"], cfg.t_const_ms,
+                         ["chain_dp", "cloud"])
+    found[0].update(how="searched split (as found): " + split_text(space, a), deployment="searched",
+                    latency_ms=jmsnas_split(space, table, ops, a))
+    rows += found
+    for name, (ops, res) in scratch.items():
+        if name in BASELINES:
+            rows += network_rows(space, table, f"{name} (ours, scratch)", ops, res["accuracy"], None,
+                                 ["chain_dp", "chain_dp_free", "cloud"])
+        else:
+            rows += network_rows(space, table, "JMSNAS mid net, retrained from scratch", ops, res["accuracy"], None,
+                                 ["fixed"])
+    return rows
+
+
+def wall_markdown(levels, pair, scratch) -> str:
+    lines = ["| run | wall time | code |", "|---|---|---|"]
+    for name, (_, _, workdir) in [(f"chain:{k}", v) for k, v in levels.items()] + \
+            [(f"mid, {k} split", v) for k, v in pair.items()]:
+        w = _wall(workdir) or {}
+        t = "?" if w.get("wall_s") is None else f"{w['wall_s'] / 60:.1f} min"
+        lines.append(f"| {name} ({workdir}) | {t} | {w.get('code', 'see ' + workdir)} |")
+    for name, (_, res) in scratch.items():
+        lines.append(f"| {name}, {res['epochs']} epochs from scratch | {res['wall_s'] / 60:.1f} min | {res['code']} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     from jmsnas import pipeline
     t_start = time.time()
-    progress = not args.no_progress
     os.makedirs(args.out, exist_ok=True)
     os.makedirs(args.results, exist_ok=True)
-    runs = {}  # name -> (cfg, result, source dir)
-    for level in LEVELS:
-        cfg = level_config(level, args.quick)
-        reuse = os.path.join(args.fig5, f"chain_{level}")
-        workdir = reuse if not args.quick and os.path.isfile(os.path.join(reuse, "result.json")) else \
-            os.path.join(args.out, f"chain_{level}")
-        print(f"== JMSNAS chain:{level} (T_const {cfg.t_const_ms} ms) <- {workdir}", flush=True)
-        runs[f"JMSNAS {level}"] = (cfg, run_search(cfg, workdir, progress), workdir)
-    for split in ("fixed", "searched"):
-        cfg = level_config("mid", args.quick, split)
-        workdir = os.path.join(args.out, f"mid_{split}")
-        print(f"== JMSNAS chain:mid split={split} -> {workdir}", flush=True)
-        runs[f"JMSNAS mid, {split} split (rerun)" if split == "fixed" else "JMSNAS mid, searched split"] = \
-            (cfg, run_search(cfg, workdir, progress), workdir)
-
     cfg = level_config("mid", args.quick)
     pipeline.load_data(cfg)
     space, table = pipeline.build(cfg)
-    scratch = {}
-    for name, blocks in BASELINES.items():
-        ops = mobilenet_ops(space, blocks)
-        print(f"== {name} at our scale from scratch -> {args.out}/{name}", flush=True)
-        scratch[name] = (ops, train_from_scratch(level_config("mid", args.quick), ops, os.path.join(args.out, name),
-                                                 progress))
-    control_ops = tuple(_ops_of(runs["JMSNAS mid, fixed split (rerun)"][1]))
-    print(f"== control: the mid fixed-split network from scratch -> {args.out}/mid_fixed_scratch", flush=True)
-    scratch["JMSNAS mid (fixed) from scratch"] = (control_ops, train_from_scratch(
-        level_config("mid", args.quick), control_ops, os.path.join(args.out, "mid_fixed_scratch"), progress))
-
-    rows = []
-    for name, (c, result, _) in runs.items():
-        ops = _ops_of(result)
-        if "searched" in name:
-            a = np.array([space.topology.device_names.index(x["device"]) for x in result["architecture"]], np.int32)
-            rows += network_rows(space, table, name, ops, result["accuracy"], c.t_const_ms, ["chain_dp", "cloud"])
-            rows[-2]["how"] = "searched split (as found): " + split_text(space, a)
-            rows[-2]["latency_ms"] = jmsnas_split(space, table, ops, a)
-        else:
-            splits = ["fixed", "cloud"] + (["chain_dp"] if "rerun" in name else [])
-            rows += network_rows(space, table, name, ops, result["accuracy"], c.t_const_ms, splits)
-    for name, (ops, res) in scratch.items():
-        splits = ["chain_dp", "chain_dp_free", "cloud"] if name in BASELINES else ["fixed"]
-        rows += network_rows(space, table, name if name not in BASELINES else f"{name} (ours, scratch)", ops,
-                             res["accuracy"], None, splits)
-    ref = reference_rows()
-    data = {"rows": rows, "reference": ref, "runs": {k: v[2] for k, v in runs.items()},
+    levels, pair, scratch = train_all(args, space, not args.no_progress)
+    rows, ref = all_rows(space, table, levels, pair, scratch), reference_rows()
+    data = {"rows": rows, "reference": ref, "mid_rerun_identical": _same_run(levels["mid"][1], pair["fixed"][1]),
+            "runs": {**{k: v[2] for k, v in levels.items()}, **{f"mid_{k}": v[2] for k, v in pair.items()}},
             "scratch": {k: {kk: vv for kk, vv in v[1].items() if kk != "history"} for k, v in scratch.items()},
-            "baseline_ops": {k: list(v[1]["ops"]) for k, v in scratch.items()},
-            "wall_s": {k: _wall(v[2]) for k, v in runs.items()}, "report_wall_s": time.time() - t_start}
+            "report_wall_s": time.time() - t_start}
     _write_json(os.path.join(args.out, "fig6_data.json"), data)
     plot(rows, os.path.join(args.results, "fig6.png"))
     names, links = space.topology.device_names, space.topology.link_names
-    tables = table_markdown(rows, names, links) + "\n\n" + reference_markdown(ref, names, links) + "\n"
+    tables = "\n\n".join([table_markdown(rows, names, links), reference_markdown(ref, names, links),
+                           wall_markdown(levels, pair, scratch)]) + "\n"
     with open(os.path.join(args.out, "fig6_tables.md"), "w") as f:
         f.write(tables)
     print(tables)

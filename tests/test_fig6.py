@@ -179,7 +179,8 @@ def test_rows_table_and_points(fig6, tiny):
     md = fig6.table_markdown(rows, space.topology.device_names, space.topology.link_names).splitlines()
     assert len(md) == 2 + len(rows) and all(line.count("|") == md[0].count("|") for line in md)
     pts = fig6.plot_points(rows)
-    assert {p["group"] for p in pts} == set(fig6.GROUPS.values()) and all(p["accuracy"] == 0.25 for p in pts)
+    assert [p["group"] for p in pts] == [fig6.GROUPS[r["deployment"]] for r in rows]
+    assert all(p["accuracy"] == 0.25 and p["latency_ms"] == r["latency_ms"]["total"] for p, r in zip(pts, rows))
     with pytest.raises(ValueError, match="unknown deployment"):
         fig6.network_rows(space, table, "net", ops, {"val": 0.5, "test": 0.25}, 1.0, ["edge"])
 
@@ -195,3 +196,36 @@ def test_reference_rows_at_224(fig6):
         by = {r["method"]: r["latency_ms"] for r in rows if r["network"] == name}
         assert by["chain_dp"]["total"] <= min(by["edge_only"]["total"], by["cloud_only"]["total"]) + 1e-9
         assert sum(by["cloud_only"]["per_link"].values()) == pytest.approx(raw, rel=1e-9)
+
+
+def _result(space, table, ops, assignment, acc):
+    names = space.topology.device_names
+    from jmsnas.cost.latency import breakdown_dict
+    lat = breakdown_dict(space, arch_latency(space, table, ops, assignment))
+    return {"architecture": [{"layer": i, "device": names[d], "op": OP_NAMES[o]}
+                             for i, (o, d) in enumerate(zip(ops, assignment))],
+            "latency_ms": lat, "accuracy": {"val": acc, "test": acc}, "params": 1}
+
+
+@pytest.mark.parametrize("identical", [True, False])
+def test_all_rows(fig6, tiny, identical):
+    """An identical fixed-split rerun is folded into the mid row; the searched run is priced at the split it
+    found; each baseline gets the DP, whole-network DP and cloud rows."""
+    space, table = tiny
+    ml = type("Cfg", (), {"t_const_ms": 1.0})
+    archs = _random_archs(space, 3, seed=7)
+    dm = space.layer_devices()
+    levels = {l: (ml, _result(space, table, a, dm, 0.9), "x") for l, a in zip(fig6.LEVELS, archs)}
+    rerun = levels["mid"][1] if identical else _result(space, table, archs[0], dm, 0.8)
+    found = np.array([0, 0, 0, 3], np.int32)
+    pair = {"fixed": (ml, rerun, "y"), "searched": (ml, _result(space, table, archs[2], found, 0.7), "z")}
+    scratch = {"mobilenet_v2": (archs[1], {"accuracy": {"val": 0.5, "test": 0.5}}),
+               "mid_fixed_scratch": (archs[1], {"accuracy": {"val": 0.6, "test": 0.6}})}
+    rows = fig6.all_rows(space, table, levels, pair, scratch)
+    nets = [r["network"] for r in rows]
+    assert len(rows) == 3 * 2 + (1 if identical else 3) + 2 + 3 + 1  # levels, mid DP or rerun, searched, V2, control
+    assert ("JMSNAS mid (= fixed-split rerun)" in nets) == identical
+    assert ("JMSNAS mid, fixed-split rerun" in nets) == (not identical)
+    searched = next(r for r in rows if r["deployment"] == "searched")
+    assert searched["latency_ms"]["total"] == pytest.approx(float(arch_latency(space, table, archs[2], found).total))
+    assert searched["how"].endswith("ue: L0–L2 · cloud: L3")
