@@ -12,6 +12,7 @@ COMMANDS = {
     "search": "search",
     "retrain": "search",
     "evolve": "evolve",
+    "profile": "profile",
 }
 
 

@@ -1,0 +1,142 @@
+"""``jmsnas profile``: measure a latency table of a search space on the current JAX backend.
+
+    jmsnas profile --space default --out ue.yaml [--method in-network|standalone] [--reps 50] [--batch 1]
+                   [--warmup 3] [--quantile 0.5] [--calibrate 8] [--seed 0]
+
+``--space`` is ``default`` (the main job's chain space on the embedded digits: 8x8x1 input, 10 classes),
+``mesh`` (its mesh variant), a JSON/YAML file {"topology": "chain"|"mesh", "layers_per_device": [...],
+"image_size", "in_channels", "num_classes", "device_channels": [...], "device_strides": [...],
+["stem_channels", "stem_stride", "head_channels"]} or a Python config file with ``get_config()`` (as under
+experiments/configs/; its dataset gives the input size). ``--method`` is explained in jmsnas/cost/profile.py.
+The table (YAML, format and latency model in jmsnas/cost/measured.py) feeds
+``jmsnas.cost.build.build_table`` as {"kind": "measured", "path": ...}. Errors print one
+``jmsnas profile: error: ...`` line to stderr and exit with 2; nothing is written then.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+
+import yaml
+
+from jmsnas import presets
+from jmsnas.space import build_space
+
+_FIELDS = ("topology", "layers_per_device", "image_size", "in_channels", "num_classes", "device_channels",
+           "device_strides", "stem_channels", "stem_stride", "head_channels")
+_REQUIRED = ("image_size", "in_channels", "num_classes", "device_channels", "device_strides")
+# (image size, channels, classes) of the datasets a Python config may name
+_DATASETS = {"digits": (8, 1, 10), "cifar10": (32, 3, 10), "cifar100": (32, 3, 100), "imagenet2012": (224, 3, 1000)}
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("profile", help="measure a latency table of a search space on this backend",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("--space", default="default", help="default, mesh, a JSON/YAML space file or a Python config")
+    p.add_argument("--out", required=True, help="table file to write (YAML)")
+    p.add_argument("--method", default="in-network", choices=("in-network", "standalone"),
+                   help="ops timed inside networks (default) or on their own")
+    p.add_argument("--reps", type=int, default=50, help="timing rounds (default 50)")
+    p.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed calls per item before the rounds (default 3)")
+    p.add_argument("--quantile", type=float, default=0.5,
+                   help="statistic of the rounds: 0.5 = median (default); lower values resist load from "
+                        "other processes")
+    p.add_argument("--calibrate", type=int, default=8,
+                   help="standalone method: random sub-networks measured for the network offset (default 8)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the round order (and calibration networks)")
+
+
+class _SpaceError(ValueError):
+    pass
+
+
+def _from_python(path: str) -> dict:
+    spec = importlib.util.spec_from_file_location("_jmsnas_profile_config", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    if not hasattr(mod, "get_config"):
+        raise _SpaceError(f"config file {path!r} has no get_config()")
+    cfg = mod.get_config()
+    if cfg.dataset not in _DATASETS:
+        raise _SpaceError(f"config {path!r}: dataset {cfg.dataset!r} has no known input size; expected one of "
+                          f"{list(_DATASETS)}")
+    size, ch, classes = _DATASETS[cfg.dataset]
+    s = cfg.space
+    return {"topology": cfg.topology, "layers_per_device": cfg.get("layers_per_device"),
+            "image_size": cfg.get("image_size") or size, "in_channels": ch, "num_classes": classes,
+            "device_channels": list(s.device_channels), "device_strides": list(s.device_strides),
+            "stem_channels": s.stem_channels, "stem_stride": s.stem_stride, "head_channels": s.head_channels}
+
+
+def _from_file(path: str) -> dict:
+    with open(path, "r", encoding="utf-8") as f:
+        text = f.read()
+    try:
+        d = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        raise _SpaceError(f"space file {path!r} is not valid JSON/YAML: {e}") from None
+    if not isinstance(d, dict):
+        raise _SpaceError(f"space file {path!r} must hold a mapping with fields {list(_FIELDS)}")
+    unknown = sorted(set(d) - set(_FIELDS))
+    missing = [f for f in _REQUIRED if f not in d]
+    if unknown or missing:
+        raise _SpaceError(f"space file {path!r}: " + (f"unknown field(s) {unknown} " if unknown else "")
+                          + (f"missing field(s) {missing}" if missing else "") + f"; fields are {list(_FIELDS)}")
+    return d
+
+
+def space_from_arg(arg: str):
+    """The SearchSpace named by ``--space``."""
+    if arg in ("default", "mesh"):
+        from jmsnas.configs import default_config, mesh_config
+        cfg = default_config() if arg == "default" else mesh_config()
+        size, ch, classes = _DATASETS[cfg.dataset]
+        s = cfg.space
+        d = {"topology": cfg.topology, "layers_per_device": cfg.layers_per_device, "image_size": size,
+             "in_channels": ch, "num_classes": classes, "device_channels": s.device_channels,
+             "device_strides": s.device_strides, "stem_channels": s.stem_channels, "stem_stride": s.stem_stride,
+             "head_channels": s.head_channels}
+    elif not os.path.isfile(arg):
+        raise _SpaceError(f"--space {arg!r} is neither 'default', 'mesh' nor an existing file")
+    elif arg.endswith(".py"):
+        d = _from_python(arg)
+    else:
+        d = _from_file(arg)
+    lpd = d.get("layers_per_device")
+    topo = presets.topology(d.get("topology", "chain"), None if lpd is None else tuple(lpd))
+    kw = {k: d[k] for k in ("stem_channels", "stem_stride", "head_channels") if d.get(k) is not None}
+    return build_space(topo, image_size=d["image_size"], in_channels=d["in_channels"], num_classes=d["num_classes"],
+                       device_channels=tuple(d["device_channels"]), device_strides=tuple(d["device_strides"]), **kw)
+
+
+def _fail(message: str) -> int:
+    print(f"jmsnas profile: error: {' '.join(str(message).split())}", file=sys.stderr)
+    return 2
+
+
+def run(args) -> int:
+    from jmsnas.cost import profile as P
+
+    try:
+        P._check_settings(args.batch, args.reps, args.warmup, args.quantile, args.calibrate)
+        space = space_from_arg(args.space)
+    except (ValueError, OSError) as e:
+        return _fail(e)
+    out_dir = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(out_dir) or not os.access(out_dir, os.W_OK):
+        return _fail(f"cannot write --out {args.out!r}: directory {out_dir!r} does not exist or is not writable")
+    table = P.measure_table(space, method=args.method, batch=args.batch, reps=args.reps, warmup=args.warmup,
+                            quantile=args.quantile, calibrate=args.calibrate, seed=args.seed)
+    try:
+        P.write_table(table, args.out)
+    except OSError as e:
+        return _fail(f"cannot write {args.out!r}: {e.strerror}")
+    n_ops = sum(len(s["ops"]) for s in table.slots)
+    print(f"wrote {args.out}: {n_ops} op entries over {len(table.slots)} slots on {table.device['backend']} "
+          f"({table.device['cpu']}), space {table.fingerprint}; per network: call {table.call.median_ms:.4f} ms + "
+          f"stem {table.stem.median_ms:.4f} ms + head {table.head.median_ms:.4f} ms + offset "
+          f"{table.network['offset_ms']:+.4f} ms ({table.network['method']})")
+    return 0

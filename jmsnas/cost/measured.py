@@ -1,0 +1,269 @@
+"""A latency table measured on one device: its type, its file format, its validation and its latency model.
+
+Model of a sub-network executed as one jitted call on the profiled device (all in ms):
+
+    T(arch) = call + stem + head + network.offset_ms + sum_n ops[n][arch[n]]        (identity: 0)
+
+``ops[n][op]`` is the op's cost inside a network (see ``jmsnas.cost.profile`` for how it is measured), ``call``
+the cost of a near-empty jitted call, ``stem``/``head`` their in-network costs, ``network.offset_ms`` what a
+whole network costs beyond those terms (measured, see ``network.method``).
+
+File format (YAML; ``write_table`` writes it, ``load_table`` validates it)::
+
+    format: jmsnas-latency-table
+    version: 1
+    units: ms
+    device: {backend: cpu, device_kind: cpu, jax: 0.10.2, cpu: ..., cpu_count: 2, ...}
+    settings: {method: in-network, batch: 1, reps: 100, warmup: 3, quantile: 0.5, seed: 0, dw_impl: auto, ...}
+    space: {fingerprint: 1f0c..., image_size: 8, in_channels: 1, num_classes: 10, stem_channels: 16,
+            stem_stride: 1, head_channels: 128, num_layers: 8}
+    call: {median_ms: 0.03, spread_ms: 0.004, reps: 100}
+    arg_ms: 0.0011                     # extra cost per array passed to a call
+    stem: {median_ms: ..., spread_ms: ..., reps: ...}
+    head: {...}
+    network: {method: in-network, networks: 65, offset_ms: 0.21}
+    slots:
+      - index: 0
+        shape: {in_hw: 8, in_ch: 16, out_hw: 8, out_ch: 24, stride: 1}
+        ops: {mbconv_k3_e3: {median_ms: ..., spread_ms: ..., reps: ...}, ...}
+
+``median_ms`` is the statistic named by ``settings.quantile`` (0.5: the median) and ``spread_ms`` the
+interquartile range of the underlying calls. Latencies are finite and >= 0; ``network.offset_ms`` may be
+negative as long as call + stem + head + offset is not.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from typing import Mapping, NamedTuple
+
+import numpy as np
+import yaml
+
+from jmsnas.space import IDENTITY, OP_NAMES, OPS, SearchSpace
+
+FORMAT, VERSION = "jmsnas-latency-table", 1
+METHODS = ("in-network", "standalone")
+_SHAPE_FIELDS = ("in_hw", "in_ch", "out_hw", "out_ch", "stride")
+
+
+class ProfileError(ValueError):
+    """A malformed latency table file or an unusable profiling request; the message names the entry."""
+
+
+class Timing(NamedTuple):
+    """A latency statistic in ms: ``median_ms`` (the configured quantile), ``spread_ms`` (IQR), ``reps``."""
+
+    median_ms: float
+    spread_ms: float
+    reps: int
+
+
+class MeasuredTable(NamedTuple):
+    """A latency table of one device (fields as in the module docstring; latencies in ms)."""
+
+    device: dict
+    settings: dict
+    space: dict
+    slots: tuple  # per slot: {"index": n, "shape": {...}, "ops": {op name: Timing}}
+    call: Timing
+    arg_ms: float
+    stem: Timing
+    head: Timing
+    network: dict  # {"method": str, "networks": int, "offset_ms": float}
+
+    @property
+    def fingerprint(self) -> str:
+        return self.space["fingerprint"]
+
+    @property
+    def fixed_ms(self) -> float:
+        """The once-per-network terms: call + stem + head + network offset."""
+        return self.call.median_ms + self.stem.median_ms + self.head.median_ms + self.network["offset_ms"]
+
+
+def slot_shape(s) -> dict:
+    """The shape fields of a LayerSlot as plain ints."""
+    return {k: int(getattr(s, k)) for k in _SHAPE_FIELDS}
+
+
+def space_summary(space: SearchSpace) -> dict:
+    """The shape-defining fields of a space and their fingerprint (16 hex digits of a SHA-256)."""
+    d = {"image_size": space.image_size, "in_channels": space.in_channels, "num_classes": space.num_classes,
+         "stem_channels": space.stem_channels, "stem_stride": space.stem_stride,
+         "head_channels": space.head_channels, "num_layers": space.num_layers}
+    canon = dict(d, slots=[slot_shape(s) for s in space.layers], ops=list(OP_NAMES))
+    fp = hashlib.sha256(json.dumps(canon, sort_keys=True).encode()).hexdigest()[:16]
+    return {"fingerprint": fp, **{k: int(v) for k, v in d.items()}}
+
+
+def space_fingerprint(space: SearchSpace) -> str:
+    return space_summary(space)["fingerprint"]
+
+
+# ------------------------------------------------------------------------------------------ prediction
+
+
+def op_ms_matrix(table: MeasuredTable) -> np.ndarray:
+    """float64[N, R]: in-network ms of every op at every slot (0 for identity and for ops the table lacks)."""
+    out = np.zeros((len(table.slots), len(OPS)))
+    for n, slot in enumerate(table.slots):
+        for name, t in slot["ops"].items():
+            out[n, OP_NAMES.index(name)] = t.median_ms
+    return out
+
+
+def predict_arch_ms(table: MeasuredTable, ops) -> float:
+    """Modelled end-to-end ms of architecture ``ops`` (op index per slot) run as one call on the device."""
+    ops = [int(i) for i in np.asarray(ops).reshape(-1)]
+    if len(ops) != len(table.slots):
+        raise ProfileError(f"architecture has {len(ops)} ops, the table has {len(table.slots)} slots")
+    total = table.fixed_ms
+    for n, i in enumerate(ops):
+        if i == IDENTITY:
+            continue
+        if not 0 <= i < len(OPS) or OP_NAMES[i] not in table.slots[n]["ops"]:
+            raise ProfileError(f"the table has no entry for op index {i} at slot {n}")
+        total += table.slots[n]["ops"][OP_NAMES[i]].median_ms
+    return total
+
+
+# ------------------------------------------------------------------------------------------ writing
+
+
+def _timing_dict(t: Timing) -> dict:
+    return {"median_ms": float(t.median_ms), "spread_ms": float(t.spread_ms), "reps": int(t.reps)}
+
+
+def table_to_dict(table: MeasuredTable) -> dict:
+    return {"format": FORMAT, "version": VERSION, "units": "ms", "device": dict(table.device),
+            "settings": dict(table.settings), "space": dict(table.space), "call": _timing_dict(table.call),
+            "arg_ms": float(table.arg_ms), "stem": _timing_dict(table.stem), "head": _timing_dict(table.head),
+            "network": dict(table.network),
+            "slots": [{"index": s["index"], "shape": dict(s["shape"]),
+                       "ops": {k: _timing_dict(v) for k, v in s["ops"].items()}} for s in table.slots]}
+
+
+def write_table(table: MeasuredTable, path) -> None:
+    """Writes the table as YAML (format in the module docstring), after validating it."""
+    d = table_to_dict(table)
+    table_from_dict(d, source=repr(os.fspath(path)))  # never write a file the loader would reject
+    header = ("# jmsnas latency table (ms), format: see jmsnas/cost/measured.py. Modelled latency of a sub-network\n"
+              "# run as one call = call + stem + head + network.offset_ms + its ops' entries (identity = 0).\n")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(header)
+        yaml.safe_dump(d, f, sort_keys=False, default_flow_style=None, width=120)
+
+
+# ------------------------------------------------------------------------------------------ reading
+
+
+def _number(where: str, v, *, minimum=0.0, integer=False):
+    ok = not isinstance(v, bool) and isinstance(v, (int, float)) and (isinstance(v, int) or not integer)
+    if not ok or not math.isfinite(v) or (minimum is not None and v < minimum):
+        want = (f"an integer >= {minimum}" if integer else
+                f"a finite number >= {minimum}" if minimum is not None else "a finite number")
+        raise ProfileError(f"latency table entry {where}: {v!r} is not {want}")
+    return v
+
+
+def _field(d, name: str, where: str):
+    if not isinstance(d, Mapping):
+        raise ProfileError(f"latency table entry {where}: expected a mapping, got {type(d).__name__}")
+    if name not in d:
+        raise ProfileError(f"latency table entry {where}: missing field {name!r}")
+    return d[name]
+
+
+def _read_timing(d, where: str) -> Timing:
+    return Timing(float(_number(f"{where}.median_ms", _field(d, "median_ms", where))),
+                  float(_number(f"{where}.spread_ms", _field(d, "spread_ms", where))),
+                  int(_number(f"{where}.reps", _field(d, "reps", where), minimum=1, integer=True)))
+
+
+def _read_network(d) -> dict:
+    net = _field(d, "network", "network")
+    method = _field(net, "method", "network")
+    if method not in METHODS:
+        raise ProfileError(f"latency table entry network.method: {method!r}, expected one of {list(METHODS)}")
+    return {"method": method,
+            "networks": int(_number("network.networks", _field(net, "networks", "network"), integer=True)),
+            "offset_ms": float(_number("network.offset_ms", _field(net, "offset_ms", "network"), minimum=None))}
+
+
+def _read_slot(s, n: int) -> dict:
+    where = f"slots[{n}]"
+    if _field(s, "index", where) != n:
+        raise ProfileError(f"latency table entry {where}.index: {s['index']!r}, expected {n}")
+    shape = _field(s, "shape", where)
+    shape = {k: int(_number(f"{where}.shape.{k}", _field(shape, k, f"{where}.shape"), minimum=1, integer=True))
+             for k in _SHAPE_FIELDS}
+    ops = _field(s, "ops", where)
+    if not isinstance(ops, Mapping):
+        raise ProfileError(f"latency table entry {where}.ops: expected a mapping of op name -> timing")
+    for name in ops:
+        if name not in OP_NAMES:
+            raise ProfileError(f"latency table entry {where}.ops.{name}: unknown op; expected one of {list(OP_NAMES)}")
+    return {"index": n, "shape": shape, "ops": {k: _read_timing(v, f"{where}.ops.{k}") for k, v in ops.items()}}
+
+
+def table_from_dict(d, source: str = "<dict>") -> MeasuredTable:
+    """Validates a loaded table mapping; raises ProfileError naming the first bad entry."""
+    if not isinstance(d, Mapping):
+        raise ProfileError(f"latency table {source}: expected a mapping, got {type(d).__name__}")
+    if d.get("format") != FORMAT or d.get("version") != VERSION:
+        raise ProfileError(f"latency table {source}: format/version {d.get('format')!r}/{d.get('version')!r}, "
+                           f"expected {FORMAT!r}/{VERSION}")
+    for name in ("device", "settings", "space"):
+        if not isinstance(_field(d, name, name), Mapping):
+            raise ProfileError(f"latency table entry {name}: expected a mapping")
+    if not isinstance(d["space"].get("fingerprint"), str):
+        raise ProfileError("latency table entry space.fingerprint: missing or not a string")
+    call, stem, head = (_read_timing(_field(d, k, k), k) for k in ("call", "stem", "head"))
+    arg_ms = float(_number("arg_ms", _field(d, "arg_ms", "arg_ms")))
+    network = _read_network(d)
+    slots = _field(d, "slots", "slots")
+    if not isinstance(slots, list) or not slots:
+        raise ProfileError("latency table entry slots: expected a non-empty list")
+    table = MeasuredTable(dict(d["device"]), dict(d["settings"]), dict(d["space"]),
+                          tuple(_read_slot(s, n) for n, s in enumerate(slots)), call, arg_ms, stem, head, network)
+    if table.fixed_ms < 0:
+        raise ProfileError(f"latency table entry network.offset_ms: {network['offset_ms']} makes the per-network "
+                           f"terms (call + stem + head + offset) negative ({table.fixed_ms:.4f} ms)")
+    return table
+
+
+def check_space(table: MeasuredTable, space: SearchSpace, source: str = "<table>") -> None:
+    """Raises ProfileError unless ``table`` was measured for ``space`` and has every valid non-identity op."""
+    mine = space_summary(space)
+    if table.fingerprint != mine["fingerprint"]:
+        diff = [k for k in mine if k != "fingerprint" and table.space.get(k) != mine[k]]
+        if not diff:
+            diff = [f"slots[{n}]" for n, (a, b) in enumerate(zip(table.slots, space.layers))
+                    if a["shape"] != slot_shape(b)][:3]
+        raise ProfileError(f"latency table {source} was measured for another search space: fingerprint "
+                           f"{table.fingerprint}, this space's is {mine['fingerprint']} (differs in: "
+                           f"{', '.join(diff) or 'op set'}); profile this space with `jmsnas profile`")
+    mask = space.mask()
+    for s in space.layers:
+        for i in np.flatnonzero(mask[s.index]):
+            if i != IDENTITY and OP_NAMES[i] not in table.slots[s.index]["ops"]:
+                raise ProfileError(f"latency table {source}: slots[{s.index}].ops lacks valid op {OP_NAMES[i]!r}")
+
+
+def load_table(path, space: SearchSpace | None = None) -> MeasuredTable:
+    """Reads and validates a table file; with ``space``, also checks that it was measured for that space."""
+    path = os.fspath(path)
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            d = yaml.safe_load(f)
+    except OSError as e:
+        raise ProfileError(f"cannot read latency table {path!r}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise ProfileError(f"latency table {path!r} is not valid YAML: {e}") from None
+    table = table_from_dict(d, source=repr(path))
+    if space is not None:
+        check_space(table, space, repr(path))
+    return table
