@@ -147,6 +147,7 @@ def mixed_op(space: SearchSpace, n: int, params_n, state_n, weights_n, paths_n, 
              dw_impl: str = "auto"):
     """Layer n's output sum_k g[paths[k]] v_{paths[k]}(x); every valid candidate when paths_n is None."""
     lay = layout(space, n)
+    state_n = jax.tree_util.tree_map(jnp.asarray, state_n)  # NumPy leaves have no .at[] for the BN update
     put = lambda st, v, new: jax.tree_util.tree_map(lambda a, b: a.at[v].set(b), st, new)
     if paths_n is None:
         vs = jnp.arange(len(lay.valid))
