@@ -25,6 +25,7 @@ single-architecture evaluation through ``supernet.apply`` with one-hot gates.
 """
 from __future__ import annotations
 
+import itertools
 from typing import NamedTuple
 
 import jax
@@ -35,6 +36,7 @@ from jax import lax
 from jmsnas import ops as O
 from jmsnas import supernet as SN
 from jmsnas.cost.latency import arch_latency
+from jmsnas.dwconv import depthwise_conv, resolve_impl, same_padding
 from jmsnas.gates import onehot_gates
 from jmsnas.objectives import cross_entropy
 from jmsnas.space import NUM_OPS, OPS, OpSpec, SearchSpace
@@ -74,9 +76,10 @@ def _candidate_params(space: SearchSpace, n: int, params_n, vs, k: int, e: int):
     mid, lo = s.in_ch * e, (lay.kmax - k) // 2
     cm = jnp.asarray(lay.cmask)[vs][:, :mid]
     km = jnp.asarray(lay.kmask)[vs][:, lo:lo + k, lo:lo + k]
-    p = {"expand": params_n["expand"][vs][:, :, :mid] * cm[:, None, :],
-         "dw": params_n["dw"][vs][:, lo:lo + k, lo:lo + k, :mid] * km * cm[:, None, None, :],
-         "project": params_n["project"][vs][:, :mid] * cm[:, :, None],
+    ws = jnp.zeros_like(vs) if SN.is_shared(params_n) else vs  # one superkernel, or one weight set per candidate
+    p = {"expand": params_n["expand"][ws][:, :, :mid] * cm[:, None, :],
+         "dw": params_n["dw"][ws][:, lo:lo + k, lo:lo + k, :mid] * km * cm[:, None, None, :],
+         "project": params_n["project"][ws][:, :mid] * cm[:, :, None],
          "bn3": jax.tree_util.tree_map(lambda a: a[vs], params_n["bn3"])}
     for name in ("bn1", "bn2"):
         p[name] = {key: a[vs][:, :mid] * cm for key, a in params_n[name].items()}
@@ -99,28 +102,106 @@ def _zero_stats(space: SearchSpace, n: int, c: int):
     return {name: {key: jnp.zeros((c, w), jnp.float32) for key in ("mean", "var")} for name, w in widths.items()}
 
 
-def _run_branch(space: SearchSpace, n: int, params_n, vs, x, stats, k: int, e: int, train: bool):
-    """c candidates (positions vs) of layer n on inputs x float[c, B, H, W, C], padded to (k, e).
+def _toeplitz_index(hw: int, k: int, stride: int) -> np.ndarray:
+    """int32[P, Q]: the tap (i * k + j) linking input pixel p to output pixel q, k * k where none (SAME padding)."""
+    lo, _, out = same_padding(hw, k, stride)
+    idx = np.full((hw * hw, out * out), k * k, np.int32)
+    for a, b, i, j in itertools.product(range(out), range(out), range(k), range(k)):
+        r, c = stride * a + i - lo, stride * b + j - lo
+        if 0 <= r < hw and 0 <= c < hw:
+            idx[r * hw + c, a * out + b] = i * k + j
+    return idx
 
-    Eval: ``stats`` are the candidates' BN statistics [c, ch]; returns (y [c, B, H', W', C'], stats).
-    Train: returns the batch statistics (scaled from zero running stats) padded to the layer's widths.
+
+def _small_image(hw: int, k: int) -> bool:
+    """Whether the depthwise conv of a k x k kernel on hw x hw images runs as a matmul per channel.
+
+    Measured on the 2-core CPU (channels-first, 4 architectures x 256 images): the matmul form took 12-14 ms
+    against 30-220 ms for the shifted sum at 4x4 (k = 3..7) and 160-200 ms against 220-490 ms at 8x8; its
+    matrices grow as (H W)^2, so larger images use the shifted sum.
+    """
+    return hw * hw <= max(64, 2 * k * k)
+
+
+def _depthwise(h, w, stride: int):
+    """Depthwise conv (SAME) of channels-first h float[C, B, H, W] with w float[k, k, C] -> [C, B, H', W'].
+
+    Small images: for every channel one matmul of the B x (H W) image rows with that channel's (H W) x (H' W')
+    convolution matrix (gathered from w by a static index map), batched over channels with no transposes.
+    Larger ones: ``dwconv.depthwise_conv`` on the NHWC transpose.
+    """
+    ch, bsz, hw, _ = h.shape
+    k = w.shape[0]
+    if resolve_impl("auto") != "shifted" or not _small_image(hw, k):
+        y = depthwise_conv(jnp.transpose(h, (1, 2, 3, 0)), w, stride)
+        return jnp.transpose(y, (3, 0, 1, 2))
+    out = same_padding(hw, k, stride)[2]
+    flat = jnp.concatenate([w.reshape(k * k, ch), jnp.zeros((1, ch), w.dtype)]).T  # [C, k*k + 1]
+    mats = flat[:, _toeplitz_index(hw, k, stride)]  # [C, P, Q]
+    y = lax.dot_general(h.reshape(ch, bsz, hw * hw), mats, (((2,), (1,)), ((0,), (0,))))
+    return y.reshape(ch, bsz, out, out)
+
+
+def _pointwise(h, w):
+    """1x1 conv of channels-first h float[Cin, B, H, W] with w float[Cin, Cout] -> [Cout, B, H, W]."""
+    return jnp.tensordot(w, h, axes=((0,), (0,)))
+
+
+def _batch_stats(h):
+    """Mean and biased variance per channel of channels-first h (what train-mode batch norm normalises with)."""
+    axes = tuple(range(1, h.ndim))
+    mean = jnp.mean(h, axes, keepdims=True)
+    return mean.reshape(-1), jnp.mean(jnp.square(h - mean), axes)
+
+
+def _per_channel(v):
+    return v[:, None, None, None]
+
+
+def _mbconv(p, stats, x, stride: int, train: bool):
+    """MBConv (1x1 expand, BN, ReLU6, depthwise, BN, ReLU6, 1x1 project, BN; no shortcut) on x float[C, B, H, W].
+
+    Eval: batch norm with ``stats`` ({bn1, bn2, bn3} of {mean, var}) folded into each convolution's weights and
+    a bias; returns (y, stats). Train: batch statistics; returns (y, {bn: {mean, var}} of this batch).
+    """
+    convs = (("bn1", _pointwise, p["expand"]), ("bn2", lambda h, w: _depthwise(h, w, stride), p["dw"]),
+             ("bn3", _pointwise, p["project"]))
+    h, new = x, {}
+    for name, conv, w in convs:
+        bn = p[name]
+        if train:
+            h = conv(h, w)
+            mean, var = _batch_stats(h)
+            new[name] = {"mean": mean, "var": var}
+            scale = bn["scale"] * lax.rsqrt(var + O.BN_EPS)
+            h = h * _per_channel(scale) + _per_channel(bn["bias"] - mean * scale)
+        else:
+            scale = bn["scale"] * lax.rsqrt(stats[name]["var"] + O.BN_EPS)
+            h = conv(h, w * scale) + _per_channel(bn["bias"] - stats[name]["mean"] * scale)
+        h = jax.nn.relu6(h) if name != "bn3" else h
+    return h, (new if train else stats)
+
+
+def _run_branch(space: SearchSpace, n: int, params_n, vs, x, stats, k: int, e: int, train: bool):
+    """c candidates (positions vs) of layer n on channels-first inputs x float[c, C, B, H, W], padded to (k, e).
+
+    Eval: ``stats`` are the candidates' BN statistics [c, ch]; returns (y [c, C', B, H', W'], stats).
+    Train: returns the batch statistics padded to the layer's widths.
     """
     s, lay = space.layers[n], SN.layout(space, n)
     p = _candidate_params(space, n, params_n, vs, k, e)
-    st = _zero_stats(space, n, vs.shape[0]) if train else stats
-    st = _crop_stats(st, s.in_ch * e)
-    op = OpSpec("padded", k, e, False)
-    y, new = jax.vmap(lambda pp, ss, xx: O.mbconv_apply(pp, ss, xx, op, s.stride, train))(p, st, x)
+    st = None if train else _crop_stats(stats, s.in_ch * e)
+    y, new = jax.vmap(lambda pp, ss, xx: _mbconv(pp, ss, xx, s.stride, train))(p, st, x)
     if s.keeps_shape:
         bshape = (-1,) + (1,) * (y.ndim - 1)
         y = jnp.asarray(lay.mbconv)[vs].reshape(bshape) * y + jnp.asarray(lay.shortcut)[vs].reshape(bshape) * x
-    new = _pad_stats(new, lay.mid_max) if train else stats
-    return y, new
+    return y, (_pad_stats(new, lay.mid_max) if train else stats)
 
 
 def _branches(space: SearchSpace, n: int, params_n, train: bool):
-    """The lax.switch branches of layer n: identity (where valid), then one per (kernel, expansion) pair."""
-    cl = _classes(space, n)
+    """The lax.switch branches of layer n: identity (where valid), one per (kernel, expansion) pair, then a
+    skip branch (zeros) for chunks whose architectures all repeat an earlier one's prefix."""
+    cl, s = _classes(space, n), space.layers[n]
 
     def identity(vs, x, stats):
         return x, (_zero_stats(space, n, vs.shape[0]) if train else stats)
@@ -128,11 +209,21 @@ def _branches(space: SearchSpace, n: int, params_n, train: bool):
     def padded(k, e):
         return lambda vs, x, stats: _run_branch(space, n, params_n, vs, x, stats, k, e, train)
 
-    return [identity] * cl.has_identity + [padded(k, e) for k in cl.kernels for e in cl.expands]
+    def skip(vs, x, stats):
+        y = jnp.zeros((vs.shape[0], s.out_ch, x.shape[2], s.out_hw, s.out_hw), x.dtype)
+        return y, (_zero_stats(space, n, vs.shape[0]) if train else stats)
+
+    return [identity] * cl.has_identity + [padded(k, e) for k in cl.kernels for e in cl.expands] + [skip]
+
+
+def _representatives(prefix, col):
+    """rep int32[P]: the first architecture with the same prefix id and the same op in this column."""
+    same = (prefix[:, None] == prefix[None, :]) & (col[:, None] == col[None, :])
+    return jnp.argmax(same, axis=1).astype(jnp.int32)
 
 
 class _Acts(NamedTuple):
-    """Activations of the population: architecture a's rows are table[row[a]] (table float[R, B, H, W, C])."""
+    """Activations of the population: architecture a's are table[row[a]] (table float[R, C, B, H, W])."""
 
     table: jnp.ndarray
     row: jnp.ndarray
@@ -158,20 +249,27 @@ def _layer0(space: SearchSpace, params_n, stem_out, stats0, train: bool):
     return jnp.concatenate(ys), jax.tree_util.tree_map(lambda *a: jnp.concatenate(a), *sts)
 
 
-def _layer(space: SearchSpace, n: int, params_n, acts: _Acts, ops, stats, chunk: int, train: bool):
+def _layer(space: SearchSpace, n: int, params_n, acts: _Acts, ops, prefix, stats, chunk: int, train: bool):
     """Layer n >= 1 for the whole population (P divisible by chunk): sorted, chunked, one branch per chunk.
 
-    ``stats`` (eval): the population's BN statistics of this layer, [P, ch] leaves. Returns the activations in
-    this layer's sorted order and, in train mode, the batch statistics [P, ch] in population order (else None).
+    ``prefix`` int32[P]: architectures with equal ids have equal ops in layers 0..n-1 (so equal inputs here);
+    only the first architecture of each (prefix, op) group is computed: the others are sorted last and chunks
+    made of them only are skipped. ``stats`` (eval): the population's BN statistics of this layer, [P, ch]
+    leaves. Returns (activations, the new prefix ids, and in train mode the batch statistics [P, ch] in
+    population order, else None).
     """
     lay, cl = SN.layout(space, n), _classes(space, n)
     P = ops.shape[0]
     pos = jnp.asarray(lay.position)[ops[:, n]]
-    order = jnp.argsort(jnp.asarray(cl.rank)[pos], stable=True).astype(jnp.int32)
+    rep = _representatives(prefix, ops[:, n])
+    repeat = rep != jnp.arange(P, dtype=jnp.int32)
+    key = jnp.where(repeat, int(cl.rank.max()) + 1, jnp.asarray(cl.rank)[pos])
+    order = jnp.argsort(key, stable=True).astype(jnp.int32)
     members = order.reshape(P // chunk, chunk)
     kmax = jnp.max(jnp.asarray(cl.k_index)[pos[members]], axis=1)
     emax = jnp.max(jnp.asarray(cl.e_index)[pos[members]], axis=1)
     branches = _branches(space, n, params_n, train)
+    which = jnp.where(jnp.all(repeat[members], axis=1), len(branches) - 1, _branch_of(cl, kmax, emax))
     if train:
         stats = _zero_stats(space, n, P)
 
@@ -182,11 +280,11 @@ def _layer(space: SearchSpace, n: int, params_n, acts: _Acts, ops, stats, chunk:
         y, new = lax.switch(b, branches, pos[ids], x, st)
         return (y, new) if train else (y, None)
 
-    ys, new = lax.map(body, (members, _branch_of(cl, kmax, emax)))
-    row = jnp.zeros((P,), jnp.int32).at[order].set(jnp.arange(P, dtype=jnp.int32))
+    ys, new = lax.map(body, (members, which))
+    row = jnp.zeros((P,), jnp.int32).at[order].set(jnp.arange(P, dtype=jnp.int32))[rep]
     if train:
         new = jax.tree_util.tree_map(lambda a: a.reshape((P,) + a.shape[2:])[row], new)
-    return _Acts(ys.reshape((P,) + ys.shape[2:]), row), new
+    return _Acts(ys.reshape((P,) + ys.shape[2:]), row), rep, new
 
 
 def _head_zero_stats(space: SearchSpace, P: int):
@@ -198,12 +296,13 @@ def _forward(space: SearchSpace, params, ops, x, bn, chunk: int, train: bool):
 
     Eval: ``bn`` = {"stem": shared stats, "layers": (layer 0 stats stacked by candidate [V0, ch], then [P, ch]
     per architecture for n >= 1), "head": [P, ch]}. Train: ``bn`` is ignored; returns the batch statistics in
-    that same layout (scaled from zero running statistics, see ``_ZERO_STATS_SCALE``).
+    that same layout.
     """
     P = ops.shape[0]
     zeros = jnp.zeros((space.stem_channels,), jnp.float32)
     stem_st = {"bn": {"mean": zeros, "var": zeros}} if train else bn["stem"]
     h, stem_new = O.conv_bn_apply(params["stem"], stem_st, x, space.stem_stride, train)
+    h = jnp.transpose(h, (3, 0, 1, 2))  # channels first: [C, B, H, W]
     outputs, layer_stats = {}, []
     for s in space.layers:
         n = s.index
@@ -211,16 +310,19 @@ def _forward(space: SearchSpace, params, ops, x, bn, chunk: int, train: bool):
             st0 = _zero_stats(space, 0, len(SN.layout(space, 0).valid)) if train else bn["layers"][0]
             table, new = _layer0(space, params["layers"][0], h, st0, train)
             outputs[0] = _Acts(table, jnp.asarray(SN.layout(space, 0).position)[ops[:, 0]])
+            prefix = _representatives(jnp.zeros((P,), jnp.int32), ops[:, 0])
         else:
             srcs = space.input_of(n)
             acts = outputs[srcs[0]] if len(srcs) == 1 else _Acts(
                 sum(_materialise(outputs[j]) for j in srcs) / len(srcs), jnp.arange(P, dtype=jnp.int32))
-            outputs[n], new = _layer(space, n, params["layers"][n], acts, ops, None if train else bn["layers"][n],
-                                     chunk, train)
+            outputs[n], prefix, new = _layer(space, n, params["layers"][n], acts, ops, prefix,
+                                             None if train else bn["layers"][n], chunk, train)
         layer_stats.append(new)
     head_st = _head_zero_stats(space, P) if train else bn["head"]
-    logits, head_new = jax.vmap(lambda st, xx: O.head_apply(params["head"], st, xx, train))(
-        head_st, _materialise(outputs[space.num_layers - 1]))
+    last = jnp.transpose(_materialise(outputs[space.num_layers - 1]), (0, 2, 3, 4, 1))  # [P, B, H, W, C]
+    logits, head_new = jax.vmap(lambda st, xx: O.head_apply(params["head"], st, xx, train))(head_st, last)
+    if train:  # ops' batch norm started from zero running statistics returned (1 - momentum) * batch statistics
+        stem_new, head_new = jax.tree_util.tree_map(lambda a: a * _ZERO_STATS_SCALE, (stem_new, head_new))
     return logits, {"stem": stem_new, "layers": tuple(layer_stats), "head": head_new}
 
 
@@ -241,7 +343,7 @@ def _recalibrated_stats(space: SearchSpace, params, ops, bn_batches, chunk: int)
         return _forward(space, params, ops, xk, None, chunk, train=True)[1]
 
     stats = lax.map(batch_stats, bn_batches)
-    return jax.tree_util.tree_map(lambda a: jnp.mean(a, axis=0) * _ZERO_STATS_SCALE, stats)
+    return jax.tree_util.tree_map(lambda a: jnp.mean(a, axis=0), stats)
 
 
 def _check_inputs(space: SearchSpace, ops, x, y, bn_batches):

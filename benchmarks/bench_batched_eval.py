@@ -1,0 +1,120 @@
+"""Benchmark: batched population evaluation (``jmsnas.evaluate.evaluate_population``) against the loop.
+
+P sub-networks of the default space (``presets.chain_preset()``, 8 layers, 8x8x1 inputs, device channels
+24/32/48/64, strides 1/2/1/2) sampled uniformly from the valid candidates, evaluated on one batch of B
+digits-sized inputs. Rows:
+
+* ``loop``: ``evaluate_loop``, a Python loop of one jitted single-architecture evaluation (``supernet.apply``
+  with one-hot gates): the peer;
+* ``vmap(single)`` (with ``--vmap``): ``jax.vmap`` of that same single-architecture evaluation, jitted (plain
+  vmap; vmapping its per-layer ``lax.switch`` turns it into a select that runs every candidate);
+* ``loop of batched P=1``: a Python loop calling ``evaluate_population`` on one architecture at a time (the
+  batched evaluator's kernels without the batching);
+* ``batched chunk=c``: ``evaluate_population`` with chunks of c architectures;
+* with ``--bn-batches K > 0`` the loop and the batched evaluator also run with BN recalibration on K batches.
+
+Each row is the median of ``--reps`` timed repetitions after one warm-up call (which compiles); the rows are
+timed interleaved (one repetition of every row, then the next) so that load from other processes spreads over
+all of them. Results are checked equal to the loop before timing. Prints a markdown table with the speed-up.
+
+Run: /work/venv/bin/python benchmarks/bench_batched_eval.py [--population 64] [--batch 256] [--reps 5]
+     [--chunks 1,2,4,8] [--bn-batches 2] [--vmap]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jmsnas import evaluate as E
+from jmsnas import presets, supernet
+from jmsnas.cost.tables import analytic_table
+from jmsnas.space import build_space
+
+
+def default_space():
+    return build_space(presets.chain_preset(), image_size=8, in_channels=1, num_classes=10,
+                       device_channels=(24, 32, 48, 64), device_strides=(1, 2, 1, 2))
+
+
+def random_population(space, size: int, seed: int = 0) -> np.ndarray:
+    """int32[size, N]: every layer's candidate drawn uniformly from its valid ones."""
+    rng = np.random.default_rng(seed)
+    mask = space.mask()
+    return np.array([[rng.choice(np.flatnonzero(mask[n])) for n in range(space.num_layers)]
+                     for _ in range(size)], np.int32)
+
+
+def block(tree):
+    return jax.block_until_ready(tree)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--population", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--chunks", default="1,2,4,8")
+    ap.add_argument("--bn-batches", type=int, default=2, help="K recalibration batches (0: skip those rows)")
+    ap.add_argument("--vmap", action="store_true",
+                    help="add the plain vmap row (vmapping lax.switch computes every candidate: memory heavy)")
+    args = ap.parse_args(argv)
+
+    space = default_space()
+    table = analytic_table(space)
+    params, state = supernet.init(jax.random.PRNGKey(0), space)
+    kx, ky, kb = jax.random.split(jax.random.PRNGKey(1), 3)
+    x = jax.random.uniform(kx, (args.batch, 8, 8, 1), jnp.float32, 0.0, 16.0)
+    y = jax.random.randint(ky, (args.batch,), 0, 10)
+    bn = jax.random.uniform(kb, (args.bn_batches, args.batch, 8, 8, 1), jnp.float32, 0.0, 16.0)
+    ops = random_population(space, args.population)
+    common = (space, table, params, state)
+
+    rows = {"loop": lambda: E.evaluate_loop(*common, ops, x, y)}
+    if args.vmap:
+        single = jax.jit(jax.vmap(lambda o: E._evaluate_one(space, table, params, state, o, x, y, None)))
+        rows["vmap(single)"] = lambda: single(jnp.asarray(ops))
+    rows["loop of batched P=1"] = lambda: [E.evaluate_population(*common, o[None], x, y) for o in ops]
+    for c in (int(v) for v in args.chunks.split(",")):
+        rows[f"batched chunk={c}"] = lambda c=c: E.evaluate_population(*common, ops, x, y, chunk=c)
+    if args.bn_batches:
+        rows[f"loop, BN recal K={args.bn_batches}"] = lambda: E.evaluate_loop(*common, ops, x, y, bn_batches=bn)
+        c = int(args.chunks.split(",")[-1])
+        rows[f"batched chunk={c}, BN recal K={args.bn_batches}"] = lambda: E.evaluate_population(
+            *common, ops, x, y, bn_batches=bn, chunk=c)
+
+    reference = {}
+    for name, fn in rows.items():  # warm-up (compiles) and equality check against the matching loop
+        out = block(fn())
+        if isinstance(out, list):
+            out = {k: jnp.concatenate([o[k] for o in out]) for k in out[0]}
+        key = "recal" if "BN recal" in name else "plain"
+        if key not in reference:
+            reference[key] = out
+        for k in ("loss", "accuracy", "latency_ms"):
+            np.testing.assert_allclose(np.asarray(out[k]), np.asarray(reference[key][k]), rtol=2e-4, atol=2e-4,
+                                       err_msg=f"{name}: {k} differs from the loop")
+    times = {name: [] for name in rows}
+    for _ in range(args.reps):
+        for name, fn in rows.items():
+            t0 = time.perf_counter()
+            block(fn())
+            times[name].append(time.perf_counter() - t0)
+
+    med = {name: statistics.median(t) for name, t in times.items()}
+    print(f"P = {args.population} architectures, batch {args.batch} x 8x8x1, median of {args.reps} reps "
+          f"(interleaved), {jax.devices()[0].platform}\n")
+    print("| method | median s | per architecture ms | speed-up vs its loop |")
+    print("|---|---:|---:|---:|")
+    for name, t in med.items():
+        peer = med[f"loop, BN recal K={args.bn_batches}"] if "BN recal" in name else med["loop"]
+        print(f"| {name} | {t:.3f} | {1e3 * t / args.population:.1f} | {peer / t:.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
