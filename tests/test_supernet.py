@@ -1,5 +1,9 @@
 """The supernet as pure functions: padded candidate stacks, mixed ops g^T v(x), the compact network, mesh
-wiring, gradients through two-path gates, and a jitted train step that compiles once (issue 2, item 4)."""
+wiring, gradients through two-path gates, and a jitted train step that compiles once (issue 2, item 4).
+
+Both parameter layouts of ``supernet.init`` are covered where the layout matters: ``shared_weights=True`` (one
+superkernel per layer, batch norm per candidate) and ``shared_weights=False`` (every candidate its own padded
+weights). Wiring and gate tests that do not depend on the layout run on the default (shared) one."""
 import functools
 import re
 
@@ -18,6 +22,9 @@ from jmsnas.topology import DeviceProfile, LinkProfile, chain, make_topology
 
 R = NUM_OPS
 B = 2
+CONV = ("expand", "dw", "project")
+BN = ("bn1", "bn2", "bn3")
+K7_E6, K3_E3 = 10, 0
 
 
 def _devs(*names):
@@ -46,6 +53,8 @@ def mesh_space():
 
 
 CHAIN, MESH = chain_space(), mesh_space()
+SPACES = pytest.mark.parametrize("space", [CHAIN, MESH], ids=["chain", "mesh"])
+LAYOUTS = pytest.mark.parametrize("shared", [True, False], ids=["shared", "separate"])
 
 
 @pytest.fixture(autouse=True)
@@ -55,36 +64,50 @@ def full_precision_matmuls():
         yield
 
 
+def to_numpy(tree):
+    """Host copies: ``extract`` then slices with NumPy instead of compiling one XLA slice per index pattern."""
+    return jax.tree_util.tree_map(np.asarray, tree)
+
+
 def perturb(seed, params, state):
     """Random values everywhere, padding included: the padded entries must never reach the output.
-    (NumPy draws: eager jax.random would compile one sampler per leaf shape.)"""
+    (NumPy draws and NumPy leaves: eager jax.random would compile one sampler per leaf shape.)"""
     rng = np.random.default_rng(seed)
-    params = jax.tree_util.tree_map(lambda a: jnp.asarray(a + 0.3 * rng.standard_normal(a.shape), a.dtype), params)
+    params = jax.tree_util.tree_map(lambda a: np.asarray(a + 0.3 * rng.standard_normal(a.shape), a.dtype), params)
 
     def stat(path, a):
         if "var" in jax.tree_util.keystr(path):
-            return jnp.asarray(rng.uniform(0.5, 2.0, a.shape), a.dtype)
-        return jnp.asarray(0.3 * rng.standard_normal(a.shape), a.dtype)
+            return np.asarray(rng.uniform(0.5, 2.0, a.shape), a.dtype)
+        return np.asarray(0.3 * rng.standard_normal(a.shape), a.dtype)
 
     return params, jax.tree_util.tree_map_with_path(stat, state)
 
 
 @functools.lru_cache(maxsize=None)
-def initial(space):
-    return SN.init(jax.random.PRNGKey(0), space)
+def initial(space, shared):
+    """``supernet.init`` of ``space`` in one layout (built once per (space, layout))."""
+    return SN.init(jax.random.PRNGKey(0), space, shared_weights=shared)
 
 
 @functools.lru_cache(maxsize=None)
-def net(space):
-    """Perturbed supernet parameters and state of ``space``, a batch and labels (built once per space)."""
-    params, state = perturb(1, *initial(space))
+def net(space, shared):
+    """Perturbed supernet parameters and state (NumPy leaves) of ``space``, a batch and labels."""
+    params, state = perturb(1, *initial(space, shared))
     x = jnp.asarray(np.random.default_rng(2).standard_normal((B, space.image_size, space.image_size,
                                                               space.in_channels)), jnp.float32)
     y = jnp.arange(B) % space.num_classes
     return params, state, x, y
 
 
-apply_jit = jax.jit(SN.apply, static_argnums=0, static_argnames=("train",))
+# XLA's depthwise convolution in the jitted supernet and compact network: on CPU the default ("shifted") costs
+# several times its compile time, and the layouts and gates under test here do not depend on the implementation
+# (tests/test_dwconv.py compares the two; the mixed-op and hand-wired mesh tests still run the default).
+DW = "xla"
+
+
+@functools.partial(jax.jit, static_argnums=0, static_argnames=("train",))
+def apply_jit(space, params, state, gates, x, train):
+    return SN.apply(space, params, state, gates, x, train=train, dw_impl=DW)
 
 
 def archs_of(space, seed=0, count=3):
@@ -98,6 +121,29 @@ def archs_of(space, seed=0, count=3):
     return out
 
 
+def conv_window(space, n, i):
+    """Boolean masks of the padded expand/dw/project entries candidate i of layer n uses, written from its op
+    spec: the centred k x k window of the kmax x kmax kernel and the first in_ch * expand channels."""
+    s, kmax = space.layers[n], max(o.kernel for o in OPS)
+    mid_max = s.in_ch * max(o.expand for o in OPS)
+    win = {"expand": np.zeros((s.in_ch, mid_max), bool), "dw": np.zeros((kmax, kmax, mid_max), bool),
+           "project": np.zeros((mid_max, s.out_ch), bool)}
+    op = OPS[i]
+    if not op.is_identity:
+        mid, lo = s.in_ch * op.expand, (kmax - op.kernel) // 2
+        win["expand"][:, :mid] = True
+        win["dw"][lo:lo + op.kernel, lo:lo + op.kernel, :mid] = True
+        win["project"][:mid] = True
+    return win
+
+
+def bn_width(space, n, i):
+    """Channels of candidate i's bn1, bn2, bn3."""
+    s = space.layers[n]
+    mid = s.in_ch * OPS[i].expand
+    return {"bn1": mid, "bn2": mid, "bn3": s.out_ch}
+
+
 def assert_trees_close(a, b, rtol=1e-4, atol=1e-4):
     chex.assert_trees_all_equal_structs(a, b)
     jax.tree_util.tree_map(lambda u, v: np.testing.assert_allclose(np.asarray(u), np.asarray(v), rtol=rtol,
@@ -106,14 +152,29 @@ def assert_trees_close(a, b, rtol=1e-4, atol=1e-4):
 
 # ------------------------------------------------------------------------------------------------ layout
 
-@pytest.mark.parametrize("space", [CHAIN, MESH], ids=["chain", "mesh"])
-def test_init_stacks_valid_candidates_and_extract_has_op_params(space):
-    params, state = initial(space)
+@SPACES
+@LAYOUTS
+def test_init_layout_and_extract_has_op_params(space, shared):
+    params, state = to_numpy(initial(space, shared))
     mask = space.mask()
     for n, s in enumerate(space.layers):
-        v = int(mask[n].sum())
-        assert {a.shape[0] for a in jax.tree_util.tree_leaves(params["layers"][n])} == {v}
+        v, p = int(mask[n].sum()), params["layers"][n]
+        assert SN.is_shared(p) == shared
+        assert {p[name].shape[0] for name in CONV} == {1 if shared else v}
+        assert {a.shape[0] for name in BN for a in jax.tree_util.tree_leaves(p[name])} == {v}
         assert {a.shape[0] for a in jax.tree_util.tree_leaves(state["layers"][n])} == {v}
+        for i in np.flatnonzero(mask[n]):  # initial values: BN scale 1 on the candidate's channels, else 0
+            pos = int(SN.layout(space, n).position[i])
+            for name, ch in bn_width(space, n, i).items():
+                want = np.zeros(p[name]["scale"].shape[1], np.float32)
+                want[:ch if not OPS[i].is_identity else 0] = 1.0
+                np.testing.assert_array_equal(p[name]["scale"][pos], want)
+                np.testing.assert_array_equal(p[name]["bias"][pos], 0.0)
+            if not shared:  # own weights inside the candidate's window, zero padding outside
+                for name, win in conv_window(space, n, i).items():
+                    assert np.all(p[name][pos][~win] == 0) and np.all(p[name][pos][win] != 0), (n, i, name)
+        if shared:  # one He-initialised superkernel, no padding
+            assert all(np.all(p[name][0] != 0) for name in CONV)
     for ops in archs_of(space):
         cp, cs = SN.extract(space, params, state, ops)
         for n, (s, i) in enumerate(zip(space.layers, ops)):
@@ -131,7 +192,7 @@ def test_init_stacks_valid_candidates_and_extract_has_op_params(space):
 
 
 def test_extract_rejects_bad_arch():
-    params, state, _, _ = net(CHAIN)
+    params, state, _, _ = net(CHAIN, True)
     with pytest.raises(ValueError, match=rf"layer 1: op index {IDENTITY} is not a valid candidate"):
         SN.extract(CHAIN, params, state, [0, IDENTITY, 0])
     with pytest.raises(ValueError, match=re.escape("architecture has shape (2,), expected (3,)")):
@@ -139,7 +200,7 @@ def test_extract_rejects_bad_arch():
 
 
 def test_device_parts_follow_the_topology():
-    params, state, _, _ = net(MESH)
+    params, state, _, _ = net(MESH, True)
     ops = archs_of(MESH)[2]
     cp, _ = SN.extract(MESH, params, state, ops)
     parts = SN.device_parts(MESH, cp, ops)
@@ -150,12 +211,77 @@ def test_device_parts_follow_the_topology():
     assert sum("stem" in p["params"] or "head" in p["params"] for p in parts.values()) == 2
 
 
+# ------------------------------------------------------------------------------------------------ sharing
+
+def extracted_candidates(space, shared):
+    """{(layer, op): (conv weights, BN params)} of every valid MBConv candidate, each from ``extract``."""
+    params, state, _, _ = net(space, shared)
+    mask, out = space.mask(), {}
+    for i in range(R):
+        if OPS[i].is_identity:
+            continue
+        ops = [i if mask[n, i] else K7_E6 for n in range(space.num_layers)]
+        cp, _ = SN.extract(space, params, state, ops)
+        for n in np.flatnonzero(mask[:, i]):
+            layer = cp["layers"][n]
+            out[int(n), i] = ({k: layer[k] for k in CONV}, {k: layer[k] for k in BN})
+    return out
+
+
+@LAYOUTS
+def test_extracted_candidates_are_crops_of_one_superkernel_only_when_shared(shared):
+    """Shared: every candidate's extracted weights are the centred k x k window and first in_ch * e channels of the
+    k7_e6 candidate's, the k3_e3 one included, and the shortcut variants have the same weights; each candidate
+    keeps its own batch norm. Separate: the same crops differ (independent weights)."""
+    space = CHAIN
+    cands = extracted_candidates(space, shared)
+    assert {n for n, _ in cands} == set(range(space.num_layers))
+    for (n, i), (conv, bn) in cands.items():
+        wide = cands[n, K7_E6][0]
+        mid, lo = space.layers[n].in_ch * OPS[i].expand, (7 - OPS[i].kernel) // 2
+        crop = {"expand": wide["expand"][:, :mid], "dw": wide["dw"][lo:lo + OPS[i].kernel, lo:lo + OPS[i].kernel, :mid],
+                "project": wide["project"][:mid]}
+        for name in CONV:
+            assert np.array_equal(conv[name], crop[name]) == (shared or i == K7_E6), (n, OPS[i].name, name)
+        if OPS[i].residual:
+            plain_conv, plain_bn = cands[n, i - 1]
+            assert not OPS[i - 1].residual and OPS[i - 1].kernel == OPS[i].kernel
+            for name in CONV:
+                assert np.array_equal(conv[name], plain_conv[name]) == shared, (n, OPS[i].name, name)
+            for name in BN:  # batch norm stays per candidate in both layouts
+                assert not np.array_equal(bn[name]["scale"], plain_bn[name]["scale"])
+    k3, k7 = cands[0, K3_E3][0], cands[0, K7_E6][0]
+    assert k3["dw"].shape == (3, 3, 12) and k7["dw"].shape == (7, 7, 24)
+    assert np.array_equal(k3["dw"], k7["dw"][2:5, 2:5, :12]) == shared
+
+
+@SPACES
+def test_shared_init_has_far_fewer_parameters(space):
+    """Per layer: shared = the widest candidate's conv weights once + every candidate's BN padded to the widest;
+    separate = that padded candidate once per valid candidate. Shared is also less than half the sum of all
+    candidates' own (unpadded) parameters, and under a quarter of the separate supernet."""
+    shared, separate = initial(space, True)[0], initial(space, False)[0]
+    mask = space.mask()
+    for n, s in enumerate(space.layers):
+        v, wide = int(mask[n].sum()), OPS[K7_E6]
+        bn = 2 * sum(bn_width(space, n, K7_E6).values())
+        conv = op_params(wide, s) - bn
+        assert SN.count_params(shared["layers"][n]) == conv + v * bn
+        assert SN.count_params(separate["layers"][n]) == v * (conv + bn)
+        own = sum(op_params(OPS[i], s) for i in np.flatnonzero(mask[n]))
+        assert SN.count_params(shared["layers"][n]) < own / 2
+    for part in ("stem", "head"):
+        assert SN.count_params(shared[part]) == SN.count_params(separate[part])
+    assert SN.count_params(shared) < 0.25 * SN.count_params(separate)
+
+
 # ------------------------------------------------------------------------------------------------ mixed op
 
-def test_mixed_op_is_weighted_sum_of_candidates():
+@LAYOUTS
+def test_mixed_op_is_weighted_sum_of_candidates(shared):
     """g^T v(x) against each candidate computed on its own (compact) parameters."""
     space, n = CHAIN, 0
-    params, state, _, _ = net(space)
+    params, state, _, _ = net(space, shared)
     x = jnp.asarray(np.random.default_rng(3).standard_normal((B, 7, 7, 4)), jnp.float32)
     assert space.layers[n].keeps_shape
     valid = np.flatnonzero(space.mask()[n])
@@ -180,19 +306,21 @@ def test_mixed_op_is_weighted_sum_of_candidates():
 
 # ------------------------------------------------------------------------------------------------ compact net
 
-@pytest.mark.parametrize("space", [CHAIN, MESH], ids=["chain", "mesh"])
-def test_compact_network_equals_supernet_with_onehot_gates(space):
-    params, state, x, _ = net(space)
+@SPACES
+@LAYOUTS
+def test_compact_network_equals_supernet_with_onehot_gates(space, shared):
+    params, state, x, _ = net(space, shared)
     for ops in archs_of(space):
         gates = G.onehot_gates(jnp.asarray(ops), R)
         cp, cs = SN.extract(space, params, state, ops)
         # inference
         sup, _ = apply_jit(space, params, state, gates, x, train=False)
-        com, _ = SN.compact_apply(space, ops, cp, cs, x, train=False)
+        com, _ = SN.compact_apply(space, ops, cp, cs, x, train=False, dw_impl=DW)
         np.testing.assert_allclose(np.asarray(sup), np.asarray(com), rtol=1e-4, atol=1e-4)
         # a training-mode step: batch statistics, and the running statistics it returns
         sup_t, sup_state = apply_jit(space, params, state, gates, x, train=True)
-        com_t, com_state = SN.compact_apply(space, ops, cp, cs, x, train=True)
+        sup_state = to_numpy(sup_state)
+        com_t, com_state = SN.compact_apply(space, ops, cp, cs, x, train=True, dw_impl=DW)
         np.testing.assert_allclose(np.asarray(sup_t), np.asarray(com_t), rtol=1e-4, atol=1e-4)
         _, ext_state = SN.extract(space, params, sup_state, ops)
         assert_trees_close(ext_state, com_state)
@@ -202,10 +330,10 @@ def test_compact_network_equals_supernet_with_onehot_gates(space):
             others = [int(pos[j]) for j in np.flatnonzero(space.mask()[n]) if j != i]
             for before, after in zip(jax.tree_util.tree_leaves(state["layers"][n]),
                                      jax.tree_util.tree_leaves(sup_state["layers"][n])):
-                np.testing.assert_array_equal(np.asarray(before)[others], np.asarray(after)[others])
+                np.testing.assert_array_equal(before[others], after[others])
         # inference after the step, with the updated statistics
         sup_e, _ = apply_jit(space, params, sup_state, gates, x, train=False)
-        com_e, _ = SN.compact_apply(space, ops, cp, com_state, x, train=False)
+        com_e, _ = SN.compact_apply(space, ops, cp, com_state, x, train=False, dw_impl=DW)
         np.testing.assert_allclose(np.asarray(sup_e), np.asarray(com_e), rtol=1e-4, atol=1e-4)
 
 
@@ -221,7 +349,7 @@ def hand_mesh_forward(cp, cs, ops, x):
 
 
 def test_mesh_supernet_matches_hand_wired_network():
-    params, state, x, _ = net(MESH)
+    params, state, x, _ = net(MESH, True)
     for ops in archs_of(MESH, seed=1):
         cp, cs = SN.extract(MESH, params, state, ops)
         sup, _ = apply_jit(MESH, params, state, G.onehot_gates(jnp.asarray(ops), R), x, train=False)
@@ -230,7 +358,7 @@ def test_mesh_supernet_matches_hand_wired_network():
 
 
 def test_mesh_aggregator_averages_branches():
-    params, state, x, _ = net(MESH)
+    params, state, x, _ = net(MESH, True)
     ops = (0, 1, 2, 5, 4)
     gates = G.onehot_gates(jnp.asarray(ops), R)
     base, _ = apply_jit(MESH, params, state, gates, x, train=False)
@@ -260,8 +388,11 @@ def ce_of(space, params, state, gates, x, y, dw_impl="auto"):
 @jax.jit
 @chex.assert_max_traces(n=1)
 def weight_step(params, state, gates, x, y):
-    """One SGD step on the weights with the given (single-path) gates; returns the gradient too."""
-    (loss, new_state), grads = jax.value_and_grad(ce_of, argnums=1, has_aux=True)(CHAIN, params, state, gates, x, y)
+    """One SGD step on the weights with the given (single-path) gates; returns the gradient too. Each layout
+    traces it once (different shapes); the tests clear chex's trace counter first. XLA's depthwise convolution,
+    as in arch_grad: the masks that keep gradients inside a candidate's window act before the convolution."""
+    loss_fn = functools.partial(ce_of, CHAIN, dw_impl=DW)
+    (loss, new_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, state, gates, x, y)
     params = jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, grads)
     return params, new_state, loss, grads
 
@@ -276,7 +407,7 @@ def arch_grad(alpha, key, params, state, x, y):
 
     def loss(a, offset):
         g = G.two_path_gates(key, a, mask)
-        return ce_of(CHAIN, params, state, G.Gates(g.weights + offset, g.paths), x, y, "xla")[0]
+        return ce_of(CHAIN, params, state, G.Gates(g.weights + offset, g.paths), x, y, DW)[0]
 
     return jax.grad(loss, argnums=(0, 1))(alpha, jnp.zeros_like(alpha))
 
@@ -292,41 +423,60 @@ def eq5(alpha, paths, dl_dg):
     return out
 
 
-def test_weight_step_compiles_once_while_gates_change():
+def assert_grads_reach_only(space, n, i, g, shared):
+    """Layer n's gradient when candidate i ran: BN rows of other candidates and BN channels beyond i's width are
+    zero; conv weights (the shared set, or i's own row) are zero outside i's window, nonzero inside; other
+    candidates' own conv rows are zero."""
+    v = int(SN.layout(space, n).position[i])
+    for name in BN:
+        for key, leaf in g[name].items():
+            assert np.all(np.delete(leaf, v, axis=0) == 0), (n, name, key)
+            assert np.all(leaf[v, (bn_width(space, n, i)[name] if not OPS[i].is_identity else 0):] == 0)
+    for name, win in conv_window(space, n, i).items():
+        row = 0 if shared else v
+        assert np.all(g[name][row][~win] == 0), (n, OPS[i].name, name)
+        assert OPS[i].is_identity or np.abs(g[name][row][win]).max() > 0, (n, OPS[i].name, name)
+        assert np.all(np.delete(g[name], row, axis=0) == 0), (n, name)
+
+
+@LAYOUTS
+def test_weight_step_compiles_once_and_trains_only_the_sampled_candidates(shared):
+    """Four single-path steps with changing gates, one trace. Each step's gradient reaches only the sampled
+    candidate (assert_grads_reach_only); over all steps the conv weights move only inside the union of the sampled
+    windows: in the shared layout, superkernel entries outside the widest sampled window stay untouched."""
     chex.clear_trace_counter()
-    params, state, x, y = net(CHAIN)
+    params, state, x, y = net(CHAIN, shared)
+    start = params
     alpha, mask = jnp.zeros((CHAIN.num_layers, R)), jnp.asarray(CHAIN.mask())
+    used = [{name: np.zeros(params["layers"][n][name].shape, bool) for name in CONV}
+            for n in range(CHAIN.num_layers)]
     seen = set()
     for step in range(4):
         gates = G.single_path_gates(jax.random.PRNGKey(10 + step), alpha, mask)
-        seen.add(tuple(np.asarray(gates.paths)[:, 0].tolist()))
-        new_params, state, loss, grads = weight_step(params, state, gates, x, y)
+        sampled = np.asarray(gates.paths)[:, 0]
+        seen.add(tuple(sampled.tolist()))
+        params, state, loss, grads = weight_step(params, state, gates, x, y)
         assert np.isfinite(float(loss))
         chex.assert_tree_all_finite(grads)
-        # only the sampled candidate of each layer is trained; padding gets no gradient
-        for n, i in enumerate(np.asarray(gates.paths)[:, 0]):
-            lay = SN.layout(CHAIN, n)
-            v = int(lay.position[i])
-            g = grads["layers"][n]
-            for name, leaf in jax.tree_util.tree_leaves_with_path(g):
-                leaf = np.asarray(leaf)
-                assert np.all(np.delete(leaf, v, axis=0) == 0), (n, name)
-            if not OPS[i].is_identity:
-                mid = CHAIN.layers[n].in_ch * OPS[i].expand
-                assert np.all(np.asarray(g["expand"])[v, :, mid:] == 0)
-                assert np.all(np.asarray(g["project"])[v, mid:] == 0)
-                lo = (lay.kmax - OPS[i].kernel) // 2
-                dw = np.asarray(g["dw"])[v].copy()
-                dw[lo:lo + OPS[i].kernel, lo:lo + OPS[i].kernel, :mid] = 0
-                assert np.all(dw == 0)
-                assert np.abs(np.asarray(g["expand"])[v]).max() > 0
-        params = new_params
+        grads = to_numpy(grads)
+        for n, i in enumerate(sampled):
+            assert_grads_reach_only(CHAIN, n, int(i), grads["layers"][n], shared)
+            row = 0 if shared else int(SN.layout(CHAIN, n).position[i])
+            for name, win in conv_window(CHAIN, n, int(i)).items():
+                used[n][name][row] |= win
     assert len(seen) > 1, "the gates should have changed between steps"
+    params = to_numpy(params)
+    for n in range(CHAIN.num_layers):
+        for name in CONV:
+            moved = params["layers"][n][name] != start["layers"][n][name]
+            assert np.all(~moved[~used[n][name]]), (n, name)
+    if shared:  # not vacuous: some layer's sampled windows leave part of the superkernel out
+        assert any((~used[n]["dw"][0]).any() and used[n]["dw"][0].any() for n in range(CHAIN.num_layers))
 
 
 def test_arch_gradient_through_two_path_gates_is_eq5_and_compiles_once():
     chex.clear_trace_counter()
-    params, state, x, y = net(CHAIN)
+    params, state, x, y = net(CHAIN, True)
     mask = CHAIN.mask()
     alpha = jnp.asarray(np.where(mask, np.random.default_rng(0).normal(0, 1, mask.shape), 0.0), jnp.float32)
     for step in range(3):
