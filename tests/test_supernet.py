@@ -25,6 +25,7 @@ B = 2
 CONV = ("expand", "dw", "project")
 BN = ("bn1", "bn2", "bn3")
 K7_E6, K3_E3 = 10, 0
+KMAX = max(o.kernel for o in OPS)
 
 
 def _devs(*names):
@@ -124,7 +125,7 @@ def archs_of(space, seed=0, count=3):
 def conv_window(space, n, i):
     """Boolean masks of the padded expand/dw/project entries candidate i of layer n uses, written from its op
     spec: the centred k x k window of the kmax x kmax kernel and the first in_ch * expand channels."""
-    s, kmax = space.layers[n], max(o.kernel for o in OPS)
+    s, kmax = space.layers[n], KMAX
     mid_max = s.in_ch * max(o.expand for o in OPS)
     win = {"expand": np.zeros((s.in_ch, mid_max), bool), "dw": np.zeros((kmax, kmax, mid_max), bool),
            "project": np.zeros((mid_max, s.out_ch), bool)}
@@ -238,7 +239,7 @@ def test_extracted_candidates_are_crops_of_one_superkernel_only_when_shared(shar
     assert {n for n, _ in cands} == set(range(space.num_layers))
     for (n, i), (conv, bn) in cands.items():
         wide = cands[n, K7_E6][0]
-        mid, lo = space.layers[n].in_ch * OPS[i].expand, (7 - OPS[i].kernel) // 2
+        mid, lo = space.layers[n].in_ch * OPS[i].expand, (KMAX - OPS[i].kernel) // 2
         crop = {"expand": wide["expand"][:, :mid], "dw": wide["dw"][lo:lo + OPS[i].kernel, lo:lo + OPS[i].kernel, :mid],
                 "project": wide["project"][:mid]}
         for name in CONV:
@@ -302,6 +303,25 @@ def test_mixed_op_is_weighted_sum_of_candidates(shared):
     np.testing.assert_allclose(np.asarray(two), w[IDENTITY] * outs[IDENTITY] + w[9] * outs[9], rtol=1e-4,
                                atol=1e-4)
     np.testing.assert_array_equal(outs[IDENTITY], np.asarray(x))
+
+
+def test_mixed_op_train_accepts_numpy_leaves():
+    """Eager, training mode, two computed paths, with NumPy state leaves (what a restored checkpoint or a host copy
+    gives): the same output and BN state update as with jax arrays."""
+    space, n = CHAIN, 0
+    params, state, _, _ = net(space, True)
+    x = jnp.asarray(np.random.default_rng(4).standard_normal((B, 7, 7, 4)), jnp.float32)
+    w = np.zeros(R, np.float32)
+    w[[0, IDENTITY]] = 0.3, 0.7
+    pair = np.array([0, IDENTITY], np.int32)
+    st_np = state["layers"][n]
+    st_jax = jax.tree_util.tree_map(jnp.asarray, st_np)
+    y_jax, new_jax = SN.mixed_op(space, n, params["layers"][n], st_jax, w, pair, x, True, DW)
+    y_np, new_np = SN.mixed_op(space, n, params["layers"][n], st_np, w, pair, x, True, DW)
+    np.testing.assert_array_equal(np.asarray(y_np), np.asarray(y_jax))
+    assert_trees_close(new_np, new_jax, rtol=0, atol=0)
+    v = int(SN.layout(space, n).position[0])
+    assert not np.array_equal(np.asarray(new_np["bn1"]["mean"][v]), st_np["bn1"]["mean"][v])
 
 
 # ------------------------------------------------------------------------------------------------ compact net
