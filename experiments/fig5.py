@@ -45,8 +45,9 @@ def load_config(arg: str, quick: bool = False):
     return cfg
 
 
-def run_one(cfg, workdir: str, progress: bool = True) -> dict:
-    """Runs (or resumes, or skips when finished) one configuration; returns its row for the summary."""
+def run_one(cfg, workdir: str, progress: bool = True, version: str = "unknown") -> dict:
+    """Runs (or resumes, or skips when finished) one configuration; returns its row for the summary.
+    ``version``: the code this process imported (see ``code_version``), recorded per session."""
     from jmsnas import pipeline
     done = os.path.isfile(os.path.join(workdir, "result.json"))
     if not done:
@@ -54,11 +55,11 @@ def run_one(cfg, workdir: str, progress: bool = True) -> dict:
         resume = os.path.isdir(ckpt) and any(os.scandir(ckpt))
         t0 = time.time()
         pipeline.search(cfg, workdir, resume=resume, progress=progress)
-        _add_wall(workdir, time.time() - t0, resumed=resume)
+        _add_wall(workdir, time.time() - t0, resumed=resume, code=version)
     return load_row(cfg, workdir)
 
 
-def _add_wall(workdir: str, seconds: float, resumed: bool) -> None:
+def _add_wall(workdir: str, seconds: float, resumed: bool, code: str) -> None:
     path = os.path.join(workdir, WALL_FILE)
     wall = {"wall_s": 0.0, "sessions": 0}
     if os.path.isfile(path):
@@ -67,6 +68,7 @@ def _add_wall(workdir: str, seconds: float, resumed: bool) -> None:
     wall["wall_s"] += seconds
     wall["sessions"] += 1
     wall["resumed"] = wall.get("resumed", False) or resumed
+    wall["code"] = wall.get("code", []) + [code]  # one entry per session (the shared tree may change between)
     with open(path, "w") as f:
         json.dump(wall, f, indent=2)
 
@@ -89,7 +91,7 @@ def load_row(cfg, workdir: str) -> dict:
             "stage1_val_acc": search[-1]["val_acc"], "latency_ms": result["latency_ms"]["total"],
             "budget": result.get("budget", {}), "val_acc": result["accuracy"]["val"],
             "test_acc": result["accuracy"]["test"], "params": result["params"],
-            "wall_s": wall.get("wall_s"), "resumed": wall.get("resumed", False),
+            "wall_s": wall.get("wall_s"), "resumed": wall.get("resumed", False), "code": wall.get("code", []),
             "history": history, "workdir": workdir}
 
 
@@ -142,6 +144,10 @@ def summary_markdown(rows, quick: bool, version: str | None = None) -> str:
     for topo in TOPOLOGIES:
         lines.append(f"- {topo}: final T {trend(rows, topo)}; stage-1 derived T "
                      f"{trend(rows, topo, 'stage1_latency_ms')}; stage-1 E[T] {trend(rows, topo, 'stage1_expected_ms')}")
+    versions = sorted({v for r in rows for v in r.get("code", [])})
+    if len(versions) > 1:
+        lines += ["", "The runs did not all use the same code (a shared working tree changed between sessions):", ""]
+        lines += [f"- {r['topology']}:{r['level']}: {'; then '.join(r['code'])}" for r in rows]
     total = sum(r["wall_s"] or 0.0 for r in rows)
     lines += ["", f"Total wall time of the runs: {total / 60:.1f} min (sum over runs; a session that was killed "
               "before finishing is not counted)."]
@@ -224,7 +230,7 @@ def main(argv=None) -> int:
     print(f"code: {version}", flush=True)
     if "uncommitted" in version:  # keep what actually ran
         diff = subprocess.run(["git", "diff", "HEAD", "--", "../jmsnas"], cwd=HERE, capture_output=True, text=True)
-        with open(os.path.join(args.out, "code.diff"), "w") as f:
+        with open(os.path.join(args.out, time.strftime("code_%Y%m%d-%H%M%S.diff")), "w") as f:
             f.write(diff.stdout)
     rows = []
     for arg in args.runs:
@@ -232,7 +238,7 @@ def main(argv=None) -> int:
         workdir = os.path.join(args.out, arg.replace(":", "_"))
         print(f"== {arg}: T_const = {cfg.t_const_ms} ms (reachable {cfg.experiment.reachable_min_ms:.4f}–"
               f"{cfg.experiment.reachable_max_ms:.4f}) -> {workdir}", flush=True)
-        rows.append(run_one(cfg, workdir, progress=not args.no_progress))
+        rows.append(run_one(cfg, workdir, progress=not args.no_progress, version=version))
         r = rows[-1]
         print(f"   final T {r['latency_ms']:.4f} ms, test acc {100 * r['test_acc']:.1f}%", flush=True)
     with open(os.path.join(args.out, "fig5_summary.md"), "w") as f:
