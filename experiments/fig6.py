@@ -7,7 +7,9 @@ digits data, this compares:
   finished there, else run into ``<out>/chain_<level>``), deployed with the fixed split D^m (2 layers per device,
   stem on the UE, classifier head on the cloud);
 * **JMSNAS, fixed vs searched split** at the middle budget: two fresh runs with the current code that differ only
-  in ``split`` (``<out>/mid_fixed``, ``<out>/mid_searched``);
+  in ``split`` (``<out>/mid_fixed``, ``<out>/mid_searched``), and a third searched-split run whose T_const is the
+  middle of the latency range reachable with a searched split (``searched_split_range``; the Fig. 5 budgets are
+  placed in the fixed split's range, which a searched split undercuts entirely) in ``<out>/mid_searched_rebudget``;
 * **cloud computing**: the same JMSNAS networks with the raw 8-bit image uploaded through every link and the stem,
   all layers and the head on the cloud (``jmsnas.split.solvers.cloud_only`` on the whole network);
 * **MobileNetV2 / V3-Large at our scale**: fixed architectures of the default space (``mobilenet_ops``), trained
@@ -162,6 +164,44 @@ def level_config(level: str, quick: bool = False, split: str = "fixed"):
     cfg.split = split
     if quick:
         cfg.search.warmup_epochs, cfg.search.epochs, cfg.retrain.epochs = 1, 2, 2
+    return cfg
+
+
+def searched_split_range(space, table) -> tuple:
+    """(T_min, T_max) in ms of the latency reachable when the split is searched: min and max over architectures
+    of the best-split latency (stem on the UE, head on the cloud).
+
+    For a fixed split T is non-decreasing in every layer's compute latency, so T_min is the minimum over the
+    contiguous splits of T(fastest valid op per layer on its device, split). T_max = max over architectures of the
+    min over splits; when one op is the slowest valid one at every (device, layer), that architecture is the
+    slowest under every split, so T_max is its best-split latency (otherwise ValueError: not computed here).
+    """
+    from jmsnas.cost.latency import arch_latency
+    c = np.asarray(table.compute_ms, np.float64)
+    mask, n = space.mask(), space.num_layers
+    order = list(space.topology.pre)
+    t_min = np.inf
+    for a in itertools.combinations_with_replacement(order, n):  # pre is in chain order
+        a = np.array(a, np.int32)
+        ops = np.argmin(np.where(mask, c[a, np.arange(n)], np.inf), axis=1).astype(np.int32)
+        t_min = min(t_min, float(arch_latency(space, table, ops, a).total))
+    slow = np.where(mask[None], c, -np.inf)
+    worst = np.argmax(slow, axis=2)  # [M, N]
+    if not np.all(np.take_along_axis(slow, worst[0][None, :, None], axis=2)[..., 0] == slow.max(axis=2)):
+        raise ValueError("no op is the slowest at every device for some layer; T_max is not computed here")
+    return t_min, best_jmsnas_split(space, table, worst[0])[0]["total"]
+
+
+def searched_budget_config(quick: bool = False, fraction: float = 0.5):
+    """The chain config with ``split="searched"`` and T_const at ``fraction`` of the searched-split range."""
+    from jmsnas import pipeline
+    cfg = level_config("mid", quick, "searched")
+    probe = level_config("mid", quick, "searched")
+    pipeline.load_data(probe)
+    t_min, t_max = searched_split_range(*pipeline.build(probe))
+    cfg.t_const_ms = round(t_min + fraction * (t_max - t_min), 4)
+    cfg.experiment.update(dict(name="fig6", level=f"searched-range {fraction:g}", fraction=fraction,
+                               reachable_min_ms=t_min, reachable_max_ms=t_max))
     return cfg
 
 
@@ -362,17 +402,18 @@ def parse_args(argv):
 
 
 def _level_workdir(args, level: str) -> str:
-    """runs/fig5/chain_<level> when finished there; <out>/chain_<level> otherwise (refuses to duplicate a Fig. 5
-    run that is still in progress, which would only halve the speed of both)."""
-    reuse = os.path.join(args.fig5, f"chain_{level}")
+    """runs/fig5/chain_<level> when finished there, else <out>/chain_<level> (resumed if it holds a checkpoint).
+    Refuses to start afresh a level whose Fig. 5 run is unfinished: two copies would only halve each one's speed."""
+    reuse, here = os.path.join(args.fig5, f"chain_{level}"), os.path.join(args.out, f"chain_{level}")
     if args.quick or not args.fig5:
-        return os.path.join(args.out, f"chain_{level}")
-    if os.path.isfile(os.path.join(reuse, "result.json")):
-        return reuse
-    if os.path.isdir(reuse):
-        raise SystemExit(f"{reuse} holds an unfinished Fig. 5 run; let experiments/fig5.py finish it, or pass "
-                         "--fig5 '' to run the level here")
-    return os.path.join(args.out, f"chain_{level}")
+        return here
+    for workdir in (reuse, here):
+        if os.path.isfile(os.path.join(workdir, "result.json")):
+            return workdir
+    if os.path.isdir(reuse) and not os.path.isdir(here):
+        raise SystemExit(f"{reuse} holds an unfinished Fig. 5 run; let experiments/fig5.py finish it, copy it to "
+                         f"{here} to resume it here, or pass --fig5 '' to run every level here")
+    return here
 
 
 def train_all(args, space, progress: bool):
@@ -388,6 +429,10 @@ def train_all(args, space, progress: bool):
         cfg, workdir = level_config("mid", args.quick, split), os.path.join(args.out, f"mid_{split}")
         print(f"== JMSNAS chain:mid split={split} -> {workdir}", flush=True)
         pair[split] = (cfg, run_search(cfg, workdir, progress), workdir)
+    cfg, workdir = searched_budget_config(args.quick), os.path.join(args.out, "mid_searched_rebudget")
+    print(f"== JMSNAS chain split=searched, T_const {cfg.t_const_ms} ms (middle of the searched-split range) -> "
+          f"{workdir}", flush=True)
+    pair["searched_rebudget"] = (cfg, run_search(cfg, workdir, progress), workdir)
     todo = {name: mobilenet_ops(space, blocks) for name, blocks in BASELINES.items()}
     todo["mid_fixed_scratch"] = tuple(_ops_of(pair["fixed"][1]))
     for name, ops in todo.items():
@@ -415,14 +460,10 @@ def all_rows(space, table, levels, pair, scratch) -> list:
         cfg, result, _ = pair["fixed"]
         rows += network_rows(space, table, "JMSNAS mid, fixed-split rerun", _ops_of(result), result["accuracy"],
                              cfg.t_const_ms, ["fixed", "chain_dp", "cloud"])
-    cfg, result, _ = pair["searched"]
-    ops = _ops_of(result)
-    a = np.array([space.topology.device_names.index(x["device"]) for x in result["architecture"]], np.int32)
-    found = network_rows(space, table, "JMSNAS mid, searched split", ops, result["accuracy"], cfg.t_const_ms,
-                         ["chain_dp", "cloud"])
-    found[0].update(how="searched split (as found): " + split_text(space, a), deployment="searched",
-                    latency_ms=jmsnas_split(space, table, ops, a))
-    rows += found
+    for key, name in (("searched", "JMSNAS mid, searched split"),
+                      ("searched_rebudget", "JMSNAS searched split, T_const mid of its own range")):
+        if key in pair:
+            rows += _searched_rows(space, table, name, *pair[key][:2])
     for name, (ops, res) in scratch.items():
         if name in BASELINES:
             rows += network_rows(space, table, f"{name} (ours, scratch)", ops, res["accuracy"], None,
@@ -433,10 +474,20 @@ def all_rows(space, table, levels, pair, scratch) -> list:
     return rows
 
 
+def _searched_rows(space, table, name, cfg, result) -> list:
+    """A searched-split run priced at the split it found (its result's devices), and as cloud computing."""
+    ops = _ops_of(result)
+    a = np.array([space.topology.device_names.index(x["device"]) for x in result["architecture"]], np.int32)
+    rows = network_rows(space, table, name, ops, result["accuracy"], cfg.t_const_ms, ["chain_dp", "cloud"])
+    rows[0].update(how="searched split (as found): " + split_text(space, a), deployment="searched",
+                   latency_ms=jmsnas_split(space, table, ops, a))
+    return rows
+
+
 def wall_markdown(levels, pair, scratch) -> str:
     lines = ["| run | wall time | code |", "|---|---|---|"]
     for name, (_, _, workdir) in [(f"chain:{k}", v) for k, v in levels.items()] + \
-            [(f"mid, {k} split", v) for k, v in pair.items()]:
+            [(f"pair: {k}", v) for k, v in pair.items()]:
         w = _wall(workdir) or {}
         t = "?" if w.get("wall_s") is None else f"{w['wall_s'] / 60:.1f} min"
         lines.append(f"| {name} ({workdir}) | {t} | {w.get('code', 'see ' + workdir)} |")

@@ -229,3 +229,30 @@ def test_all_rows(fig6, tiny, identical):
     searched = next(r for r in rows if r["deployment"] == "searched")
     assert searched["latency_ms"]["total"] == pytest.approx(float(arch_latency(space, table, archs[2], found).total))
     assert searched["how"].endswith("ue: L0–L2 · cloud: L3")
+
+
+def _eq1_numpy(space, table, archs, a):
+    """Eq. (1) for many architectures int[A, N] under one split a int[N], written out with numpy (oracle)."""
+    c = np.asarray(table.compute_ms, np.float64)
+    t = c[a[None, :], np.arange(space.num_layers)[None, :], archs].sum(axis=1)
+    t += float(table.stem_ms[0]) + float(table.head_ms[-1])
+    for j, link in enumerate(space.topology.links):
+        done = int(np.sum(a <= j))
+        nbytes = float(table.out_bytes[done - 1]) if done else float(table.stem_bytes)
+        t += transfer_ms(nbytes, link.bandwidth_mbps, link.latency_ms)
+    return t
+
+
+def test_searched_split_range_is_min_and_max_over_all_architectures(fig6, tiny):
+    """1296 architectures x 35 splits enumerated: T_min = min over both, T_max = max over archs of min over splits."""
+    space, table = tiny
+    mask = space.mask()
+    archs = np.array(list(itertools.product(*[np.flatnonzero(mask[n]) for n in range(space.num_layers)])))
+    splits = _forward_assignments(space.num_layers, space.topology.num_devices)
+    t = np.stack([_eq1_numpy(space, table, archs, a) for a in splits], axis=1)  # [A, S]
+    probe = archs[123]
+    np.testing.assert_allclose(t[123, 7], float(arch_latency(space, table, probe, splits[7].astype(np.int32)).total),
+                               rtol=1e-5)
+    t_min, t_max = fig6.searched_split_range(space, table)
+    assert t_min == pytest.approx(t.min(), rel=1e-5)
+    assert t_max == pytest.approx(t.min(axis=1).max(), rel=1e-5)
