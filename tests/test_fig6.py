@@ -256,3 +256,10 @@ def test_searched_split_range_is_min_and_max_over_all_architectures(fig6, tiny):
     t_min, t_max = fig6.searched_split_range(space, table)
     assert t_min == pytest.approx(t.min(), rel=1e-5)
     assert t_max == pytest.approx(t.min(axis=1).max(), rel=1e-5)
+
+
+def test_label_clusters(fig6):
+    pts = [{"label": "a", "latency_ms": 1.0, "accuracy": 0.9}, {"label": "b", "latency_ms": 1.05, "accuracy": 0.9},
+           {"label": "c", "latency_ms": 1.5, "accuracy": 0.9}, {"label": "a", "latency_ms": 1.0, "accuracy": 0.9},
+           {"label": "d", "latency_ms": 1.0, "accuracy": 0.95}]
+    assert fig6.label_clusters(pts) == [((1.0, 0.9), "a, b"), ((1.5, 0.9), "c"), ((1.0, 0.95), "d")]
