@@ -8,10 +8,10 @@ digits-sized inputs. Rows:
   with one-hot gates): the peer;
 * ``vmap(single)`` (with ``--vmap``): ``jax.vmap`` of that same single-architecture evaluation, jitted (plain
   vmap; vmapping its per-layer ``lax.switch`` turns it into a select that runs every candidate);
-* ``loop of batched P=1``: a Python loop calling ``evaluate_population`` on one architecture at a time (the
-  batched evaluator's kernels without the batching);
-* ``batched chunk=c``: ``evaluate_population`` with chunks of c architectures;
-* with ``--bn-batches K > 0`` the loop and the batched evaluator also run with BN recalibration on K batches.
+* ``batched chunk=c``: ``evaluate_population`` with chunks of c architectures (and ``no prefix sharing``: with
+  ``share_prefixes=False``, every architecture computed in full after the shared stem and layer 0);
+* with ``--bn-batches K > 0`` the loop and the batched evaluator (first chunk size listed) also run with BN
+  recalibration on K batches.
 
 Each row is the median of ``--reps`` timed repetitions after one warm-up call (which compiles); the rows are
 timed interleaved (one repetition of every row, then the next) so that load from other processes spreads over
@@ -78,20 +78,20 @@ def main(argv=None) -> int:
     if args.vmap:
         single = jax.jit(jax.vmap(lambda o: E._evaluate_one(space, table, params, state, o, x, y, None)))
         rows["vmap(single)"] = lambda: single(jnp.asarray(ops))
-    rows["loop of batched P=1"] = lambda: [E.evaluate_population(*common, o[None], x, y) for o in ops]
-    for c in (int(v) for v in args.chunks.split(",")):
+    chunks = [int(v) for v in args.chunks.split(",")]
+    rows[f"batched chunk={chunks[0]}, no prefix sharing"] = lambda: E.evaluate_population(
+        *common, ops, x, y, chunk=chunks[0], share_prefixes=False)
+    for c in chunks:
         rows[f"batched chunk={c}"] = lambda c=c: E.evaluate_population(*common, ops, x, y, chunk=c)
     if args.bn_batches:
         rows[f"loop, BN recal K={args.bn_batches}"] = lambda: E.evaluate_loop(*common, ops, x, y, bn_batches=bn)
-        c = int(args.chunks.split(",")[-1])
+        c = chunks[0]
         rows[f"batched chunk={c}, BN recal K={args.bn_batches}"] = lambda: E.evaluate_population(
             *common, ops, x, y, bn_batches=bn, chunk=c)
 
     reference = {}
     for name, fn in rows.items():  # warm-up (compiles) and equality check against the matching loop
         out = block(fn())
-        if isinstance(out, list):
-            out = {k: jnp.concatenate([o[k] for o in out]) for k in out[0]}
         key = "recal" if "BN recal" in name else "plain"
         if key not in reference:
             reference[key] = out

@@ -1,26 +1,33 @@
 """Batched evaluation of a population of sub-networks of the supernet (loss, accuracy, latency per architecture).
 
 ``evaluate_population`` is one jitted function of a population ``ops`` int32[P, N]: it compiles once per
-population size P (and batch shapes) and evaluates every architecture on the same batch with ``jax.vmap`` over
-architectures. It computes what ``supernet.apply`` with one-hot gates computes for each architecture, but less:
+population size P (and space, batch shapes and static options) and returns, for every architecture, what
+``supernet.apply`` with its one-hot gates gives in eval mode. It does less work than P single evaluations:
 
 * the stem does not depend on the architecture and runs once;
 * layer 0 reads the shared stem output, so each of its valid candidates runs once and architectures pick theirs;
+* architectures that share a prefix (the same ops in layers 0..n) share layer n's output, which is computed
+  once (``share_prefixes``): evolution's children repeat most of their parents' layers, and duplicates cost
+  nothing past the head;
 * at every later layer the population is sorted by its candidate's (kernel, expansion) class and cut into chunks
-  of ``chunk`` architectures; ``lax.map`` walks the chunks and ``lax.switch`` runs each chunk as one vmapped MBConv
-  padded only to the widest kernel and expansion *in that chunk* (identity-only chunks skip the MBConv). The
-  single-architecture path pads every candidate to the layer's widest kernel and expansion (a 3x3 candidate runs
-  49 depthwise taps, an identity a whole k7/e6 MBConv); sorting makes most chunks uniform, so the work done is
-  close to that of the chosen candidates themselves. Activations stay in each layer's sorted order and the next
-  layer gathers its chunk's rows through an index map, so no population-sized permutation copy is made.
+  of ``chunk`` architectures; ``lax.map`` walks the chunks and ``lax.switch`` runs each chunk as one MBConv
+  ``vmap``-ped over its architectures, padded only to the widest kernel and expansion in that chunk (a chunk of
+  identities, or of repeated prefixes, runs nothing). Activations stay in each layer's sorted order and the next
+  layer gathers its chunk's rows through an index map, so no population-sized permutation copy is made;
+* the MBConv runs channels-first ([C, B, H, W]) with eval-mode batch norm folded into the convolution weights,
+  and on small images the depthwise convolution is one matmul per channel with the convolution's matrix (the
+  shifted-slice form is slow on XLA:CPU at 2x2-8x8, where most taps fall in the padding).
+
+Plain ``vmap`` of the single-architecture evaluation is no answer on its own: the supernet picks each layer's
+candidate with ``lax.switch``, which under ``vmap`` becomes a select that runs every candidate.
 
 Batch-norm recalibration (``bn_batches`` float[K, B, H, W, C]): every architecture's statistics are re-estimated
-in train mode on the K batches (all architectures at once, the same chunked path), as the exact average over the
-K batches of each batch's mean and biased variance — OFA's ``set_running_statistics``, not a momentum average —
-and the batch ``x`` is then evaluated in eval mode with those statistics. Without ``bn_batches`` the supernet's
-running statistics of each chosen candidate are used.
+in train mode on the K batches (all architectures at once, by the same chunked path), as the exact average over
+the K batches of each batch's per-channel mean and biased variance (OFA's ``set_running_statistics``, not a
+momentum average); the batch ``x`` is then evaluated in eval mode with those statistics. Without ``bn_batches``
+the supernet's running statistics of each chosen candidate are used.
 
-``evaluate_loop`` is the plain alternative and the oracle: a Python loop over architectures of one jitted
+``evaluate_loop`` is the obvious alternative and the oracle: a Python loop over architectures of one jitted
 single-architecture evaluation through ``supernet.apply`` with one-hot gates.
 """
 from __future__ import annotations
@@ -39,7 +46,7 @@ from jmsnas.cost.latency import arch_latency
 from jmsnas.dwconv import depthwise_conv, resolve_impl, same_padding
 from jmsnas.gates import onehot_gates
 from jmsnas.objectives import cross_entropy
-from jmsnas.space import NUM_OPS, OPS, OpSpec, SearchSpace
+from jmsnas.space import NUM_OPS, OPS, SearchSpace
 
 _ZERO_STATS_SCALE = 1.0 / (1.0 - O.BN_MOMENTUM)  # train-mode BN from zero running stats returns (1 - m) * batch
 
@@ -249,19 +256,20 @@ def _layer0(space: SearchSpace, params_n, stem_out, stats0, train: bool):
     return jnp.concatenate(ys), jax.tree_util.tree_map(lambda *a: jnp.concatenate(a), *sts)
 
 
-def _layer(space: SearchSpace, n: int, params_n, acts: _Acts, ops, prefix, stats, chunk: int, train: bool):
+def _layer(space: SearchSpace, n: int, params_n, acts: _Acts, ops, prefix, stats, chunk: int, share: bool,
+           train: bool):
     """Layer n >= 1 for the whole population (P divisible by chunk): sorted, chunked, one branch per chunk.
 
     ``prefix`` int32[P]: architectures with equal ids have equal ops in layers 0..n-1 (so equal inputs here);
-    only the first architecture of each (prefix, op) group is computed: the others are sorted last and chunks
-    made of them only are skipped. ``stats`` (eval): the population's BN statistics of this layer, [P, ch]
-    leaves. Returns (activations, the new prefix ids, and in train mode the batch statistics [P, ch] in
-    population order, else None).
+    with ``share``, only the first architecture of each (prefix, op) group is computed: the others are sorted
+    last and chunks made of them only are skipped. ``stats`` (eval): the population's BN statistics of this
+    layer, [P, ch] leaves. Returns (activations, the new prefix ids, and in train mode the batch statistics
+    [P, ch] in population order, else None).
     """
     lay, cl = SN.layout(space, n), _classes(space, n)
     P = ops.shape[0]
     pos = jnp.asarray(lay.position)[ops[:, n]]
-    rep = _representatives(prefix, ops[:, n])
+    rep = _representatives(prefix, ops[:, n]) if share else jnp.arange(P, dtype=jnp.int32)
     repeat = rep != jnp.arange(P, dtype=jnp.int32)
     key = jnp.where(repeat, int(cl.rank.max()) + 1, jnp.asarray(cl.rank)[pos])
     order = jnp.argsort(key, stable=True).astype(jnp.int32)
@@ -291,7 +299,7 @@ def _head_zero_stats(space: SearchSpace, P: int):
     return {"bn": {key: jnp.zeros((P, space.head_channels), jnp.float32) for key in ("mean", "var")}}
 
 
-def _forward(space: SearchSpace, params, ops, x, bn, chunk: int, train: bool):
+def _forward(space: SearchSpace, params, ops, x, bn, chunk: int, share: bool, train: bool):
     """Logits float[P, B, classes] of the population on x float[B, H, W, C].
 
     Eval: ``bn`` = {"stem": shared stats, "layers": (layer 0 stats stacked by candidate [V0, ch], then [P, ch]
@@ -316,7 +324,7 @@ def _forward(space: SearchSpace, params, ops, x, bn, chunk: int, train: bool):
             acts = outputs[srcs[0]] if len(srcs) == 1 else _Acts(
                 sum(_materialise(outputs[j]) for j in srcs) / len(srcs), jnp.arange(P, dtype=jnp.int32))
             outputs[n], prefix, new = _layer(space, n, params["layers"][n], acts, ops, prefix,
-                                             None if train else bn["layers"][n], chunk, train)
+                                             None if train else bn["layers"][n], chunk, share, train)
         layer_stats.append(new)
     head_st = _head_zero_stats(space, P) if train else bn["head"]
     last = jnp.transpose(_materialise(outputs[space.num_layers - 1]), (0, 2, 3, 4, 1))  # [P, B, H, W, C]
@@ -337,10 +345,10 @@ def _stored_stats(space: SearchSpace, state, ops):
     return {"stem": state["stem"], "layers": tuple(layers), "head": head}
 
 
-def _recalibrated_stats(space: SearchSpace, params, ops, bn_batches, chunk: int):
+def _recalibrated_stats(space: SearchSpace, params, ops, bn_batches, chunk: int, share: bool):
     """Per-architecture statistics: the average over the K batches of each batch's mean and biased variance."""
     def batch_stats(xk):
-        return _forward(space, params, ops, xk, None, chunk, train=True)[1]
+        return _forward(space, params, ops, xk, None, chunk, share, train=True)[1]
 
     stats = lax.map(batch_stats, bn_batches)
     return jax.tree_util.tree_map(lambda a: jnp.mean(a, axis=0), stats)
@@ -381,45 +389,56 @@ def _latency_ms(space: SearchSpace, table, ops):
     return jax.vmap(lambda o: arch_latency(space, table, o).total)(ops)
 
 
-def _evaluate_population(space, table, params, state, ops, x, y, bn_batches, chunk: int):
+def _evaluate_population(space, table, params, state, ops, x, y, bn_batches, chunk: int, share: bool = True):
     P = ops.shape[0]
     padded = jnp.concatenate([ops, jnp.broadcast_to(ops[:1], (-P % chunk, ops.shape[1]))]) if P % chunk else ops
     if bn_batches is None:
         bn = _stored_stats(space, state, padded)
     else:
-        bn = _recalibrated_stats(space, params, padded, bn_batches, chunk)
-    logits, _ = _forward(space, params, padded, x, bn, chunk, train=False)
+        bn = _recalibrated_stats(space, params, padded, bn_batches, chunk, share)
+    logits, _ = _forward(space, params, padded, x, bn, chunk, share, train=False)
     loss, acc = jax.vmap(_metrics, in_axes=(0, None))(logits[:P], y)
     return {"loss": loss, "accuracy": acc, "latency_ms": _latency_ms(space, table, ops)}
 
 
-_evaluate_population_jit = jax.jit(_evaluate_population, static_argnames=("space", "chunk"))
+_STATIC_ARGS = ("space", "chunk", "share")
+_evaluate_population_jit = jax.jit(_evaluate_population, static_argnames=_STATIC_ARGS)
+
+
+def default_chunk() -> int:
+    """Architectures per chunk when none is given: 1 on the CPU backend, where the measured time grew with the
+    chunk (a chunk's expanded activations must stay in cache; see benchmarks/bench_batched_eval.py), 8 on
+    accelerators, where a chunk is the parallel work of one kernel (a guess: not measured here)."""
+    return 1 if jax.default_backend() == "cpu" else 8
 
 
 def evaluate_population(space: SearchSpace, table, params, state, archs_ops, x, y, *, bn_batches=None,
-                        chunk: int = 8) -> dict:
+                        chunk: int | None = None, share_prefixes: bool = True) -> dict:
     """Loss, accuracy and latency of P architectures of the supernet on one batch, all at once.
 
     Args:
       space: the search space (static: one compilation per space, population size and batch shapes).
       table: the CostTable the latency is read from.
       params, state: supernet parameters and batch-norm running statistics (``supernet.init`` layout).
-      archs_ops: int32[P, N], one architecture per row (valid candidate indices).
+      archs_ops: int[P, N], one architecture per row (valid candidate indices).
       x: float32[B, H, W, C] images; y: int[B] labels.
       bn_batches: optional float32[K, B', H, W, C]; if given, each architecture's BN statistics are recalibrated
         on these K batches (exact average of the per-batch means and biased variances) before evaluating x.
-      chunk: architectures per chunk of the sorted population (static; P is padded up to a multiple of it).
+      chunk: architectures per chunk of the sorted population (static; P is padded up to a multiple of it);
+        ``None``: ``default_chunk()``.
+      share_prefixes: compute the layers that architectures share as a common prefix once (static).
 
     Returns:
       {"loss": float32[P] mean cross-entropy, "accuracy": float32[P] fraction in [0, 1],
        "latency_ms": float32[P] total latency T in ms (``arch_latency``)}.
     """
     _check_inputs(space, archs_ops, x, y, bn_batches)
-    if not isinstance(chunk, int) or chunk < 1:
+    chunk = default_chunk() if chunk is None else chunk
+    if not isinstance(chunk, (int, np.integer)) or isinstance(chunk, bool) or chunk < 1:
         raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
     ops = jnp.asarray(archs_ops, jnp.int32)
     return _evaluate_population_jit(space, table, params, state, ops, x, y, bn_batches,
-                                    chunk=min(chunk, ops.shape[0]))
+                                    chunk=int(min(chunk, ops.shape[0])), share=bool(share_prefixes))
 
 
 def _recalibrated_state(space: SearchSpace, params, state, gates, bn_batches):

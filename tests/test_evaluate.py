@@ -86,12 +86,13 @@ def _assert_same(a, b):
         np.testing.assert_allclose(np.asarray(a[k]), np.asarray(b[k]), **TOL, err_msg=k)
 
 
-@pytest.mark.parametrize("recalibrate", [False, True])
-def test_batched_equals_loop(chain, recalibrate):
+@pytest.mark.parametrize("recalibrate,chunk", [(False, None), (True, 4)])
+def test_batched_equals_loop(chain, recalibrate, chunk):
+    """Default chunk (1 on CPU) without, and chunks of 4 (P = 7 padded to 8) with BN recalibration."""
     space, table, params, state, x, y, bn = chain
     ops = _population(space, 0)
     bn_batches = bn if recalibrate else None
-    got = E.evaluate_population(space, table, params, state, ops, x, y, bn_batches=bn_batches, chunk=4)
+    got = E.evaluate_population(space, table, params, state, ops, x, y, bn_batches=bn_batches, chunk=chunk)
     want = E.evaluate_loop(space, table, params, state, ops, x, y, bn_batches=bn_batches)
     _assert_same(got, want)
     assert set(got) == {"loss", "accuracy", "latency_ms"} and got["loss"].shape == (7,)
@@ -139,21 +140,24 @@ def test_recalibration_on_one_batch_is_train_mode_batch_norm(chain):
 
 
 def test_compiles_once_for_populations_of_one_size(chain, monkeypatch):
+    """Two populations of one size: traced once (here without prefix sharing, chunks of 2, checked against the
+    loop); a third of another size is traced again, which the counter reports."""
     space, table, params, state, x, y, _ = chain
     chex.clear_trace_counter()
-    counted = jax.jit(chex.assert_max_traces(E._evaluate_population, n=1), static_argnames=("space", "chunk"))
+    counted = jax.jit(chex.assert_max_traces(E._evaluate_population, n=1), static_argnames=E._STATIC_ARGS)
     monkeypatch.setattr(E, "_evaluate_population_jit", counted)
-    first = E.evaluate_population(space, table, params, state, _population(space, 4), x, y, chunk=4)
-    second = E.evaluate_population(space, table, params, state, _population(space, 5), x, y, chunk=4)
+    run = lambda ops: E.evaluate_population(space, table, params, state, ops, x, y, chunk=2, share_prefixes=False)
+    first, second = run(_population(space, 4)), run(_population(space, 5))
     assert not np.allclose(first["loss"], second["loss"])
+    _assert_same(first, E.evaluate_loop(space, table, params, state, _population(space, 4), x, y))
     with pytest.raises(AssertionError, match="traced > 1"):  # the counter does count: another size retraces
-        E.evaluate_population(space, table, params, state, _population(space, 6)[:6], x, y, chunk=4)
+        run(_population(space, 6)[:6])
 
 
 def test_latency_is_arch_latency_per_architecture(chain):
     space, table, params, state, x, y, _ = chain
     ops = _population(space, 7)
-    got = E.evaluate_population(space, table, params, state, ops, x, y, chunk=4)
+    got = E.evaluate_population(space, table, params, state, ops, x, y)
     want = [float(arch_latency(space, table, o).total) for o in ops]
     np.testing.assert_allclose(got["latency_ms"], want, rtol=1e-6)
     assert len(set(np.round(want, 6))) > 1
