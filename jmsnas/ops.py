@@ -28,23 +28,58 @@ def bn_init(ch: int):
     return params, state
 
 
+def _channel_rows(x):
+    """x as float[rows, C] (the channel axis last): reductions and matmuls over a 2-D view are the fast forms on
+    XLA:CPU (over the 4-D NHWC array the transposed products in the gradients ran 5-7x slower, measured)."""
+    return x.reshape(-1, x.shape[-1])
+
+
+@jax.custom_vjp
+def _train_norm(x, scale, bias):
+    """Training-mode batch norm over all axes but the last: (y, batch mean, biased batch variance)."""
+    return _train_norm_fwd(x, scale, bias)[0]
+
+
+def _train_norm_fwd(x, scale, bias):
+    x2 = _channel_rows(x)
+    mean = jnp.mean(x2, 0)
+    var = jnp.mean(jnp.square(x2 - mean), 0)
+    inv = lax.rsqrt(var + BN_EPS)
+    xhat = (x2 - mean) * inv
+    return ((xhat * scale + bias).reshape(x.shape), mean, var), (xhat, inv, scale)
+
+
+def _train_norm_bwd(res, cts):
+    """The exact VJP in the usual closed form, from x-hat and 1/sigma (two channel sums, one elementwise pass),
+    including the cotangents of the returned mean and variance."""
+    xhat, inv, scale = res
+    g, g_mean, g_var = cts
+    g2 = _channel_rows(g)
+    n = g2.shape[0]
+    d_bias = jnp.sum(g2, 0)
+    d_scale = jnp.sum(g2 * xhat, 0)
+    dx = (scale * inv) * (g2 - d_bias / n - xhat * (d_scale / n))
+    dx = dx + g_mean / n + xhat * (2.0 * g_var / (n * inv))
+    return dx.reshape(g.shape), d_scale, d_bias
+
+
+_train_norm.defvjp(_train_norm_fwd, _train_norm_bwd)
+
+
 def batch_norm(params, state, x, train: bool):
     """Batch norm over all axes but the last; in training uses batch statistics and returns updated running ones."""
     if train:
-        axes = tuple(range(x.ndim - 1))
-        mean = jnp.mean(x, axes)
-        var = jnp.mean(jnp.square(x - mean), axes)
+        y, mean, var = _train_norm(x, params["scale"], params["bias"])
         new_state = {"mean": BN_MOMENTUM * state["mean"] + (1 - BN_MOMENTUM) * lax.stop_gradient(mean),
                      "var": BN_MOMENTUM * state["var"] + (1 - BN_MOMENTUM) * lax.stop_gradient(var)}
-    else:
-        mean, var, new_state = state["mean"], state["var"], state
-    y = (x - mean) * lax.rsqrt(var + BN_EPS) * params["scale"] + params["bias"]
-    return y, new_state
+        return y, new_state
+    y = (x - state["mean"]) * lax.rsqrt(state["var"] + BN_EPS) * params["scale"] + params["bias"]
+    return y, state
 
 
 def pointwise(x, w):
-    """1x1 convolution: x[B,H,W,Cin] @ w[Cin,Cout]."""
-    return jnp.dot(x, w)
+    """1x1 convolution: x[..., Cin] @ w[Cin, Cout], computed on the 2-D view (the fast gradient on XLA:CPU)."""
+    return jnp.dot(_channel_rows(x), w).reshape(x.shape[:-1] + (w.shape[1],))
 
 
 def mbconv_init(key, op: OpSpec, in_ch: int, out_ch: int):

@@ -95,8 +95,12 @@ def _accuracy(logits, y):
     return jnp.mean((jnp.argmax(logits, -1) == y).astype(jnp.float32))
 
 
-def make_search_steps(space: SearchSpace, table: CostTable, hp: SearchHParams, dw_impl: str = "auto"):
-    """(weight_step, arch_step, eval_step), each jitted once; the two training steps donate the state."""
+def make_search_steps(space: SearchSpace, table: CostTable, hp: SearchHParams, dw_impl: str = "auto",
+                      candidate_impl: str = "auto"):
+    """(weight_step, arch_step, eval_step), each jitted once; the two training steps donate the state.
+
+    ``candidate_impl``: how the supernet computes sampled candidates ("auto", "own", "padded";
+    ``supernet.candidate_impl``)."""
     mask = jnp.asarray(space.mask())
     w_tx, a_tx = optax.adam(hp.weight_lr), optax.adam(hp.arch_lr)
     tau_at = G.temperature_schedule(hp.tau0, hp.tau_min, hp.tau_decay)
@@ -106,7 +110,8 @@ def make_search_steps(space: SearchSpace, table: CostTable, hp: SearchHParams, d
         gates = G.single_path_gates(k, st.alpha, mask)
 
         def loss_fn(params):
-            logits, bn = supernet.apply(space, params, st.bn, gates, x, train=True, dw_impl=dw_impl)
+            logits, bn = supernet.apply(space, params, st.bn, gates, x, train=True, dw_impl=dw_impl,
+                                        impl=candidate_impl)
             ce = cross_entropy(logits, y)
             return ce + hp.lambda1 * l2_norm_sq(params), (ce, bn, logits)
 
@@ -122,7 +127,8 @@ def make_search_steps(space: SearchSpace, table: CostTable, hp: SearchHParams, d
 
         def loss_fn(alpha):
             gates = G.arch_gates(hp.gate_mode, k, alpha, mask, tau)
-            logits, _ = supernet.apply(space, st.params, st.bn, gates, x, train=True, dw_impl=dw_impl)
+            logits, _ = supernet.apply(space, st.params, st.bn, gates, x, train=True, dw_impl=dw_impl,
+                                       impl=candidate_impl)
             ce = cross_entropy(logits, y)
             t = step_latency(space, table, alpha, hp.split)
             return ce + hp.lambda2 * latency_penalty(t, hp.t_const_ms, hp.penalty), (ce, t)
@@ -133,7 +139,8 @@ def make_search_steps(space: SearchSpace, table: CostTable, hp: SearchHParams, d
         return st, {"arch_loss": loss, "arch_ce": ce, "expected_latency_ms": t}
 
     def eval_step(params, bn, ops, x, y, valid):
-        logits, _ = supernet.apply(space, params, bn, G.onehot_gates(ops, NUM_OPS), x, train=False, dw_impl=dw_impl)
+        logits, _ = supernet.apply(space, params, bn, G.onehot_gates(ops, NUM_OPS), x, train=False,
+                                   dw_impl=dw_impl, impl=candidate_impl)
         return _eval_sums(logits, y, valid)
 
     return (jax.jit(weight_step, donate_argnums=0), jax.jit(arch_step, donate_argnums=0), jax.jit(eval_step))

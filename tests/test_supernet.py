@@ -278,9 +278,14 @@ def test_shared_init_has_far_fewer_parameters(space):
 
 # ------------------------------------------------------------------------------------------------ mixed op
 
+IMPLS = pytest.mark.parametrize("impl", ["own", "padded"])
+
+
+@IMPLS
 @LAYOUTS
-def test_mixed_op_is_weighted_sum_of_candidates(shared):
-    """g^T v(x) against each candidate computed on its own (compact) parameters."""
+def test_mixed_op_is_weighted_sum_of_candidates(shared, impl):
+    """g^T v(x) against each candidate computed on its own (compact) parameters, with candidates computed at
+    their own size (lax.switch over classes) and padded to the widest."""
     space, n = CHAIN, 0
     params, state, _, _ = net(space, shared)
     x = jnp.asarray(np.random.default_rng(3).standard_normal((B, 7, 7, 4)), jnp.float32)
@@ -295,7 +300,7 @@ def test_mixed_op_is_weighted_sum_of_candidates(shared):
         return O.op_apply(cp["layers"][0], cs["layers"][0], x, OPS[i], s.stride, False)[0]
 
     outs = {int(i): np.asarray(own(int(i))) for i in valid}
-    mixed = jax.jit(SN.mixed_op, static_argnums=(0, 1, 7))
+    mixed = jax.jit(functools.partial(SN.mixed_op, impl=impl), static_argnums=(0, 1, 7))
     full, _ = mixed(space, n, params["layers"][n], state["layers"][n], jnp.asarray(w), None, x, False)
     np.testing.assert_allclose(np.asarray(full), sum(w[i] * outs[i] for i in valid), rtol=1e-4, atol=1e-4)
     pair = jnp.array([IDENTITY, 9], jnp.int32)
@@ -303,6 +308,44 @@ def test_mixed_op_is_weighted_sum_of_candidates(shared):
     np.testing.assert_allclose(np.asarray(two), w[IDENTITY] * outs[IDENTITY] + w[9] * outs[9], rtol=1e-4,
                                atol=1e-4)
     np.testing.assert_array_equal(outs[IDENTITY], np.asarray(x))
+
+
+@LAYOUTS
+def test_own_size_and_padded_candidates_agree_in_train_mode(shared):
+    """Training mode, layer 1 of the chain (stride 2, 6 MBConv classes) and layer 0 (13 candidates with identity
+    and shortcuts): the two implementations give the same output, BN state and gradients with respect to the
+    parameters, the gate weights and the input, for two sampled paths and for the full mixture."""
+    space = CHAIN
+    params, state, _, _ = net(space, shared)
+    rng = np.random.default_rng(5)
+    for n, size, pair in ((0, 7, [IDENTITY, 11]), (1, 7, [1, 10])):
+        x = jnp.asarray(rng.standard_normal((B, size, size, 4)), jnp.float32)
+        w = jnp.asarray(rng.uniform(0.1, 1.0, R), jnp.float32)
+        for paths in (jnp.asarray(pair, jnp.int32), None):
+            def f(p, w, x, impl):
+                y, st = SN.mixed_op(space, n, p, state["layers"][n], w, paths, x, True, DW, impl)
+                return jnp.sum(jnp.sin(y)), st
+
+            got = {impl: jax.jit(jax.value_and_grad(functools.partial(f, impl=impl), argnums=(0, 1, 2),
+                                                    has_aux=True))(params["layers"][n], w, x)
+                   for impl in ("own", "padded")}
+            (v_own, st_own), g_own = got["own"]
+            (v_pad, st_pad), g_pad = got["padded"]
+            np.testing.assert_allclose(float(v_own), float(v_pad), rtol=1e-5)
+            lay = SN.layout(space, n)
+            # BN entries a candidate uses: its own channels (padding is never read), none for the identity
+            used = lambda a: np.asarray(a) * (lay.cmask if a.shape[1] == lay.mid_max else lay.mbconv[:, None])
+            assert_trees_close(jax.tree_util.tree_map(used, st_own), jax.tree_util.tree_map(used, st_pad))
+            assert_trees_close(g_own, g_pad)
+            assert float(jnp.abs(g_own[0]["dw"]).sum()) > 0
+
+
+def test_candidate_impl_rule_and_bad_value():
+    assert SN.candidate_impl("auto", (2, 16, 16, 4)) == "own"
+    assert SN.candidate_impl("auto", (2, 8, 8, 4)) == "padded"
+    assert SN.candidate_impl("padded", (2, 64, 64, 4)) == "padded"
+    with pytest.raises(ValueError, match="'fast'"):
+        SN.candidate_impl("fast", (2, 8, 8, 4))
 
 
 def test_mixed_op_train_accepts_numpy_leaves():
@@ -509,3 +552,45 @@ def test_arch_gradient_through_two_path_gates_is_eq5_and_compiles_once():
         sampled[np.arange(CHAIN.num_layers)[:, None], paths] = True
         assert np.all(grad[~sampled] == 0) and np.abs(grad[sampled]).max() > 0
         np.testing.assert_allclose(grad, eq5(np.asarray(alpha), paths, dl_dg), rtol=1e-4, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------ ops
+
+def test_train_batch_norm_vjp_equals_autodiff_of_the_formula():
+    """The custom VJP of training-mode batch norm against autodiff of the textbook formula, with cotangents on
+    all three outputs (normalised x, batch mean, batch variance), and against central differences."""
+    rng = np.random.default_rng(7)
+    x = jnp.asarray(rng.standard_normal((3, 4, 5, 6)) * 2 + 1, jnp.float32)
+    scale, bias = (jnp.asarray(rng.standard_normal(6), jnp.float32) for _ in range(2))
+    cy, cm, cv = (jnp.asarray(rng.standard_normal(s), jnp.float32) for s in ((3, 4, 5, 6), 6, 6))
+
+    def reference(x, scale, bias):
+        mean = jnp.mean(x, (0, 1, 2))
+        var = jnp.mean(jnp.square(x - mean), (0, 1, 2))
+        return (x - mean) / jnp.sqrt(var + O.BN_EPS) * scale + bias, mean, var
+
+    def project(f):
+        return lambda *a: (lambda y, m, v: jnp.sum(y * cy) + jnp.sum(m * cm) + jnp.sum(v * cv))(*f(*a))
+
+    got = jax.grad(project(O._train_norm), argnums=(0, 1, 2))(x, scale, bias)
+    want = jax.grad(project(reference), argnums=(0, 1, 2))(x, scale, bias)
+    assert_trees_close(got, want, rtol=1e-4, atol=1e-5)
+    for a, b in zip(O._train_norm(x, scale, bias), reference(x, scale, bias)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+    f64 = project(lambda *a: reference(*(jnp.asarray(t, jnp.float64) for t in a)))
+    with jax.enable_x64(True):
+        e = np.zeros(x.shape)
+        e[1, 2, 3, 4] = 1e-4
+        fd = (f64(np.asarray(x, np.float64) + e, scale, bias) - f64(np.asarray(x, np.float64) - e, scale, bias)) / 2e-4
+    np.testing.assert_allclose(float(got[0][1, 2, 3, 4]), float(fd), rtol=1e-3, atol=1e-4)
+
+
+def test_pointwise_is_the_one_by_one_convolution():
+    rng = np.random.default_rng(8)
+    x = jnp.asarray(rng.standard_normal((2, 3, 5, 4)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((4, 7)), jnp.float32)
+    conv = lambda x, w: jax.lax.conv_general_dilated(x, w[None, None], (1, 1), "SAME",
+                                                     dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    np.testing.assert_allclose(np.asarray(O.pointwise(x, w)), np.asarray(conv(x, w)), rtol=1e-5, atol=1e-5)
+    loss = lambda f: lambda x, w: jnp.sum(jnp.sin(f(x, w)))
+    assert_trees_close(jax.grad(loss(O.pointwise), (0, 1))(x, w), jax.grad(loss(conv), (0, 1))(x, w))
