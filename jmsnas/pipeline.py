@@ -55,6 +55,9 @@ def validate_config(cfg) -> None:
         raise ConfigError(f"split 'searched' needs a chain topology, got {cfg.topology!r}")
     if s.gate_mode not in G.GATE_MODES:
         raise ConfigError(f"unknown search.gate_mode {s.gate_mode!r}; expected one of {list(G.GATE_MODES)}")
+    if cfg.get("candidate_impl", "auto") not in supernet.CANDIDATE_IMPLS:
+        raise ConfigError(f"unknown candidate_impl {cfg.candidate_impl!r}; expected one of "
+                          f"{list(supernet.CANDIDATE_IMPLS)}")
 
 
 def build(cfg):
@@ -153,7 +156,8 @@ def _save(ckpt: Checkpointer, step: int, state, meta: dict) -> None:
 def _stage1(cfg, space, table, ds, mesh, ckpt, fp, resume, progress):
     hp = _hparams(cfg)
     s = cfg.search
-    weight_step, arch_step, eval_step = train.make_search_steps(space, table, hp, cfg.dw_impl)
+    weight_step, arch_step, eval_step = train.make_search_steps(space, table, hp, cfg.dw_impl,
+                                                                cfg.get("candidate_impl", "auto"))
     st = train.init_search_state(jax.random.PRNGKey(cfg.seed), space, hp, cfg.shared_weights)
     epoch, start, history = 0, 0, []
     if resume and ckpt.latest_step() is not None:

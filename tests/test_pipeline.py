@@ -146,6 +146,7 @@ def _tree_digest(path):
     ("--config.t_const_ms=0", "t_const_ms"),
     ("--config.t_const_ms=-3", "t_const_ms"),
     ("--config.search.gate_mode=magic", "magic"),
+    ("--config.candidate_impl=fastest", "fastest"),
     ("--config.no_such_key=1", "no_such_key"),
 ])
 def test_bad_command_lines_fail_with_one_line(capsys, tmp_path, override, needle):
