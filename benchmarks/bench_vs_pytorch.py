@@ -90,16 +90,10 @@ def matmul_peak(reps: int, n: int = 2048) -> tuple:
     """fp32 GFLOP/s of an n x n matmul: (jax, torch), median of reps."""
     a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), jnp.float32)
     f = jax.jit(lambda x: x @ x)
-    jax.block_until_ready(f(a))
-    tj = median_time(lambda: jax.block_until_ready(f(a)), reps)
+    tj = median_seconds(lambda: jax.block_until_ready(f(a)), reps, warmup=1)
     at = torch.from_numpy(np.asarray(a))
-    torch.mm(at, at)
-    tt = median_time(lambda: torch.mm(at, at), reps)
+    tt = median_seconds(lambda: torch.mm(at, at), reps, warmup=1)
     return 2 * n ** 3 / tj / 1e9, 2 * n ** 3 / tt / 1e9
-
-
-def median_time(fn, reps: int) -> float:
-    return median_seconds(fn, reps, warmup=0)
 
 
 # ----- replaying jmsnas's samples -----

@@ -167,13 +167,9 @@ def _train_supernet(cfg, space, table, ds, mesh, ckpt, fp, resume, progress):
     """Stage 1 with checkpoints every ``checkpoint_every`` steps and at every epoch end; returns (state, history)."""
     s, e = cfg.search, cfg.evolve
     step = make_sandwich_step(space, s.weight_lr, s.lambda1, e.num_random, cfg.dw_impl)
-    _, _, eval_step = train.make_search_steps(space, table, pipeline._hparams(cfg), cfg.dw_impl,
-                                             cfg.get("candidate_impl", "auto"))
+    _, _, eval_step = pipeline.search_steps(cfg, space, table)
     st = init_sandwich_state(jax.random.PRNGKey(cfg.seed), space, s.weight_lr, cfg.shared_weights)
-    epoch, start, history = 0, 0, []
-    if resume and ckpt.latest_step() is not None:
-        st, meta = ckpt.restore(jax.device_get(st), expect_meta={"fingerprint": fp})
-        epoch, start, history = meta["epoch"], meta["batch"], meta["history"]
+    st, epoch, start, history = pipeline.restore_progress(ckpt, st, fp, resume)
     st = train.replicate(st, mesh)
     nb = data.num_batches(ds.train, s.batch_size)
     bar = tqdm(total=e.epochs * nb, initial=epoch * nb + start, disable=not progress, desc="supernet", unit="step")

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jmsnas.dwconv import depthwise_conv
+from jmsnas.dwconv import depthwise_conv, pointwise_conv
 from jmsnas.space import OpSpec
 
 BN_MOMENTUM = 0.9
@@ -78,8 +78,8 @@ def batch_norm(params, state, x, train: bool):
 
 
 def pointwise(x, w):
-    """1x1 convolution: x[..., Cin] @ w[Cin, Cout], computed on the 2-D view (the fast gradient on XLA:CPU)."""
-    return jnp.dot(_channel_rows(x), w).reshape(x.shape[:-1] + (w.shape[1],))
+    """1x1 convolution x[B, H, W, Cin] @ w[Cin, Cout] (``dwconv.pointwise_conv``: one matmul on the 2-D view)."""
+    return pointwise_conv(x, w)
 
 
 def mbconv_init(key, op: OpSpec, in_ch: int, out_ch: int):

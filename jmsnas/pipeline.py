@@ -153,16 +153,26 @@ def _save(ckpt: Checkpointer, step: int, state, meta: dict) -> None:
         ckpt.save(step, jax.device_get(state), meta)
 
 
+def search_steps(cfg, space: SearchSpace, table: CostTable):
+    """(weight_step, arch_step, eval_step) of ``train.make_search_steps`` as the configuration asks."""
+    return train.make_search_steps(space, table, _hparams(cfg), cfg.dw_impl, cfg.get("candidate_impl", "auto"))
+
+
+def restore_progress(ckpt: Checkpointer, state, fp: str, resume: bool):
+    """(state, epoch, batch, history): from the latest checkpoint when resuming one (its fingerprint must be
+    ``fp``), else ``state`` at the start."""
+    if resume and ckpt.latest_step() is not None:
+        state, meta = ckpt.restore(jax.device_get(state), expect_meta={"fingerprint": fp})
+        return state, meta["epoch"], meta["batch"], meta["history"]
+    return state, 0, 0, []
+
+
 def _stage1(cfg, space, table, ds, mesh, ckpt, fp, resume, progress):
     hp = _hparams(cfg)
     s = cfg.search
-    weight_step, arch_step, eval_step = train.make_search_steps(space, table, hp, cfg.dw_impl,
-                                                                cfg.get("candidate_impl", "auto"))
+    weight_step, arch_step, eval_step = search_steps(cfg, space, table)
     st = train.init_search_state(jax.random.PRNGKey(cfg.seed), space, hp, cfg.shared_weights)
-    epoch, start, history = 0, 0, []
-    if resume and ckpt.latest_step() is not None:
-        st, meta = ckpt.restore(jax.device_get(st), expect_meta={"fingerprint": fp})
-        epoch, start, history = meta["epoch"], meta["batch"], meta["history"]
+    st, epoch, start, history = restore_progress(ckpt, st, fp, resume)
     st = train.replicate(st, mesh)
     nb = data.num_batches(ds.train, s.batch_size)
     n_val = data.num_batches(ds.val, s.batch_size)

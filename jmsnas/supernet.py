@@ -146,22 +146,30 @@ def _class_of(lay: _Layout) -> np.ndarray:
                      for i in lay.valid], np.int32)
 
 
-def _own_size(space: SearchSpace, lay: _Layout, n: int, kernel: int, expand: int, params_n, state_n, v, x,
-              train: bool, dw_impl: str):
-    """Candidate v (traced) of class (kernel, expand) at its own size: the class's k x k window and in_ch * expand
-    channels are static slices of the stacks; only candidate v's BN row is gathered. Returns (y without the
-    shortcut, candidate v's new BN row padded to the stack widths: new statistics in its own channels)."""
+def _window(space: SearchSpace, lay: _Layout, n: int, params_n, state_n, kernel: int, expand: int, v):
+    """Candidate v's own parameters and BN state from layer n's stacks: the centred kernel x kernel window and the
+    first in_ch * expand channels of the (shared or v-th) convolution weights, and row v of its batch norms, cut
+    to its channels. ``v`` may be a Python int (NumPy or jax leaves) or a traced index."""
     s = space.layers[n]
     mid, lo = s.in_ch * expand, (lay.kmax - kernel) // 2
     w = 0 if is_shared(params_n) else v
-    p = {"expand": params_n["expand"][w][:, :mid], "dw": params_n["dw"][w][lo:lo + kernel, lo:lo + kernel, :mid],
-         "project": params_n["project"][w][:mid]}
-    row = jax.tree_util.tree_map(lambda a: a[v], state_n)
+    p = {"expand": params_n["expand"][w, :, :mid], "dw": params_n["dw"][w, lo:lo + kernel, lo:lo + kernel, :mid],
+         "project": params_n["project"][w, :mid]}
     st = {}
     for name, ch in (("bn1", mid), ("bn2", mid), ("bn3", s.out_ch)):
         p[name] = {k: a[v, :ch] for k, a in params_n[name].items()}
-        st[name] = {k: a[:ch] for k, a in row[name].items()}
-    y, new = O.mbconv_apply(p, st, x, OpSpec("own", kernel, expand, False), s.stride, train, dw_impl)
+        st[name] = {k: a[v, :ch] for k, a in state_n[name].items()}
+    return p, st
+
+
+def _own_size(space: SearchSpace, lay: _Layout, n: int, kernel: int, expand: int, params_n, state_n, v, x,
+              train: bool, dw_impl: str):
+    """Candidate v (traced) of class (kernel, expand) at its own size (``_window``: static slices of the stacks,
+    candidate v's BN row gathered). Returns (y without the shortcut, candidate v's new BN row padded to the stack
+    widths: new statistics in its own channels)."""
+    p, st = _window(space, lay, n, params_n, state_n, kernel, expand, v)
+    y, new = O.mbconv_apply(p, st, x, OpSpec("own", kernel, expand, False), space.layers[n].stride, train, dw_impl)
+    row = jax.tree_util.tree_map(lambda a: a[v], state_n)
     return y, jax.tree_util.tree_map(lambda old, b: old.at[:b.shape[0]].set(b), row, new)
 
 
@@ -172,14 +180,11 @@ def _sampled_candidate(space: SearchSpace, lay: _Layout, n: int, params_n, state
     ``lax.switch`` over the layer's (kernel, expansion) classes picks one branch at run time, so a 3x3 candidate
     costs 9 depthwise taps and its own channels, an identity nothing; the program is compiled once for all v.
     Returns (y, candidate v's new BN row)."""
-    classes = _conv_classes(lay)
-    row = lambda st: jax.tree_util.tree_map(lambda a: a[v], st)
-    out_shape = jax.eval_shape(lambda h: _own_size(space, lay, n, *classes[0], params_n, state_n, 0, h, train,
-                                                   dw_impl)[0], x)
     branches = [lambda p, st, h, k=k, e=e: _own_size(space, lay, n, k, e, p, st, v, h, train, dw_impl)
-                for k, e in classes]
-    if any(OPS[i].is_identity for i in lay.valid):  # the last branch: the identity's MBConv term is zero
-        branches.append(lambda p, st, h: (jnp.zeros(out_shape.shape, out_shape.dtype), row(st)))
+                for k, e in _conv_classes(lay)]
+    if any(OPS[i].is_identity for i in lay.valid):
+        # the last branch: the identity's MBConv term is zero (identity is valid only where the shape is kept)
+        branches.append(lambda p, st, h: (jnp.zeros_like(h), jax.tree_util.tree_map(lambda a: a[v], st)))
     if len(branches) == 1:
         y, new = branches[0](params_n, state_n, x)
     else:
@@ -300,18 +305,10 @@ def apply(space: SearchSpace, params, state, gates: Gates, x, *, train: bool, dw
 
 def _unpad(space: SearchSpace, n: int, params_n, state_n, i: int):
     """Candidate i's own (unpadded) parameters and state from layer n's stacks."""
-    op, s, lay = OPS[i], space.layers[n], layout(space, n)
+    op, lay = OPS[i], layout(space, n)
     if op.is_identity:
         return {}, {}
-    v, mid, lo = int(lay.position[i]), s.in_ch * op.expand, (lay.kmax - op.kernel) // 2
-    w = 0 if is_shared(params_n) else v
-    p = {"expand": params_n["expand"][w, :, :mid], "dw": params_n["dw"][w, lo:lo + op.kernel, lo:lo + op.kernel, :mid],
-         "project": params_n["project"][w, :mid]}
-    st = {}
-    for name, ch in (("bn1", mid), ("bn2", mid), ("bn3", s.out_ch)):
-        p[name] = {k: a[v, :ch] for k, a in params_n[name].items()}
-        st[name] = {k: a[v, :ch] for k, a in state_n[name].items()}
-    return p, st
+    return _window(space, lay, n, params_n, state_n, op.kernel, op.expand, int(lay.position[i]))
 
 
 def extract(space: SearchSpace, params, state, ops: Sequence[int]):
