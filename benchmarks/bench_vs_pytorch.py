@@ -289,7 +289,7 @@ def main() -> None:
     p.add_argument("--steps-mixture", type=int, default=2, help="steps per repetition: all-path modes")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--torch-layout", choices=("nchw", "channels_last"), default="channels_last")
-    p.add_argument("--dw-impl", default="auto", choices=("auto", "shifted", "xla"))
+    p.add_argument("--dw-impl", default="auto", choices=("auto", "native", "shifted", "xla"))
     p.add_argument("--candidate-impl", default="auto", choices=("auto", "own", "padded"),
                    help="how the supernet computes candidates (jmsnas.supernet.candidate_impl)")
     p.add_argument("--xla-vector-width", type=int, default=None, help="sets --xla_cpu_prefer_vector_width")

@@ -22,13 +22,16 @@ low = total // 2, high = total - low.
 from __future__ import annotations
 
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-IMPLS = ("auto", "xla", "shifted")
+from jmsnas import native
+
+IMPLS = ("auto", "xla", "shifted", "native")
 STRIDES = (1, 2)
 
 
@@ -40,16 +43,30 @@ def same_padding(size: int, k: int, stride: int) -> tuple[int, int, int]:
 
 
 def resolve_impl(impl: str) -> str:
-    """Map impl "auto" to "shifted" on the CPU backend and to "xla" elsewhere; check the name."""
+    """Map impl "auto" to "native" on the CPU backend ("shifted" when the native kernels cannot be built, with a
+    warning naming the reason) and to "xla" elsewhere; check the name. "native" that cannot be built raises."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if impl == "auto":
-        return "shifted" if jax.default_backend() == "cpu" else "xla"
+        if jax.default_backend() != "cpu":
+            return "xla"
+        if native.load():
+            return "native"
+        if not _warned:
+            _warned.append(True)
+            warnings.warn(f"jmsnas: native depthwise kernels unavailable, using the XLA shifted-sum form "
+                          f"(slower): {native.error()}", RuntimeWarning, stacklevel=3)
+        return "shifted"
+    if impl == "native" and not native.load():
+        raise RuntimeError(f"dw impl 'native' needs the compiled CPU kernels: {native.error()}")
     return impl
 
 
+_warned: list = []
+
+
 def _check(x, w, stride: int) -> None:
-    if stride not in STRIDES:
+    if isinstance(stride, bool) or not isinstance(stride, (int, np.integer)) or stride not in STRIDES:
         raise ValueError(f"stride must be 1 or 2, got {stride!r}")
     if np.ndim(x) != 4:
         raise ValueError(f"x must be rank 4 [B, H, W, C], got shape {np.shape(x)}")
@@ -70,16 +87,21 @@ def depthwise_conv(x: jax.Array, w: jax.Array, stride: int = 1, impl: str = "aut
       w: float[k, k, C] one k x k filter per channel, k odd.
       stride: 1 or 2, the same on both spatial axes.
       impl: "xla" (lax.conv_general_dilated with feature_group_count=C), "shifted" (sum of shifted slices with
-        a custom VJP, fast on XLA:CPU), or "auto" ("shifted" on the CPU backend, "xla" otherwise). A static
-        Python choice: it selects the traced program.
+        a custom VJP, in XLA), "native" (hand-written CPU kernels called through the XLA FFI, float32, with
+        native gradient kernels; ``jmsnas.native``), or "auto" ("native" on the CPU backend, "shifted" there if
+        the kernels cannot be compiled, "xla" on GPU/TPU). A static Python choice: it selects the traced program.
+        "native" computes in float32 (other dtypes are cast to it and back).
 
     Returns:
       float[B, ceil(H / stride), ceil(W / stride), C].
     """
-    impl = resolve_impl(impl)
     _check(x, w, stride)
+    impl = resolve_impl(impl)
     if impl == "xla":
         return _xla_depthwise(x, w, stride)
+    if impl == "native":
+        dtype = x.dtype
+        return _native_depthwise(x.astype(jnp.float32), w.astype(jnp.float32), stride).astype(dtype)
     return _shifted_depthwise(x, w, stride)
 
 
@@ -242,3 +264,35 @@ def _shifted_bwd(stride: int, res, g):
 
 
 _shifted_depthwise.defvjp(_shifted_fwd, _shifted_bwd)
+
+
+# ----- native CPU kernels (jmsnas/native/dwconv_cpu.cc) through the XLA FFI -----
+
+def _ffi(target: str, shape, *args, stride: int):
+    # vmap: "sequential" runs the kernel once per mapped element (a loop in the compiled program)
+    call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(shape, jnp.float32), vmap_method="sequential")
+    return call(*args, stride=np.int64(stride))
+
+
+def _native_forward(x, w, stride: int):
+    b, h, wd, c = x.shape
+    return _ffi("jmsnas_depthwise_forward", (b, -(-h // stride), -(-wd // stride), c), x, w, stride=stride)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _native_depthwise(x, w, stride: int):
+    return _native_forward(x, w, stride)
+
+
+def _native_fwd(x, w, stride: int):
+    return _native_forward(x, w, stride), (x, w)
+
+
+def _native_bwd(stride: int, res, g):
+    x, w = res
+    dx = _ffi("jmsnas_depthwise_input_grad", x.shape, g, w, stride=stride)
+    dw = _ffi("jmsnas_depthwise_weight_grad", w.shape, x, g, stride=stride)
+    return dx, dw
+
+
+_native_depthwise.defvjp(_native_fwd, _native_bwd)

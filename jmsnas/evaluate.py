@@ -133,13 +133,13 @@ def _small_image(hw: int, k: int) -> bool:
 def _depthwise(h, w, stride: int):
     """Depthwise conv (SAME) of channels-first h float[C, B, H, W] with w float[k, k, C] -> [C, B, H', W'].
 
-    Small images: for every channel one matmul of the B x (H W) image rows with that channel's (H W) x (H' W')
+    Small images on CPU: for every channel one matmul of the B x (H W) image rows with that channel's (H W) x (H' W')
     convolution matrix (gathered from w by a static index map), batched over channels with no transposes.
-    Larger ones: ``dwconv.depthwise_conv`` on the NHWC transpose.
+    Larger ones, and every size on GPU/TPU: ``dwconv.depthwise_conv`` on the NHWC transpose.
     """
     ch, bsz, hw, _ = h.shape
     k = w.shape[0]
-    if resolve_impl("auto") != "shifted" or not _small_image(hw, k):
+    if resolve_impl("auto") == "xla" or not _small_image(hw, k):
         y = depthwise_conv(jnp.transpose(h, (1, 2, 3, 0)), w, stride)
         return jnp.transpose(y, (3, 0, 1, 2))
     out = same_padding(hw, k, stride)[2]

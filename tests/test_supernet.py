@@ -100,9 +100,9 @@ def net(space, shared):
     return params, state, x, y
 
 
-# XLA's depthwise convolution in the jitted supernet and compact network: on CPU the default ("shifted") costs
-# several times its compile time, and the layouts and gates under test here do not depend on the implementation
-# (tests/test_dwconv.py compares the two; the mixed-op and hand-wired mesh tests still run the default).
+# XLA's depthwise convolution in the jitted supernet and compact network: the layouts and gates under test here do
+# not depend on the implementation (tests/test_dwconv.py compares them; the mixed-op and hand-wired mesh tests still
+# run the default).
 DW = "xla"
 
 

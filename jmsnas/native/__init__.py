@@ -1,0 +1,108 @@
+"""Native CPU kernels, compiled on first use and registered as XLA FFI targets.
+
+``load()`` compiles ``dwconv_cpu.cc`` with the machine's C++ compiler (``$CXX``, else ``g++``, else ``c++``;
+``-O3 -march=native``) against the XLA FFI headers that ship with jaxlib (``jax.ffi.include_dir()``), loads the
+shared library and registers its handlers for the CPU platform. The library is cached under
+``$JMSNAS_CACHE_DIR`` (default ``~/.cache/jmsnas``) in a file named by a hash of the source, the flags, the
+compiler's version, jaxlib's version and the CPU's instruction-set flags, so a changed input compiles anew and
+concurrent processes (pytest workers) never load a half-written file: each compiles to a private temporary name
+and renames it into place.
+
+When no compiler is found or the build fails, ``load()`` returns False and ``error()`` says why; callers
+(``jmsnas.dwconv`` with impl "auto") then fall back to the pure-XLA implementation.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import jax
+import jaxlib
+
+SOURCE = Path(__file__).with_name("dwconv_cpu.cc")
+FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno")
+TARGETS = {  # FFI target name -> exported symbol
+    "jmsnas_depthwise_forward": "JmsnasDepthwiseForward",
+    "jmsnas_depthwise_input_grad": "JmsnasDepthwiseInputGrad",
+    "jmsnas_depthwise_weight_grad": "JmsnasDepthwiseWeightGrad",
+}
+
+_lock = threading.Lock()
+_state: dict = {}  # "ok": bool, "error": str, "path": Path
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("JMSNAS_CACHE_DIR") or Path.home() / ".cache" / "jmsnas")
+
+
+def compiler() -> str | None:
+    """The C++ compiler to use: $CXX, else g++ or c++ on PATH; None when there is none."""
+    for name in (os.environ.get("CXX"), "g++", "c++"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def _library_path(cxx: str) -> Path:
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(FLAGS), version, jaxlib.__version__,
+                                    _cpu_flags()]).encode()).hexdigest()[:16]
+    return cache_dir() / f"dwconv_cpu_{key}.so"
+
+
+def _build(cxx: str, out: Path, source: Path = SOURCE) -> None:
+    """Compile ``source`` into the shared library ``out`` (written under a temporary name, then renamed)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+    try:
+        cmd = [cxx, *FLAGS, f"-I{jax.ffi.include_dir()}", str(source), "-o", tmp]
+        res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if res.returncode != 0:
+            raise RuntimeError(f"compiling {source.name} failed ({' '.join(cmd)}):\n{res.stderr[-4000:]}")
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def load() -> bool:
+    """Compile (once per machine and source), load and register the CPU kernels; True when they are usable."""
+    with _lock:
+        if "ok" in _state:
+            return _state["ok"]
+        try:
+            cxx = compiler()
+            if cxx is None:
+                raise RuntimeError("no C++ compiler found (set CXX, or install g++)")
+            path = _library_path(cxx)
+            if not path.exists():
+                _build(cxx, path)
+            lib = ctypes.CDLL(str(path))
+            for target, symbol in TARGETS.items():
+                jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
+            _state.update(ok=True, error="", path=path, lib=lib)
+        except (OSError, RuntimeError, AttributeError) as e:
+            _state.update(ok=False, error=str(e))
+        return _state["ok"]
+
+
+def error() -> str:
+    """Why ``load()`` failed ("" when it succeeded or was not called)."""
+    return _state.get("error", "")
