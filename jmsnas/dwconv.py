@@ -270,6 +270,7 @@ _shifted_depthwise.defvjp(_shifted_fwd, _shifted_bwd)
 
 def _ffi(target: str, shape, *args, stride: int):
     # vmap: "sequential" runs the kernel once per mapped element (a loop in the compiled program)
+    native.require()
     call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(shape, jnp.float32), vmap_method="sequential")
     return call(*args, stride=np.int64(stride))
 

@@ -6,15 +6,20 @@ the depthwise convolution comes from ``jmsnas.dwconv`` so the backend picks the 
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
+from jmsnas import native
 from jmsnas.dwconv import depthwise_conv, pointwise_conv
 from jmsnas.space import OpSpec
 
 BN_MOMENTUM = 0.9
 BN_EPS = 1e-5
+NORM_IMPLS = ("auto", "xla", "native")
 
 
 def _he(key, shape, fan_in):
@@ -66,15 +71,83 @@ def _train_norm_bwd(res, cts):
 _train_norm.defvjp(_train_norm_fwd, _train_norm_bwd)
 
 
-def batch_norm(params, state, x, train: bool):
-    """Batch norm over all axes but the last; in training uses batch statistics and returns updated running ones."""
+def resolve_norm_impl(impl: str) -> str:
+    """How training-mode batch norm runs: "xla" (``_train_norm``, then the activation, as XLA ops) or "native"
+    (``jmsnas.native`` fused batch norm + activation kernels, forward and backward; CPU only). "auto": "native" on
+    the CPU backend when the kernels build, else "xla"."""
+    if impl not in NORM_IMPLS:
+        raise ValueError(f"norm impl must be one of {NORM_IMPLS}, got {impl!r}")
+    if impl == "auto":
+        return "native" if jax.default_backend() == "cpu" and native.load() else "xla"
+    if impl == "native" and not native.load():
+        raise RuntimeError(f"norm impl 'native' needs the compiled CPU kernels: {native.error()}")
+    return impl
+
+
+_ACTS = {None: 0, "relu6": 1}
+
+
+def _norm_act_call(target: str, shapes, *args, act: int):
+    native.require()
+    out = [jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes]
+    call = jax.ffi.ffi_call(target, out, vmap_method="sequential")
+    return call(*args, act=np.int64(act), eps=np.float32(BN_EPS))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _native_norm_act(x2, scale, bias, act: int):
+    """Fused training batch norm + activation on float32[rows, C]: (y, batch mean, biased batch variance)."""
+    return _native_norm_act_fwd(x2, scale, bias, act)[0]
+
+
+def _native_norm_act_fwd(x2, scale, bias, act: int):
+    c = x2.shape[1]
+    y, mean, var = _norm_act_call("jmsnas_batch_norm_act_forward", (x2.shape, (c,), (c,)), x2, scale, bias,
+                                  act=act)
+    return (y, mean, var), (x2, scale, bias, mean, var)
+
+
+def _native_norm_act_bwd(act: int, res, cts):
+    x2, scale, bias, mean, var = res
+    g, g_mean, g_var = cts
+    c = x2.shape[1]
+    return tuple(_norm_act_call("jmsnas_batch_norm_act_backward", (x2.shape, (c,), (c,)), x2, scale, bias, mean,
+                                var, g, g_mean, g_var, act=act))
+
+
+_native_norm_act.defvjp(_native_norm_act_fwd, _native_norm_act_bwd)
+
+
+def _running(state, mean, var):
+    return {"mean": BN_MOMENTUM * state["mean"] + (1 - BN_MOMENTUM) * lax.stop_gradient(mean),
+            "var": BN_MOMENTUM * state["var"] + (1 - BN_MOMENTUM) * lax.stop_gradient(var)}
+
+
+def batch_norm_act(params, state, x, train: bool, act: str | None = None, impl: str = "auto"):
+    """Batch norm over all axes but the last followed by ``act`` (None or "relu6"); returns (y, new state).
+
+    In training it normalises with the batch statistics and returns updated running ones; with ``impl`` "native"
+    (the CPU default, ``resolve_norm_impl``) normalisation and activation run as one fused kernel pair, otherwise
+    as XLA ops. Both give the same values and gradients (tests)."""
+    if act not in _ACTS:
+        raise ValueError(f"act must be one of {tuple(_ACTS)}, got {act!r}")
+    if train and resolve_norm_impl(impl) == "native":
+        dtype = x.dtype
+        y, mean, var = _native_norm_act(_channel_rows(x).astype(jnp.float32), params["scale"].astype(jnp.float32),
+                                        params["bias"].astype(jnp.float32), _ACTS[act])
+        return y.reshape(x.shape).astype(dtype), _running(state, mean, var)
     if train:
         y, mean, var = _train_norm(x, params["scale"], params["bias"])
-        new_state = {"mean": BN_MOMENTUM * state["mean"] + (1 - BN_MOMENTUM) * lax.stop_gradient(mean),
-                     "var": BN_MOMENTUM * state["var"] + (1 - BN_MOMENTUM) * lax.stop_gradient(var)}
-        return y, new_state
-    y = (x - state["mean"]) * lax.rsqrt(state["var"] + BN_EPS) * params["scale"] + params["bias"]
-    return y, state
+        new_state = _running(state, mean, var)
+    else:
+        y = (x - state["mean"]) * lax.rsqrt(state["var"] + BN_EPS) * params["scale"] + params["bias"]
+        new_state = state
+    return (jax.nn.relu6(y) if act == "relu6" else y), new_state
+
+
+def batch_norm(params, state, x, train: bool, impl: str = "auto"):
+    """Batch norm over all axes but the last; in training uses batch statistics and returns updated running ones."""
+    return batch_norm_act(params, state, x, train, None, impl)
 
 
 def pointwise(x, w):
@@ -99,11 +172,9 @@ def mbconv_apply(params, state, x, op: OpSpec, stride: int, train: bool, dw_impl
     """Applies an MBConv candidate; returns (y, new_state)."""
     new = {}
     h = pointwise(x, params["expand"])
-    h, new["bn1"] = batch_norm(params["bn1"], state["bn1"], h, train)
-    h = jax.nn.relu6(h)
+    h, new["bn1"] = batch_norm_act(params["bn1"], state["bn1"], h, train, "relu6")
     h = depthwise_conv(h, params["dw"], stride, impl=dw_impl)
-    h, new["bn2"] = batch_norm(params["bn2"], state["bn2"], h, train)
-    h = jax.nn.relu6(h)
+    h, new["bn2"] = batch_norm_act(params["bn2"], state["bn2"], h, train, "relu6")
     h = pointwise(h, params["project"])
     h, new["bn3"] = batch_norm(params["bn3"], state["bn3"], h, train)
     if op.residual:
@@ -134,8 +205,8 @@ def conv_bn_init(key, k: int, in_ch: int, out_ch: int):
 def conv_bn_apply(params, state, x, stride: int, train: bool):
     y = lax.conv_general_dilated(x, params["w"], (stride, stride), "SAME",
                                  dimension_numbers=("NHWC", "HWIO", "NHWC"))
-    y, bn = batch_norm(params["bn"], state["bn"], y, train)
-    return jax.nn.relu6(y), {"bn": bn}
+    y, bn = batch_norm_act(params["bn"], state["bn"], y, train, "relu6")
+    return y, {"bn": bn}
 
 
 def head_init(key, in_ch: int, head_ch: int, num_classes: int):
@@ -150,6 +221,6 @@ def head_init(key, in_ch: int, head_ch: int, num_classes: int):
 
 def head_apply(params, state, x, train: bool):
     h = pointwise(x, params["conv"])
-    h, bn = batch_norm(params["bn"], state["bn"], h, train)
-    h = jnp.mean(jax.nn.relu6(h), axis=(1, 2))
+    h, bn = batch_norm_act(params["bn"], state["bn"], h, train, "relu6")
+    h = jnp.mean(h, axis=(1, 2))
     return h @ params["dense_w"] + params["dense_b"], {"bn": bn}

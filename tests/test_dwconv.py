@@ -164,7 +164,7 @@ def test_native_build_writes_a_loadable_library_and_reports_compiler_errors(tmp_
     bad = tmp_path / "bad.cc"
     bad.write_text("this is not C++\n")
     with pytest.raises(RuntimeError, match="failed"):
-        native._build(cxx, tmp_path / "bad.so", source=bad)
+        native._build(cxx, tmp_path / "bad.so", sources=(bad,))
     assert not (tmp_path / "bad.so").exists() and list(tmp_path.glob("tmp*")) == []
 
 

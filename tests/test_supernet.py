@@ -585,6 +585,57 @@ def test_train_batch_norm_vjp_equals_autodiff_of_the_formula():
     np.testing.assert_allclose(float(got[0][1, 2, 3, 4]), float(fd), rtol=1e-3, atol=1e-4)
 
 
+@pytest.mark.parametrize("act", [None, "relu6"])
+@pytest.mark.parametrize("shape", [(3, 4, 5, 6), (16, 9, 9, 40)])
+def test_native_fused_batch_norm_act_equals_the_formula(act, shape):
+    """The native fused training batch norm + activation (several row chunks and threads for the larger shape)
+    against autodiff of the textbook formula followed by the activation, cotangents on y, mean and variance."""
+    rng = np.random.default_rng(len(shape) + shape[-1])
+    c = shape[-1]
+    x = jnp.asarray(rng.standard_normal(shape) * 2 + 1, jnp.float32)
+    scale = jnp.asarray(rng.uniform(0.5, 3.0, c), jnp.float32)
+    bias = jnp.asarray(rng.standard_normal(c) * 3, jnp.float32)  # some outputs above 6 and below 0
+    cy, cm, cv = (jnp.asarray(rng.standard_normal(s), jnp.float32) for s in (shape, c, c))
+    relu = (lambda y: jnp.clip(y, 0.0, 6.0)) if act else (lambda y: y)
+
+    def reference(x, scale, bias):
+        mean = jnp.mean(x, (0, 1, 2))
+        var = jnp.mean(jnp.square(x - mean), (0, 1, 2))
+        return relu((x - mean) / jnp.sqrt(var + O.BN_EPS) * scale + bias), mean, var
+
+    def native(x, scale, bias):
+        y, mean, var = O._native_norm_act(x.reshape(-1, c), scale, bias, O._ACTS[act])
+        return y.reshape(shape), mean, var
+
+    def project(f):
+        return lambda *a: (lambda y, m, v: jnp.sum(y * cy) + jnp.sum(m * cm) + jnp.sum(v * cv))(*f(*a))
+
+    for a, b in zip(jax.jit(native)(x, scale, bias), reference(x, scale, bias)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=2e-5)
+    got = jax.jit(jax.grad(project(native), argnums=(0, 1, 2)))(x, scale, bias)
+    want = jax.grad(project(reference), argnums=(0, 1, 2))(x, scale, bias)
+    assert_trees_close(got, want, rtol=1e-4, atol=5e-5)
+    if act:
+        y = np.asarray(native(x, scale, bias)[0])
+        assert (y == 0).any() and (y == 6).any() and ((y > 0) & (y < 6)).any()  # all three ReLU6 regions
+
+
+def test_batch_norm_act_impls_agree_in_a_training_step_and_reject_bad_names():
+    rng = np.random.default_rng(3)
+    x = jnp.asarray(rng.standard_normal((8, 6, 6, 24)), jnp.float32)
+    params, state = O.bn_init(24)
+    assert O.resolve_norm_impl("auto") == "native"
+    loss = lambda impl: lambda x, p: (lambda y, st: jnp.sum(jnp.sin(y)) + jnp.sum(st["var"]))(
+        *O.batch_norm_act(p, state, x, True, "relu6", impl))
+    assert_trees_close(jax.grad(loss("native"), (0, 1))(x, params), jax.grad(loss("xla"), (0, 1))(x, params))
+    ys = [O.batch_norm_act(params, state, x, True, "relu6", impl) for impl in ("native", "xla")]
+    assert_trees_close(ys[0], ys[1])
+    with pytest.raises(ValueError, match="'fast'"):
+        O.batch_norm_act(params, state, x, True, None, "fast")
+    with pytest.raises(ValueError, match="'gelu'"):
+        O.batch_norm_act(params, state, x, True, "gelu")
+
+
 def test_pointwise_is_the_one_by_one_convolution():
     rng = np.random.default_rng(8)
     x = jnp.asarray(rng.standard_normal((2, 3, 5, 4)), jnp.float32)

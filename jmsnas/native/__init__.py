@@ -1,6 +1,7 @@
 """Native CPU kernels, compiled on first use and registered as XLA FFI targets.
 
-``load()`` compiles ``dwconv_cpu.cc`` with the machine's C++ compiler (``$CXX``, else ``g++``, else ``c++``;
+``load()`` compiles ``dwconv_cpu.cc`` (depthwise convolution and its gradients) and ``batchnorm_cpu.cc`` (training
+batch norm fused with its activation, forward and backward) into one library with the machine's C++ compiler (``$CXX``, else ``g++``, else ``c++``;
 ``-O3 -march=native``) against the XLA FFI headers that ship with jaxlib (``jax.ffi.include_dir()``), loads the
 shared library and registers its handlers for the CPU platform. The library is cached under
 ``$JMSNAS_CACHE_DIR`` (default ``~/.cache/jmsnas``) in a file named by a hash of the source, the flags, the
@@ -25,12 +26,16 @@ from pathlib import Path
 import jax
 import jaxlib
 
-SOURCE = Path(__file__).with_name("dwconv_cpu.cc")
+HERE = Path(__file__).parent
+SOURCES = (HERE / "dwconv_cpu.cc", HERE / "batchnorm_cpu.cc")
+HEADERS = (HERE / "parallel.h",)
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno")
 TARGETS = {  # FFI target name -> exported symbol
     "jmsnas_depthwise_forward": "JmsnasDepthwiseForward",
     "jmsnas_depthwise_input_grad": "JmsnasDepthwiseInputGrad",
     "jmsnas_depthwise_weight_grad": "JmsnasDepthwiseWeightGrad",
+    "jmsnas_batch_norm_act_forward": "JmsnasBatchNormActForward",
+    "jmsnas_batch_norm_act_backward": "JmsnasBatchNormActBackward",
 }
 
 _lock = threading.Lock()
@@ -61,21 +66,22 @@ def _cpu_flags() -> str:
 
 def _library_path(cxx: str) -> Path:
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(FLAGS), version, jaxlib.__version__,
+    texts = [p.read_text() for p in (*SOURCES, *HEADERS)]
+    key = hashlib.sha256("\0".join([*texts, " ".join(FLAGS), version, jaxlib.__version__,
                                     _cpu_flags()]).encode()).hexdigest()[:16]
-    return cache_dir() / f"dwconv_cpu_{key}.so"
+    return cache_dir() / f"jmsnas_cpu_{key}.so"
 
 
-def _build(cxx: str, out: Path, source: Path = SOURCE) -> None:
-    """Compile ``source`` into the shared library ``out`` (written under a temporary name, then renamed)."""
+def _build(cxx: str, out: Path, sources=SOURCES) -> None:
+    """Compile ``sources`` into the shared library ``out`` (written under a temporary name, then renamed)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        cmd = [cxx, *FLAGS, f"-I{jax.ffi.include_dir()}", str(source), "-o", tmp]
+        cmd = [cxx, *FLAGS, f"-I{jax.ffi.include_dir()}", f"-I{HERE}", *map(str, sources), "-o", tmp]
         res = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if res.returncode != 0:
-            raise RuntimeError(f"compiling {source.name} failed ({' '.join(cmd)}):\n{res.stderr[-4000:]}")
+            raise RuntimeError(f"compiling {', '.join(Path(p).name for p in sources)} failed ({' '.join(cmd)}):\n{res.stderr[-4000:]}")
         os.replace(tmp, out)
     finally:
         if os.path.exists(tmp):
@@ -101,6 +107,12 @@ def load() -> bool:
         except (OSError, RuntimeError, AttributeError) as e:
             _state.update(ok=False, error=str(e))
         return _state["ok"]
+
+
+def require() -> None:
+    """``load()``, raising RuntimeError with the reason when the kernels cannot be used."""
+    if not load():
+        raise RuntimeError(f"the native CPU kernels are unavailable: {error()}")
 
 
 def error() -> str:

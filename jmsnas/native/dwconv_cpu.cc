@@ -10,16 +10,11 @@
 // SAME padding as TF/XLA: total = max((oh - 1) * s + k - H, 0), low = total / 2 (same on the W axis).
 
 #include <algorithm>
-#include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <cstring>
-#include <functional>
-#include <memory>
-#include <mutex>
 #include <vector>
 
-#include "xla/ffi/api/ffi.h"
+#include "parallel.h"
 
 namespace ffi = xla::ffi;
 
@@ -70,57 +65,6 @@ struct Block<1> {
   void StoreTo(float* p) const { *p = v; }
   void AddTo(float* p) const { *p += v; }
 };
-
-// ---- a parallel loop over [0, n) on XLA's intra-op pool ---------------------------------------------------
-// Chunks are taken from a shared counter by the calling thread and by helper tasks; the caller only waits for
-// chunks another thread has already started, so the loop cannot deadlock when every pool thread is busy (a
-// helper that starts after the work is gone returns at once). fn(slot, begin, end): slot < max_slots is the
-// index of the participating thread (for per-thread accumulators).
-
-struct LoopState {
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> done{0};
-  std::atomic<int> slots{1};
-  std::mutex mu;
-  std::condition_variable cv;
-  int64_t n = 0, grain = 1;
-  std::function<void(int, int64_t, int64_t)> fn;
-};
-
-void RunChunks(LoopState& st, int slot) {
-  for (;;) {
-    int64_t begin = st.next.fetch_add(st.grain);
-    if (begin >= st.n) return;
-    int64_t end = std::min(begin + st.grain, st.n);
-    st.fn(slot, begin, end);
-    if (st.done.fetch_add(end - begin) + (end - begin) == st.n) {
-      std::lock_guard<std::mutex> lock(st.mu);
-      st.cv.notify_all();
-    }
-  }
-}
-
-int NumWorkers(ffi::ThreadPool& pool, int64_t n) {
-  int64_t threads = std::max<int64_t>(pool.num_threads(), 1);
-  return static_cast<int>(std::max<int64_t>(std::min<int64_t>(threads, n), 1));
-}
-
-void ParallelFor(ffi::ThreadPool& pool, int workers, int64_t n, std::function<void(int, int64_t, int64_t)> fn) {
-  if (n <= 0) return;
-  auto st = std::make_shared<LoopState>();
-  st->n = n;
-  st->grain = std::max<int64_t>(1, n / (8 * workers));
-  st->fn = std::move(fn);
-  for (int t = 1; t < workers; ++t) {
-    pool.Schedule([st] {
-      int slot = st->slots.fetch_add(1);
-      RunChunks(*st, slot);
-    });
-  }
-  RunChunks(*st, 0);
-  std::unique_lock<std::mutex> lock(st->mu);
-  st->cv.wait(lock, [&] { return st->done.load() == st->n; });
-}
 
 // ---- kernels: one row of pixels, channels in blocks of CB kept in registers ---------------------------------
 
@@ -359,7 +303,7 @@ ffi::Error ForwardImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffe
   const float* wp = w.typed_data();
   float* yp = y->typed_data();
   const int64_t rows = g.b * g.oh;
-  ParallelFor(pool, NumWorkers(pool, rows), rows, [&](int, int64_t begin, int64_t end) {
+  jmsnas::ParallelFor(pool, jmsnas::NumWorkers(pool, rows), rows, [&](int, int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) ForwardRow(g, xp, wp, yp, r / g.oh, r % g.oh);
   });
   return ffi::Error::Success();
@@ -387,13 +331,13 @@ ffi::Error InputGradImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> gy, ffi::Bu
                     sizeof(float) * g.c);
     const float* fp = flipped.data();
     const int64_t rows = g.b * g.oh;
-    ParallelFor(pool, NumWorkers(pool, rows), rows, [&](int, int64_t begin, int64_t end) {
+    jmsnas::ParallelFor(pool, jmsnas::NumWorkers(pool, rows), rows, [&](int, int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) ForwardRow(g, gp, fp, dxp, r / g.oh, r % g.oh);
     });
     return ffi::Error::Success();
   }
   const int64_t rows = g.b * g.h;
-  ParallelFor(pool, NumWorkers(pool, rows), rows, [&](int, int64_t begin, int64_t end) {
+  jmsnas::ParallelFor(pool, jmsnas::NumWorkers(pool, rows), rows, [&](int, int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) AllChannels<InputGradK>(g.c, g, gp, wp, dxp, r / g.h, r % g.h);
   });
   return ffi::Error::Success();
@@ -411,10 +355,10 @@ ffi::Error WeightGradImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
   const float* xp = x.typed_data();
   const float* gp = gy.typed_data();
   const int64_t rows = g.b * g.oh;
-  const int workers = NumWorkers(pool, rows);
+  const int workers = jmsnas::NumWorkers(pool, rows);
   const int64_t taps = g.k * g.k * g.c;
   std::vector<float> partial(static_cast<size_t>(workers) * taps, 0.0f);  // one accumulator per thread
-  ParallelFor(pool, workers, rows, [&](int slot, int64_t begin, int64_t end) {
+  jmsnas::ParallelFor(pool, workers, rows, [&](int slot, int64_t begin, int64_t end) {
     float* acc = partial.data() + static_cast<int64_t>(slot) * taps;
     for (int64_t r = begin; r < end; ++r) WeightGradRow(g, xp, gp, acc, r / g.oh, r % g.oh);
   });

@@ -1,0 +1,71 @@
+// A parallel loop on XLA's intra-op thread pool, shared by the native CPU kernels.
+#ifndef JMSNAS_NATIVE_PARALLEL_H_
+#define JMSNAS_NATIVE_PARALLEL_H_
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace jmsnas {
+
+// A loop over [0, n).
+// Chunks are taken from a shared counter by the calling thread and by helper tasks; the caller only waits for
+// chunks another thread has already started, so the loop cannot deadlock when every pool thread is busy (a
+// helper that starts after the work is gone returns at once). fn(slot, begin, end): slot < workers is the
+// index of the participating thread (for per-thread accumulators).
+
+struct LoopState {
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> done{0};
+  std::atomic<int> slots{1};
+  std::mutex mu;
+  std::condition_variable cv;
+  int64_t n = 0, grain = 1;
+  std::function<void(int, int64_t, int64_t)> fn;
+};
+
+inline void RunChunks(LoopState& st, int slot) {
+  for (;;) {
+    int64_t begin = st.next.fetch_add(st.grain);
+    if (begin >= st.n) return;
+    int64_t end = std::min(begin + st.grain, st.n);
+    st.fn(slot, begin, end);
+    if (st.done.fetch_add(end - begin) + (end - begin) == st.n) {
+      std::lock_guard<std::mutex> lock(st.mu);
+      st.cv.notify_all();
+    }
+  }
+}
+
+inline int NumWorkers(xla::ffi::ThreadPool& pool, int64_t n) {
+  int64_t threads = std::max<int64_t>(pool.num_threads(), 1);
+  return static_cast<int>(std::max<int64_t>(std::min<int64_t>(threads, n), 1));
+}
+
+inline void ParallelFor(xla::ffi::ThreadPool& pool, int workers, int64_t n,
+                        std::function<void(int, int64_t, int64_t)> fn) {
+  if (n <= 0) return;
+  auto st = std::make_shared<LoopState>();
+  st->n = n;
+  st->grain = std::max<int64_t>(1, n / (8 * workers));
+  st->fn = std::move(fn);
+  for (int t = 1; t < workers; ++t) {
+    pool.Schedule([st] {
+      int slot = st->slots.fetch_add(1);
+      RunChunks(*st, slot);
+    });
+  }
+  RunChunks(*st, 0);
+  std::unique_lock<std::mutex> lock(st->mu);
+  st->cv.wait(lock, [&] { return st->done.load() == st->n; });
+}
+
+}  // namespace jmsnas
+
+#endif  // JMSNAS_NATIVE_PARALLEL_H_
