@@ -25,9 +25,54 @@ namespace {
 
 constexpr int64_t kRowsPerChunk = 256;
 
-// act: 0 = none, 1 = ReLU6
-inline float Act(float z, int64_t act) { return act == 1 ? std::min(std::max(z, 0.0f), 6.0f) : z; }
-inline float ActGrad(float z, int64_t act) { return act == 1 ? (z > 0.0f && z < 6.0f ? 1.0f : 0.0f) : 1.0f; }
+// ACT: 0 = none, 1 = ReLU6. A template parameter, so the row loops have no branch and vectorise.
+template <int ACT>
+inline float Act(float z) {
+  return ACT == 1 ? std::min(std::max(z, 0.0f), 6.0f) : z;
+}
+// g * act'(z)
+template <int ACT>
+inline float MaskGrad(float g, float z) {
+  return ACT == 1 ? ((z > 0.0f && z < 6.0f) ? g : 0.0f) : g;
+}
+
+// Row kernels, with restrict-qualified pointers so that the channel loops vectorise.
+#define R __restrict__
+
+inline void SumsRow(int64_t c, const float* R xr, const float* R x0, float* R a, float* R b) {
+  for (int64_t j = 0; j < c; ++j) {
+    const float d = xr[j] - x0[j];
+    a[j] += d;
+    b[j] += d * d;
+  }
+}
+
+template <int ACT>
+inline void NormActRow(int64_t c, const float* R xr, const float* R mul, const float* R add, float* R yr) {
+  for (int64_t j = 0; j < c; ++j) yr[j] = Act<ACT>(xr[j] * mul[j] + add[j]);
+}
+
+template <int ACT>
+inline void GradSumsRow(int64_t c, const float* R xr, const float* R gr, const float* R mean, const float* R inv,
+                        const float* R mul, const float* R add, float* R a, float* R b) {
+  for (int64_t j = 0; j < c; ++j) {
+    const float gz = MaskGrad<ACT>(gr[j], xr[j] * mul[j] + add[j]);
+    a[j] += gz;
+    b[j] += gz * ((xr[j] - mean[j]) * inv[j]);
+  }
+}
+
+template <int ACT>
+inline void InputGradRow(int64_t c, const float* R xr, const float* R gr, const float* R mean, const float* R inv,
+                         const float* R mul, const float* R add, const float* R kx, const float* R k0,
+                         float* R out) {
+  for (int64_t j = 0; j < c; ++j) {
+    const float gz = MaskGrad<ACT>(gr[j], xr[j] * mul[j] + add[j]);
+    out[j] = mul[j] * gz + kx[j] * ((xr[j] - mean[j]) * inv[j]) + k0[j];
+  }
+}
+
+#undef R
 
 // Per-thread double accumulators of two channel sums over row chunks, reduced at the end.
 template <typename RowFn>
@@ -68,10 +113,10 @@ void Rows(ffi::ThreadPool& pool, int64_t rows, RowFn row_fn) {
   });
 }
 
-ffi::Error BnActForwardImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> scale,
-                            ffi::Buffer<ffi::F32> bias, ffi::ResultBuffer<ffi::F32> y,
-                            ffi::ResultBuffer<ffi::F32> mean_out, ffi::ResultBuffer<ffi::F32> var_out, int64_t act,
-                            float eps) {
+template <int ACT>
+ffi::Error BnActForward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> scale,
+                        ffi::Buffer<ffi::F32> bias, ffi::ResultBuffer<ffi::F32> y, ffi::ResultBuffer<ffi::F32> mean_out,
+                        ffi::ResultBuffer<ffi::F32> var_out, float eps) {
   auto xd = x.dimensions();
   if (xd.size() != 2 || scale.element_count() != xd[1] || bias.element_count() != xd[1])
     return ffi::Error::InvalidArgument("jmsnas batch norm: expected x [rows, C], scale [C], bias [C]");
@@ -79,14 +124,8 @@ ffi::Error BnActForwardImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::
   const float* xp = x.typed_data();
   // pass 1: sums of x - x[0] and its square (shifted by the first row, in float per chunk, double across chunks)
   std::vector<double> s1, s2;
-  ChannelSums(pool, rows, c, &s1, &s2, [&](int64_t r, float* a, float* b) {
-    const float* xr = xp + r * c;
-    for (int64_t j = 0; j < c; ++j) {
-      const float d = xr[j] - xp[j];
-      a[j] += d;
-      b[j] += d * d;
-    }
-  });
+  ChannelSums(pool, rows, c, &s1, &s2,
+              [&](int64_t r, float* a, float* b) { SumsRow(c, xp + r * c, xp, a, b); });
   std::vector<float> mul(c), add(c);
   float* mean = mean_out->typed_data();
   float* var = var_out->typed_data();
@@ -105,23 +144,16 @@ ffi::Error BnActForwardImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::
   float* yp = y->typed_data();
   const float* mp = mul.data();
   const float* ap = add.data();
-  Rows(pool, rows, [&](int64_t r) {
-    const float* xr = xp + r * c;
-    float* yr = yp + r * c;
-    if (act == 1) {
-      for (int64_t j = 0; j < c; ++j) yr[j] = std::min(std::max(xr[j] * mp[j] + ap[j], 0.0f), 6.0f);
-    } else {
-      for (int64_t j = 0; j < c; ++j) yr[j] = xr[j] * mp[j] + ap[j];
-    }
-  });
+  Rows(pool, rows, [&](int64_t r) { NormActRow<ACT>(c, xp + r * c, mp, ap, yp + r * c); });
   return ffi::Error::Success();
 }
 
-ffi::Error BnActBackwardImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> scale,
-                             ffi::Buffer<ffi::F32> bias, ffi::Buffer<ffi::F32> mean_in, ffi::Buffer<ffi::F32> var_in,
-                             ffi::Buffer<ffi::F32> g, ffi::Buffer<ffi::F32> g_mean, ffi::Buffer<ffi::F32> g_var,
-                             ffi::ResultBuffer<ffi::F32> dx, ffi::ResultBuffer<ffi::F32> d_scale,
-                             ffi::ResultBuffer<ffi::F32> d_bias, int64_t act, float eps) {
+template <int ACT>
+ffi::Error BnActBackward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> scale,
+                         ffi::Buffer<ffi::F32> bias, ffi::Buffer<ffi::F32> mean_in, ffi::Buffer<ffi::F32> var_in,
+                         ffi::Buffer<ffi::F32> g, ffi::Buffer<ffi::F32> g_mean, ffi::Buffer<ffi::F32> g_var,
+                         ffi::ResultBuffer<ffi::F32> dx, ffi::ResultBuffer<ffi::F32> d_scale,
+                         ffi::ResultBuffer<ffi::F32> d_bias, float eps) {
   auto xd = x.dimensions();
   if (xd.size() != 2 || g.dimensions().size() != 2 || g.dimensions()[0] != xd[0] || g.dimensions()[1] != xd[1])
     return ffi::Error::InvalidArgument("jmsnas batch norm backward: x and g must both be [rows, C]");
@@ -144,42 +176,47 @@ ffi::Error BnActBackwardImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi:
   // pass 1: d_bias = sum gz, d_scale = sum gz * xhat
   std::vector<double> sb, ss;
   ChannelSums(pool, rows, c, &sb, &ss, [&](int64_t r, float* a, float* b) {
-    const float* xr = xp + r * c;
-    const float* gr = gp + r * c;
-    for (int64_t j = 0; j < c; ++j) {
-      const float gz = gr[j] * ActGrad(xr[j] * mp[j] + ap[j], act);
-      a[j] += gz;
-      b[j] += gz * ((xr[j] - mean[j]) * ip[j]);
-    }
+    GradSumsRow<ACT>(c, xp + r * c, gp + r * c, mean, ip, mp, ap, a, b);
   });
   float* dbp = d_bias->typed_data();
   float* dsp = d_scale->typed_data();
-  std::vector<float> k_g(c), k_x(c), k_0(c);  // dx = k_g * gz + k_x * xhat + k_0
+  std::vector<float> k_x(c), k_0(c);  // dx = mul * gz + k_x * xhat + k_0
   const float* gm = g_mean.typed_data();
   const float* gv = g_var.typed_data();
   for (int64_t j = 0; j < c; ++j) {
     dbp[j] = static_cast<float>(sb[j]);
     dsp[j] = static_cast<float>(ss[j]);
     const float n = static_cast<float>(rows);
-    k_g[j] = mp[j];
     k_x[j] = -mp[j] * dsp[j] / n + 2.0f * gv[j] / (n * ip[j]);
     k_0[j] = -mp[j] * dbp[j] / n + gm[j] / n;
   }
   // pass 2: the input gradient
   float* dxp = dx->typed_data();
-  const float* kg = k_g.data();
   const float* kx = k_x.data();
   const float* k0 = k_0.data();
   Rows(pool, rows, [&](int64_t r) {
-    const float* xr = xp + r * c;
-    const float* gr = gp + r * c;
-    float* out = dxp + r * c;
-    for (int64_t j = 0; j < c; ++j) {
-      const float gz = gr[j] * ActGrad(xr[j] * mp[j] + ap[j], act);
-      out[j] = kg[j] * gz + kx[j] * ((xr[j] - mean[j]) * ip[j]) + k0[j];
-    }
+    InputGradRow<ACT>(c, xp + r * c, gp + r * c, mean, ip, mp, ap, kx, k0, dxp + r * c);
   });
   return ffi::Error::Success();
+}
+
+ffi::Error BnActForwardImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> scale,
+                            ffi::Buffer<ffi::F32> bias, ffi::ResultBuffer<ffi::F32> y,
+                            ffi::ResultBuffer<ffi::F32> mean_out, ffi::ResultBuffer<ffi::F32> var_out, int64_t act,
+                            float eps) {
+  if (act == 0) return BnActForward<0>(pool, x, scale, bias, y, mean_out, var_out, eps);
+  if (act == 1) return BnActForward<1>(pool, x, scale, bias, y, mean_out, var_out, eps);
+  return ffi::Error::InvalidArgument("jmsnas batch norm: act must be 0 (none) or 1 (ReLU6)");
+}
+
+ffi::Error BnActBackwardImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> scale,
+                             ffi::Buffer<ffi::F32> bias, ffi::Buffer<ffi::F32> mean_in, ffi::Buffer<ffi::F32> var_in,
+                             ffi::Buffer<ffi::F32> g, ffi::Buffer<ffi::F32> g_mean, ffi::Buffer<ffi::F32> g_var,
+                             ffi::ResultBuffer<ffi::F32> dx, ffi::ResultBuffer<ffi::F32> d_scale,
+                             ffi::ResultBuffer<ffi::F32> d_bias, int64_t act, float eps) {
+  if (act == 0) return BnActBackward<0>(pool, x, scale, bias, mean_in, var_in, g, g_mean, g_var, dx, d_scale, d_bias, eps);
+  if (act == 1) return BnActBackward<1>(pool, x, scale, bias, mean_in, var_in, g, g_mean, g_var, dx, d_scale, d_bias, eps);
+  return ffi::Error::InvalidArgument("jmsnas batch norm: act must be 0 (none) or 1 (ReLU6)");
 }
 
 }  // namespace
