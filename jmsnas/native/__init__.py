@@ -4,7 +4,8 @@
 batch norm fused with its activation, forward and backward) into one library with the machine's C++ compiler (``$CXX``, else ``g++``, else ``c++``;
 ``-O3 -march=native``) against the XLA FFI headers that ship with jaxlib (``jax.ffi.include_dir()``), loads the
 shared library and registers its handlers for the CPU platform. The library is cached under
-``$JMSNAS_CACHE_DIR`` (default ``~/.cache/jmsnas``) in a file named by a hash of the source, the flags, the
+``$JMSNAS_CACHE_DIR`` (default ``~/.cache/jmsnas``; the system's temporary directory when that is not writable)
+in a file named by a hash of the source, the flags, the
 compiler's version, jaxlib's version and the CPU's instruction-set flags, so a changed input compiles anew and
 concurrent processes (pytest workers) never load a half-written file: each compiles to a private temporary name
 and renames it into place.
@@ -99,7 +100,12 @@ def load() -> bool:
                 raise RuntimeError("no C++ compiler found (set CXX, or install g++)")
             path = _library_path(cxx)
             if not path.exists():
-                _build(cxx, path)
+                try:
+                    _build(cxx, path)
+                except OSError:  # an unwritable cache directory: build under the system's temporary directory
+                    path = Path(tempfile.gettempdir()) / f"jmsnas-{os.getuid()}" / path.name
+                    if not path.exists():
+                        _build(cxx, path)
             lib = ctypes.CDLL(str(path))
             for target, symbol in TARGETS.items():
                 jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
