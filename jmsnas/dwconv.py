@@ -57,8 +57,8 @@ def resolve_impl(impl: str) -> str:
             warnings.warn(f"jmsnas: native depthwise kernels unavailable, using the XLA shifted-sum form "
                           f"(slower): {native.error()}", RuntimeWarning, stacklevel=3)
         return "shifted"
-    if impl == "native" and not native.load():
-        raise RuntimeError(f"dw impl 'native' needs the compiled CPU kernels: {native.error()}")
+    if impl == "native":
+        native.require()
     return impl
 
 

@@ -79,8 +79,8 @@ def resolve_norm_impl(impl: str) -> str:
         raise ValueError(f"norm impl must be one of {NORM_IMPLS}, got {impl!r}")
     if impl == "auto":
         return "native" if jax.default_backend() == "cpu" and native.load() else "xla"
-    if impl == "native" and not native.load():
-        raise RuntimeError(f"norm impl 'native' needs the compiled CPU kernels: {native.error()}")
+    if impl == "native":
+        native.require()
     return impl
 
 

@@ -1,17 +1,16 @@
 """Native CPU kernels, compiled on first use and registered as XLA FFI targets.
 
 ``load()`` compiles ``dwconv_cpu.cc`` (depthwise convolution and its gradients) and ``batchnorm_cpu.cc`` (training
-batch norm fused with its activation, forward and backward) into one library with the machine's C++ compiler (``$CXX``, else ``g++``, else ``c++``;
-``-O3 -march=native``) against the XLA FFI headers that ship with jaxlib (``jax.ffi.include_dir()``), loads the
-shared library and registers its handlers for the CPU platform. The library is cached under
+batch norm fused with its activation, forward and backward) into one library with the machine's C++ compiler
+(``$CXX``, else ``g++``, else ``c++``; ``-O3 -march=native``) against the XLA FFI headers that ship with jaxlib
+(``jax.ffi.include_dir()``), loads it and registers its handlers for the CPU platform. The library is cached under
 ``$JMSNAS_CACHE_DIR`` (default ``~/.cache/jmsnas``; the system's temporary directory when that is not writable)
-in a file named by a hash of the source, the flags, the
-compiler's version, jaxlib's version and the CPU's instruction-set flags, so a changed input compiles anew and
-concurrent processes (pytest workers) never load a half-written file: each compiles to a private temporary name
-and renames it into place.
+in a file named by a hash of the sources, the flags, the compiler's version, jaxlib's version and the CPU's
+instruction-set flags, so a changed input compiles anew and concurrent processes (pytest workers) never load a
+half-written file: each compiles to a private temporary name and renames it into place.
 
 When no compiler is found or the build fails, ``load()`` returns False and ``error()`` says why; callers
-(``jmsnas.dwconv`` with impl "auto") then fall back to the pure-XLA implementation.
+(``jmsnas.dwconv`` and ``jmsnas.ops`` with impl "auto") then fall back to the pure-XLA implementations.
 """
 from __future__ import annotations
 
@@ -40,7 +39,7 @@ TARGETS = {  # FFI target name -> exported symbol
 }
 
 _lock = threading.Lock()
-_state: dict = {}  # "ok": bool, "error": str, "path": Path
+_state: dict = {}  # "ok": bool, "error": str; when ok also "path" (the library) and "lib" (kept loaded)
 
 
 def cache_dir() -> Path:
@@ -82,7 +81,8 @@ def _build(cxx: str, out: Path, sources=SOURCES) -> None:
         cmd = [cxx, *FLAGS, f"-I{jax.ffi.include_dir()}", f"-I{HERE}", *map(str, sources), "-o", tmp]
         res = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if res.returncode != 0:
-            raise RuntimeError(f"compiling {', '.join(Path(p).name for p in sources)} failed ({' '.join(cmd)}):\n{res.stderr[-4000:]}")
+            names = ", ".join(Path(p).name for p in sources)
+            raise RuntimeError(f"compiling {names} failed ({' '.join(cmd)}):\n{res.stderr[-4000:]}")
         os.replace(tmp, out)
     finally:
         if os.path.exists(tmp):

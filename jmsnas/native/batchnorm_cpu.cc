@@ -74,6 +74,19 @@ inline void InputGradRow(int64_t c, const float* R xr, const float* R gr, const 
 
 #undef R
 
+// Per channel: inv = 1 / sqrt(var + eps), and z = x * mul + add with mul = scale * inv, add = bias - mean * mul.
+void NormCoefficients(int64_t c, const float* scale, const float* bias, const float* mean, const float* var,
+                      float eps, std::vector<float>* inv, std::vector<float>* mul, std::vector<float>* add) {
+  inv->resize(c);
+  mul->resize(c);
+  add->resize(c);
+  for (int64_t j = 0; j < c; ++j) {
+    (*inv)[j] = 1.0f / std::sqrt(var[j] + eps);
+    (*mul)[j] = scale[j] * (*inv)[j];
+    (*add)[j] = bias[j] - mean[j] * (*mul)[j];
+  }
+}
+
 // Per-thread double accumulators of two channel sums over row chunks, reduced at the end.
 template <typename RowFn>
 void ChannelSums(ffi::ThreadPool& pool, int64_t rows, int64_t c, std::vector<double>* s1, std::vector<double>* s2,
@@ -126,20 +139,15 @@ ffi::Error BnActForward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buff
   std::vector<double> s1, s2;
   ChannelSums(pool, rows, c, &s1, &s2,
               [&](int64_t r, float* a, float* b) { SumsRow(c, xp + r * c, xp, a, b); });
-  std::vector<float> mul(c), add(c);
   float* mean = mean_out->typed_data();
   float* var = var_out->typed_data();
-  const float* sc = scale.typed_data();
-  const float* bi = bias.typed_data();
   for (int64_t j = 0; j < c; ++j) {
     const double m = s1[j] / rows;
-    const double v = std::max(s2[j] / rows - m * m, 0.0);
     mean[j] = static_cast<float>(m + xp[j]);
-    var[j] = static_cast<float>(v);
-    const float inv = 1.0f / std::sqrt(var[j] + eps);
-    mul[j] = sc[j] * inv;
-    add[j] = bi[j] - mean[j] * mul[j];
+    var[j] = static_cast<float>(std::max(s2[j] / rows - m * m, 0.0));
   }
+  std::vector<float> inv, mul, add;
+  NormCoefficients(c, scale.typed_data(), bias.typed_data(), mean, var, eps, &inv, &mul, &add);
   // pass 2: y = act(x * mul + add)
   float* yp = y->typed_data();
   const float* mp = mul.data();
@@ -160,16 +168,9 @@ ffi::Error BnActBackward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buf
   const int64_t rows = xd[0], c = xd[1];
   const float* xp = x.typed_data();
   const float* gp = g.typed_data();
-  const float* sc = scale.typed_data();
-  const float* bi = bias.typed_data();
   const float* mean = mean_in.typed_data();
-  const float* var = var_in.typed_data();
-  std::vector<float> inv(c), mul(c), add(c);
-  for (int64_t j = 0; j < c; ++j) {
-    inv[j] = 1.0f / std::sqrt(var[j] + eps);
-    mul[j] = sc[j] * inv[j];
-    add[j] = bi[j] - mean[j] * mul[j];
-  }
+  std::vector<float> inv, mul, add;
+  NormCoefficients(c, scale.typed_data(), bias.typed_data(), mean, var_in.typed_data(), eps, &inv, &mul, &add);
   const float* ip = inv.data();
   const float* mp = mul.data();
   const float* ap = add.data();
@@ -214,8 +215,10 @@ ffi::Error BnActBackwardImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi:
                              ffi::Buffer<ffi::F32> g, ffi::Buffer<ffi::F32> g_mean, ffi::Buffer<ffi::F32> g_var,
                              ffi::ResultBuffer<ffi::F32> dx, ffi::ResultBuffer<ffi::F32> d_scale,
                              ffi::ResultBuffer<ffi::F32> d_bias, int64_t act, float eps) {
-  if (act == 0) return BnActBackward<0>(pool, x, scale, bias, mean_in, var_in, g, g_mean, g_var, dx, d_scale, d_bias, eps);
-  if (act == 1) return BnActBackward<1>(pool, x, scale, bias, mean_in, var_in, g, g_mean, g_var, dx, d_scale, d_bias, eps);
+  if (act == 0)
+    return BnActBackward<0>(pool, x, scale, bias, mean_in, var_in, g, g_mean, g_var, dx, d_scale, d_bias, eps);
+  if (act == 1)
+    return BnActBackward<1>(pool, x, scale, bias, mean_in, var_in, g, g_mean, g_var, dx, d_scale, d_bias, eps);
   return ffi::Error::InvalidArgument("jmsnas batch norm: act must be 0 (none) or 1 (ReLU6)");
 }
 

@@ -35,6 +35,16 @@ Geometry MakeGeometry(int64_t b, int64_t h, int64_t w, int64_t c, int64_t k, int
   return g;
 }
 
+// The kernel rows i that land inside the image for output row oy: input row iy0 + i, i in [lo, hi).
+struct TapRows {
+  int64_t iy0, lo, hi;
+};
+
+TapRows RowTaps(const Geometry& g, int64_t oy) {
+  const int64_t iy0 = oy * g.s - g.ph;
+  return {iy0, std::max<int64_t>(0, -iy0), std::min<int64_t>(g.k, g.h - iy0)};
+}
+
 // ---- channel blocks held in registers -------------------------------------------------------------------------
 // v8: 8 floats (GCC/clang vector extension), unaligned and may-alias loads/stores through a pointer cast.
 typedef float v8 __attribute__((vector_size(32), aligned(4), may_alias));
@@ -72,14 +82,13 @@ struct Block<1> {
 template <int CB>
 void ForwardPixels(const Geometry& g, const float* x, const float* w, float* y, int64_t b, int64_t oy,
                    int64_t ox_begin, int64_t ox_end, int64_t c0) {
-  const int64_t iy0 = oy * g.s - g.ph;
-  const int64_t i_lo = std::max<int64_t>(0, -iy0), i_hi = std::min<int64_t>(g.k, g.h - iy0);
+  const TapRows t = RowTaps(g, oy);
   for (int64_t ox = ox_begin; ox < ox_end; ++ox) {
     const int64_t ix0 = ox * g.s - g.pw;
     const int64_t j_lo = std::max<int64_t>(0, -ix0), j_hi = std::min<int64_t>(g.k, g.w - ix0);
     Block<CB> acc;
-    for (int64_t i = i_lo; i < i_hi; ++i) {
-      const float* xr = x + ((b * g.h + iy0 + i) * g.w + ix0) * g.c + c0;
+    for (int64_t i = t.lo; i < t.hi; ++i) {
+      const float* xr = x + ((b * g.h + t.iy0 + i) * g.w + ix0) * g.c + c0;
       const float* wr = w + i * g.k * g.c + c0;
       for (int64_t j = j_lo; j < j_hi; ++j) acc.Fma(xr + j * g.c, wr + j * g.c);
     }
@@ -111,11 +120,10 @@ void InputGradRowBlock(const Geometry& g, const float* gy, const float* w, float
 template <int CB>
 void WeightGradRowBlock(const Geometry& g, const float* x, const float* gy, float* dw, int64_t b, int64_t oy,
                         int64_t c0) {
-  const int64_t iy0 = oy * g.s - g.ph;
-  const int64_t i_lo = std::max<int64_t>(0, -iy0), i_hi = std::min<int64_t>(g.k, g.h - iy0);
+  const TapRows t = RowTaps(g, oy);
   const float* grow = gy + (b * g.oh + oy) * g.ow * g.c + c0;
-  for (int64_t i = i_lo; i < i_hi; ++i) {
-    const float* xrow = x + (b * g.h + iy0 + i) * g.w * g.c + c0;
+  for (int64_t i = t.lo; i < t.hi; ++i) {
+    const float* xrow = x + (b * g.h + t.iy0 + i) * g.w * g.c + c0;
     for (int64_t j = 0; j < g.k; ++j) {
       // ox with 0 <= ox * s - pw + j < w
       const int64_t lo = std::max<int64_t>(0, (g.pw - j + g.s - 1) / g.s);
@@ -127,19 +135,17 @@ void WeightGradRowBlock(const Geometry& g, const float* x, const float* gy, floa
   }
 }
 
-
 // ---- register-blocked interior kernels (every tap in range) ------------------------------------------------------
 
 // Forward of OX neighbouring outputs x 8 * NV channels of one row, ox in [ox0, ox0 + OX) all interior: OX * NV
 // accumulators; each tap's weight vectors are loaded once for the OX outputs.
 template <int OX, int NV>
 void ForwardTile(const Geometry& g, const float* x, const float* w, float* y, int64_t b, int64_t oy, int64_t ox0,
-                 int64_t c0, int64_t i_lo, int64_t i_hi) {
-  const int64_t iy0 = oy * g.s - g.ph;
+                 int64_t c0, const TapRows& t) {
   const int64_t step = g.s * g.c;
   v8 acc[OX][NV] = {};
-  for (int64_t i = i_lo; i < i_hi; ++i) {
-    const float* xr = x + ((b * g.h + iy0 + i) * g.w + ox0 * g.s - g.pw) * g.c + c0;
+  for (int64_t i = t.lo; i < t.hi; ++i) {
+    const float* xr = x + ((b * g.h + t.iy0 + i) * g.w + ox0 * g.s - g.pw) * g.c + c0;
     const float* wr = w + i * g.k * g.c + c0;
     for (int64_t j = 0; j < g.k; ++j) {
       v8 wv[NV];
@@ -209,12 +215,11 @@ template <int K>
 void WeightGradRowK(const Geometry& g, const float* x, const float* gy, float* dw, int64_t b, int64_t oy) {
   int64_t lo, hi;
   InteriorColumns(g, &lo, &hi);
-  const int64_t iy0 = oy * g.s - g.ph;
-  const int64_t i_lo = std::max<int64_t>(0, -iy0), i_hi = std::min<int64_t>(g.k, g.h - iy0);
+  const TapRows t = RowTaps(g, oy);
   const float* grow = gy + (b * g.oh + oy) * g.ow * g.c;
   const int64_t cw = g.c / (8 * kWeightGradNV) * (8 * kWeightGradNV), c8 = g.c / 8 * 8;
-  for (int64_t i = i_lo; i < i_hi; ++i) {
-    const float* xrow = x + (b * g.h + iy0 + i) * g.w * g.c;
+  for (int64_t i = t.lo; i < t.hi; ++i) {
+    const float* xrow = x + (b * g.h + t.iy0 + i) * g.w * g.c;
     for (int64_t c0 = 0; c0 < cw; c0 += 8 * kWeightGradNV)
       WeightGradRowTile<K, kWeightGradNV>(g, xrow, grow, dw + i * K * g.c, c0, lo, hi);
     for (int64_t c0 = cw; c0 < c8; c0 += 8) WeightGradRowTile<K, 1>(g, xrow, grow, dw + i * K * g.c, c0, lo, hi);
@@ -222,24 +227,29 @@ void WeightGradRowK(const Geometry& g, const float* x, const float* gy, float* d
   for (int64_t c0 = c8; c0 < g.c; ++c0) WeightGradRowBlock<1>(g, x, gy, dw, b, oy, c0);
 }
 
-// Run kernel<CB> over the channel blocks of one row: blocks of 32, then 8, then single channels.
+// Run kernel<CB> over the channels [c_begin, c_end) of one row: blocks of 32, then 8, then single channels.
 template <template <int> class K, typename... Args>
-void AllChannels(int64_t c, Args... args) {
-  int64_t c0 = 0;
-  for (; c0 + 32 <= c; c0 += 32) K<32>::Run(args..., c0);
-  for (; c0 + 8 <= c; c0 += 8) K<8>::Run(args..., c0);
-  for (; c0 < c; ++c0) K<1>::Run(args..., c0);
+void ChannelBlocks(int64_t c_begin, int64_t c_end, Args... args) {
+  int64_t c0 = c_begin;
+  for (; c0 + 32 <= c_end; c0 += 32) K<32>::Run(args..., c0);
+  for (; c0 + 8 <= c_end; c0 += 8) K<8>::Run(args..., c0);
+  for (; c0 < c_end; ++c0) K<1>::Run(args..., c0);
 }
+
+template <int CB>
+struct ForwardPixelsK {
+  static void Run(const Geometry& g, const float* x, const float* w, float* y, int64_t b, int64_t oy,
+                  int64_t ox_begin, int64_t ox_end, int64_t c0) {
+    ForwardPixels<CB>(g, x, w, y, b, oy, ox_begin, ox_end, c0);
+  }
+};
 
 // Output columns [ox_begin, ox_end) and channels [c_begin, c_end) of one row, pixel by pixel.
 void ForwardColumns(const Geometry& g, const float* x, const float* w, float* y, int64_t b, int64_t oy,
                     int64_t ox_begin, int64_t ox_end, int64_t c_begin, int64_t c_end) {
-  if (ox_begin >= ox_end) return;
-  int64_t c0 = c_begin;
-  for (; c0 + 32 <= c_end; c0 += 32) ForwardPixels<32>(g, x, w, y, b, oy, ox_begin, ox_end, c0);
-  for (; c0 + 8 <= c_end; c0 += 8) ForwardPixels<8>(g, x, w, y, b, oy, ox_begin, ox_end, c0);
-  for (; c0 < c_end; ++c0) ForwardPixels<1>(g, x, w, y, b, oy, ox_begin, ox_end, c0);
+  if (ox_begin < ox_end) ChannelBlocks<ForwardPixelsK>(c_begin, c_end, g, x, w, y, b, oy, ox_begin, ox_end);
 }
+
 template <int CB>
 struct InputGradK {
   static void Run(const Geometry& g, const float* gy, const float* w, float* dx, int64_t b, int64_t r,
@@ -255,19 +265,17 @@ struct WeightGradK {
   }
 };
 
-
 // One output row, every channel: 4 x 16 register tiles in the interior, pixel by pixel at the borders.
 void ForwardRow(const Geometry& g, const float* x, const float* w, float* y, int64_t b, int64_t oy) {
   int64_t lo, hi;
   InteriorColumns(g, &lo, &hi);
-  const int64_t iy0 = oy * g.s - g.ph;
-  const int64_t i_lo = std::max<int64_t>(0, -iy0), i_hi = std::min<int64_t>(g.k, g.h - iy0);
+  const TapRows t = RowTaps(g, oy);
   const int64_t c16 = g.c / (8 * kTileNV) * (8 * kTileNV);
   const int64_t tiles_end = lo + (hi - lo) / kTileOX * kTileOX;
   if (c16 > 0 && tiles_end > lo) {
     for (int64_t ox = lo; ox < tiles_end; ox += kTileOX)
       for (int64_t c0 = 0; c0 < c16; c0 += 8 * kTileNV)
-        ForwardTile<kTileOX, kTileNV>(g, x, w, y, b, oy, ox, c0, i_lo, i_hi);
+        ForwardTile<kTileOX, kTileNV>(g, x, w, y, b, oy, ox, c0, t);
     // the columns outside the tiles, all channels; the tiles' columns for the channels past c16
     ForwardColumns(g, x, w, y, b, oy, 0, lo, 0, g.c);
     ForwardColumns(g, x, w, y, b, oy, tiles_end, g.ow, 0, g.c);
@@ -282,8 +290,16 @@ void WeightGradRow(const Geometry& g, const float* x, const float* gy, float* dw
     case 3: return WeightGradRowK<3>(g, x, gy, dw, b, oy);
     case 5: return WeightGradRowK<5>(g, x, gy, dw, b, oy);
     case 7: return WeightGradRowK<7>(g, x, gy, dw, b, oy);
-    default: AllChannels<WeightGradK>(g.c, g, x, gy, dw, b, oy);
+    default: ChannelBlocks<WeightGradK>(0, g.c, g, x, gy, dw, b, oy);
   }
+}
+
+// Every output row of the forward convolution of x with w into y, spread over the thread pool.
+void ForwardRows(ffi::ThreadPool& pool, const Geometry& g, const float* x, const float* w, float* y) {
+  const int64_t rows = g.b * g.oh;
+  jmsnas::ParallelFor(pool, jmsnas::NumWorkers(pool, rows), rows, [&](int, int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) ForwardRow(g, x, w, y, r / g.oh, r % g.oh);
+  });
 }
 
 ffi::Error CheckStride(int64_t s) {
@@ -299,13 +315,7 @@ ffi::Error ForwardImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffe
   if (xd.size() != 4 || wd.size() != 3 || wd[2] != xd[3])
     return ffi::Error::InvalidArgument("jmsnas depthwise forward: expected x [B,H,W,C] and w [k,k,C]");
   const Geometry g = MakeGeometry(xd[0], xd[1], xd[2], xd[3], wd[0], stride);
-  const float* xp = x.typed_data();
-  const float* wp = w.typed_data();
-  float* yp = y->typed_data();
-  const int64_t rows = g.b * g.oh;
-  jmsnas::ParallelFor(pool, jmsnas::NumWorkers(pool, rows), rows, [&](int, int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) ForwardRow(g, xp, wp, yp, r / g.oh, r % g.oh);
-  });
+  ForwardRows(pool, g, x.typed_data(), w.typed_data(), y->typed_data());
   return ffi::Error::Success();
 }
 
@@ -329,16 +339,12 @@ ffi::Error InputGradImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> gy, ffi::Bu
       for (int64_t j = 0; j < g.k; ++j)
         std::memcpy(flipped.data() + (i * g.k + j) * g.c, wp + ((g.k - 1 - i) * g.k + (g.k - 1 - j)) * g.c,
                     sizeof(float) * g.c);
-    const float* fp = flipped.data();
-    const int64_t rows = g.b * g.oh;
-    jmsnas::ParallelFor(pool, jmsnas::NumWorkers(pool, rows), rows, [&](int, int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) ForwardRow(g, gp, fp, dxp, r / g.oh, r % g.oh);
-    });
+    ForwardRows(pool, g, gp, flipped.data(), dxp);
     return ffi::Error::Success();
   }
   const int64_t rows = g.b * g.h;
   jmsnas::ParallelFor(pool, jmsnas::NumWorkers(pool, rows), rows, [&](int, int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) AllChannels<InputGradK>(g.c, g, gp, wp, dxp, r / g.h, r % g.h);
+    for (int64_t r = begin; r < end; ++r) ChannelBlocks<InputGradK>(0, g.c, g, gp, wp, dxp, r / g.h, r % g.h);
   });
   return ffi::Error::Success();
 }
