@@ -75,6 +75,16 @@ def test_native_tiles_and_channel_tails_match_xla(k, stride, hw, c):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=3e-5, err_msg=name)
 
 
+def test_native_weight_gradient_is_bitwise_repeatable():
+    """The weight gradient sums rows in fixed blocks added in order, so repeated runs (threads scheduled
+    differently each time) give the same bits; per-thread partial sums would not (the main job then drifted)."""
+    rng = np.random.default_rng(11)
+    x, w = _uniform(rng, (16, 24, 24, 48)), _uniform(rng, (5, 5, 48))
+    runs = [np.asarray(_value_and_vjp("native", x, w, 1, seed=3)[2]) for _ in range(6)]
+    for dw in runs[1:]:
+        np.testing.assert_array_equal(dw, runs[0])
+
+
 def test_native_under_vmap_and_other_dtypes():
     """vmap over per-example kernels runs the kernel once per element; bfloat16 inputs compute in float32."""
     rng = np.random.default_rng(0)

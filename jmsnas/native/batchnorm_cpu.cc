@@ -87,17 +87,21 @@ void NormCoefficients(int64_t c, const float* scale, const float* bias, const fl
   }
 }
 
-// Per-thread double accumulators of two channel sums over row chunks, reduced at the end.
+// Two channel sums over all rows: float sums per chunk of kRowsPerChunk rows, added in double into one accumulator
+// per fixed block of chunks, and the blocks added in order, so the result does not depend on the thread count or
+// on scheduling.
+constexpr int64_t kSumBlocks = 64;
+
 template <typename RowFn>
 void ChannelSums(ffi::ThreadPool& pool, int64_t rows, int64_t c, std::vector<double>* s1, std::vector<double>* s2,
                  RowFn row_fn) {
   const int64_t chunks = (rows + kRowsPerChunk - 1) / kRowsPerChunk;
-  const int workers = jmsnas::NumWorkers(pool, chunks);
-  std::vector<double> part(static_cast<size_t>(workers) * 2 * c, 0.0);
-  jmsnas::ParallelFor(pool, workers, chunks, [&](int slot, int64_t begin, int64_t end) {
-    double* a = part.data() + static_cast<int64_t>(slot) * 2 * c;
+  const int64_t blocks = std::max<int64_t>(std::min(chunks, kSumBlocks), 1);
+  std::vector<double> part(static_cast<size_t>(blocks) * 2 * c, 0.0);
+  jmsnas::ParallelBlocks(pool, chunks, blocks, [&](int64_t block, int64_t begin, int64_t end) {
+    double* a = part.data() + block * 2 * c;
     double* b = a + c;
-    std::vector<float> fa(c), fb(c);  // float sums over one chunk, added into the doubles per chunk
+    std::vector<float> fa(c), fb(c);
     for (int64_t k = begin; k < end; ++k) {
       std::fill(fa.begin(), fa.end(), 0.0f);
       std::fill(fb.begin(), fb.end(), 0.0f);
@@ -111,17 +115,17 @@ void ChannelSums(ffi::ThreadPool& pool, int64_t rows, int64_t c, std::vector<dou
   });
   s1->assign(c, 0.0);
   s2->assign(c, 0.0);
-  for (int t = 0; t < workers; ++t)
+  for (int64_t k = 0; k < blocks; ++k)
     for (int64_t j = 0; j < c; ++j) {
-      (*s1)[j] += part[(static_cast<int64_t>(t) * 2) * c + j];
-      (*s2)[j] += part[(static_cast<int64_t>(t) * 2 + 1) * c + j];
+      (*s1)[j] += part[k * 2 * c + j];
+      (*s2)[j] += part[k * 2 * c + c + j];
     }
 }
 
 template <typename RowFn>
 void Rows(ffi::ThreadPool& pool, int64_t rows, RowFn row_fn) {
   const int64_t chunks = (rows + kRowsPerChunk - 1) / kRowsPerChunk;
-  jmsnas::ParallelFor(pool, jmsnas::NumWorkers(pool, chunks), chunks, [&](int, int64_t begin, int64_t end) {
+  jmsnas::ParallelFor(pool, jmsnas::NumWorkers(pool, chunks), chunks, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin * kRowsPerChunk; r < std::min(rows, end * kRowsPerChunk); ++r) row_fn(r);
   });
 }

@@ -297,7 +297,7 @@ void WeightGradRow(const Geometry& g, const float* x, const float* gy, float* dw
 // Every output row of the forward convolution of x with w into y, spread over the thread pool.
 void ForwardRows(ffi::ThreadPool& pool, const Geometry& g, const float* x, const float* w, float* y) {
   const int64_t rows = g.b * g.oh;
-  jmsnas::ParallelFor(pool, jmsnas::NumWorkers(pool, rows), rows, [&](int, int64_t begin, int64_t end) {
+  jmsnas::ParallelFor(pool, jmsnas::NumWorkers(pool, rows), rows, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) ForwardRow(g, x, w, y, r / g.oh, r % g.oh);
   });
 }
@@ -343,11 +343,15 @@ ffi::Error InputGradImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> gy, ffi::Bu
     return ffi::Error::Success();
   }
   const int64_t rows = g.b * g.h;
-  jmsnas::ParallelFor(pool, jmsnas::NumWorkers(pool, rows), rows, [&](int, int64_t begin, int64_t end) {
+  jmsnas::ParallelFor(pool, jmsnas::NumWorkers(pool, rows), rows, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) ChannelBlocks<InputGradK>(0, g.c, g, gp, wp, dxp, r / g.h, r % g.h);
   });
   return ffi::Error::Success();
 }
+
+// Rows of the weight gradient are cut into this many fixed blocks, each summed into its own accumulator and the
+// blocks added in order, so the result does not depend on the thread count or on scheduling.
+constexpr int64_t kWeightGradBlocks = 16;
 
 ffi::Error WeightGradImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> gy,
                           ffi::ResultBuffer<ffi::F32> dw, int64_t stride) {
@@ -361,17 +365,17 @@ ffi::Error WeightGradImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
   const float* xp = x.typed_data();
   const float* gp = gy.typed_data();
   const int64_t rows = g.b * g.oh;
-  const int workers = jmsnas::NumWorkers(pool, rows);
+  const int64_t blocks = std::min<int64_t>(rows, kWeightGradBlocks);
   const int64_t taps = g.k * g.k * g.c;
-  std::vector<float> partial(static_cast<size_t>(workers) * taps, 0.0f);  // one accumulator per thread
-  jmsnas::ParallelFor(pool, workers, rows, [&](int slot, int64_t begin, int64_t end) {
-    float* acc = partial.data() + static_cast<int64_t>(slot) * taps;
+  std::vector<float> partial(static_cast<size_t>(blocks) * taps, 0.0f);  // one accumulator per block of rows
+  jmsnas::ParallelBlocks(pool, rows, blocks, [&](int64_t block, int64_t begin, int64_t end) {
+    float* acc = partial.data() + block * taps;
     for (int64_t r = begin; r < end; ++r) WeightGradRow(g, xp, gp, acc, r / g.oh, r % g.oh);
   });
   float* out = dw->typed_data();
   std::memcpy(out, partial.data(), sizeof(float) * taps);
-  for (int t = 1; t < workers; ++t) {
-    const float* p = partial.data() + static_cast<int64_t>(t) * taps;
+  for (int64_t k = 1; k < blocks; ++k) {
+    const float* p = partial.data() + k * taps;
     for (int64_t i = 0; i < taps; ++i) out[i] += p[i];
   }
   return ffi::Error::Success();

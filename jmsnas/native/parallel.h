@@ -17,25 +17,23 @@ namespace jmsnas {
 // A loop over [0, n).
 // Chunks are taken from a shared counter by the calling thread and by helper tasks; the caller only waits for
 // chunks another thread has already started, so the loop cannot deadlock when every pool thread is busy (a
-// helper that starts after the work is gone returns at once). fn(slot, begin, end): slot < workers is the
-// index of the participating thread (for per-thread accumulators).
+// helper that starts after the work is gone returns at once). fn(begin, end) runs each chunk once.
 
 struct LoopState {
   std::atomic<int64_t> next{0};
   std::atomic<int64_t> done{0};
-  std::atomic<int> slots{1};
   std::mutex mu;
   std::condition_variable cv;
   int64_t n = 0, grain = 1;
-  std::function<void(int, int64_t, int64_t)> fn;
+  std::function<void(int64_t, int64_t)> fn;
 };
 
-inline void RunChunks(LoopState& st, int slot) {
+inline void RunChunks(LoopState& st) {
   for (;;) {
     int64_t begin = st.next.fetch_add(st.grain);
     if (begin >= st.n) return;
     int64_t end = std::min(begin + st.grain, st.n);
-    st.fn(slot, begin, end);
+    st.fn(begin, end);
     if (st.done.fetch_add(end - begin) + (end - begin) == st.n) {
       std::lock_guard<std::mutex> lock(st.mu);
       st.cv.notify_all();
@@ -49,21 +47,28 @@ inline int NumWorkers(xla::ffi::ThreadPool& pool, int64_t n) {
 }
 
 inline void ParallelFor(xla::ffi::ThreadPool& pool, int workers, int64_t n,
-                        std::function<void(int, int64_t, int64_t)> fn) {
+                        std::function<void(int64_t, int64_t)> fn) {
   if (n <= 0) return;
   auto st = std::make_shared<LoopState>();
   st->n = n;
   st->grain = std::max<int64_t>(1, n / (8 * workers));
   st->fn = std::move(fn);
   for (int t = 1; t < workers; ++t) {
-    pool.Schedule([st] {
-      int slot = st->slots.fetch_add(1);
-      RunChunks(*st, slot);
-    });
+    pool.Schedule([st] { RunChunks(*st); });
   }
-  RunChunks(*st, 0);
+  RunChunks(*st);
   std::unique_lock<std::mutex> lock(st->mu);
   st->cv.wait(lock, [&] { return st->done.load() == st->n; });
+}
+
+// [0, n) cut into `blocks` contiguous blocks whose bounds depend only on n and blocks, each run once as
+// fn(block, begin, end) on some thread. Reductions that keep one partial result per block and add the blocks in
+// order give the same bits whatever the thread count and scheduling (a partial per thread would not).
+inline void ParallelBlocks(xla::ffi::ThreadPool& pool, int64_t n, int64_t blocks,
+                           const std::function<void(int64_t, int64_t, int64_t)>& fn) {
+  ParallelFor(pool, NumWorkers(pool, blocks), blocks, [&](int64_t first, int64_t last) {
+    for (int64_t k = first; k < last; ++k) fn(k, k * n / blocks, (k + 1) * n / blocks);
+  });
 }
 
 }  // namespace jmsnas
