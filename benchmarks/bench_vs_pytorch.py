@@ -23,25 +23,32 @@ x3 for a weight step (forward, input and weight gradients), x2 for an arch step 
 x1 for a forward. They are the useful FLOPs of the sampled candidates, the work PyTorch does.
 
 XLA flags must be set before jax is imported: ``--xla-vector-width`` sets ``--xla_cpu_prefer_vector_width``.
+The run keeps freed memory in one untrimmed heap (``JMSNAS_KEEP_FREED_MEMORY=1``, ``jmsnas.hostmem``) for both sides
+(one process); ``--default-allocator`` leaves glibc as it is. Page faults per step are printed for each side.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import platform
+import resource
 import statistics
 import sys
 import time
 
 
 def _early_flags() -> None:
-    """Apply --xla-vector-width to XLA_FLAGS before jax is imported."""
+    """Apply --xla-vector-width to XLA_FLAGS and the allocator choice before jax (or torch) is imported."""
     if "--xla-vector-width" in sys.argv:
         width = sys.argv[sys.argv.index("--xla-vector-width") + 1]
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_cpu_prefer_vector_width={width}").strip()
+    if "--default-allocator" not in sys.argv:
+        os.environ.setdefault("JMSNAS_KEEP_FREED_MEMORY", "1")
 
 
 _early_flags()
+
+import jmsnas  # noqa: E402,F401  (first: applies JMSNAS_KEEP_FREED_MEMORY before any thread allocates)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -54,6 +61,7 @@ import torch_supernet as TS  # noqa: E402
 from bench_dwconv import median_seconds  # noqa: E402
 
 from jmsnas import gates as G  # noqa: E402
+from jmsnas import hostmem  # noqa: E402
 from jmsnas import presets, supernet, train  # noqa: E402
 from jmsnas.cost.latency import expected_latency  # noqa: E402
 from jmsnas.cost.tables import analytic_table, head_flops, stem_flops  # noqa: E402
@@ -84,6 +92,11 @@ def forward_flops(space, paths) -> float:
 
 def all_valid(space):
     return [list(np.flatnonzero(space.mask()[n])) for n in range(space.num_layers)]
+
+
+def minor_faults() -> int:
+    """Minor page faults of this process so far (first touches of freshly mapped memory)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def matmul_peak(reps: int, n: int = 2048) -> tuple:
@@ -294,6 +307,9 @@ def main() -> None:
                    help="how the supernet computes candidates (jmsnas.supernet.candidate_impl)")
     p.add_argument("--xla-vector-width", type=int, default=None, help="sets --xla_cpu_prefer_vector_width")
     p.add_argument("--no-check", action="store_true", help="skip the value check of the torch reference")
+    p.add_argument("--default-allocator", action="store_true",
+                   help="leave glibc malloc as it is (by default the run sets JMSNAS_KEEP_FREED_MEMORY=1, "
+                        "jmsnas.hostmem: one shared, untrimmed heap for both sides)")
     args = p.parse_args()
     if args.reps < 5:
         raise ValueError(f"--reps must be at least 5 (median of >= 5 repetitions), got {args.reps}")
@@ -302,7 +318,9 @@ def main() -> None:
     space = bench_space()
     print(f"jax {jax.__version__} ({jax.default_backend()}), torch {torch.__version__} ({args.threads} threads, "
           f"{args.torch_layout}), {os.cpu_count()} cpus, {platform.processor() or platform.machine()}, "
-          f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}, dw_impl={args.dw_impl}, candidate_impl={args.candidate_impl}")
+          f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}, dw_impl={args.dw_impl}, "
+          f"candidate_impl={args.candidate_impl}, "
+          f"keep freed memory (jmsnas.hostmem; both sides, one process)={hostmem.applied()}")
     print(f"load average at start: {os.getloadavg()}")
     if not args.no_check:
         print(f"torch reference vs jmsnas logits (exact padding): max relative difference "
@@ -323,16 +341,18 @@ def main() -> None:
         jrun(-1)  # compiles
         compile_s = time.perf_counter() - t0
         trun(-1)
-        jt, tt, gf = [], [], []
+        jt, tt, gf, jf, tf = [], [], [], [], []
         for r in range(args.warmup + args.reps):
-            t0 = time.perf_counter()
+            f0, t0 = minor_faults(), time.perf_counter()
             jrun(r)
-            t1 = time.perf_counter()
+            f1, t1 = minor_faults(), time.perf_counter()
             trun(r)
-            t2 = time.perf_counter()
+            f2, t2 = minor_faults(), time.perf_counter()
             if r >= args.warmup:
                 jt.append(t1 - t0)
                 tt.append(t2 - t1)
+                jf.append((f1 - f0) / steps)
+                tf.append((f2 - f1) / steps)
                 gf.append(fl(r) * args.batch * steps / 1e9)
         j_ips = args.batch * steps / statistics.median(jt)
         t_ips = args.batch * steps / statistics.median(tt)
@@ -342,7 +362,8 @@ def main() -> None:
                f"{j_gflops:.1f} | {100 * j_gflops / peak_j:.0f}% |")
         rows.append(row)
         print(row + f"  (first call {compile_s:.1f} s; load {os.getloadavg()[0]:.1f}; "
-              f"JAX reps {[round(t, 3) for t in jt]}, torch reps {[round(t, 3) for t in tt]})", flush=True)
+              f"JAX reps {[round(t, 3) for t in jt]}, torch reps {[round(t, 3) for t in tt]}; "
+              f"page faults/step JAX {statistics.median(jf):.0f}, torch {statistics.median(tf):.0f})", flush=True)
     print("\n" + "\n".join(rows))
     print(f"\nload average at end: {os.getloadavg()}")
 

@@ -202,9 +202,50 @@ def conv_bn_init(key, k: int, in_ch: int, out_ch: int):
     return params, {"bn": state}
 
 
-def conv_bn_apply(params, state, x, stride: int, train: bool):
-    y = lax.conv_general_dilated(x, params["w"], (stride, stride), "SAME",
-                                 dimension_numbers=("NHWC", "HWIO", "NHWC"))
+CONV_IMPLS = ("auto", "xla", "patches")
+
+
+def _same_padding(size: int, k: int, stride: int) -> tuple:
+    """(output size, (pad before, pad after)) of XLA's "SAME" padding along one axis."""
+    out = -(-size // stride)
+    total = max((out - 1) * stride + k - size, 0)
+    return out, (total // 2, total - total // 2)
+
+
+def conv_patches(x, w, stride: int):
+    """The k x k convolution of x (NHWC) with w (HWIO), "SAME" padding, as one matrix product: the k*k shifted,
+    strided views of the padded input side by side (channel order (i, j, c), w's row order) times w as a
+    (k*k*Cin, Cout) matrix. Equal to ``lax.conv_general_dilated`` in values and gradients (tests); on XLA:CPU the
+    stem's convolution (Cin = 3) and its weight gradient ran as slow direct convolutions, this form as matmuls."""
+    k, _, cin, cout = w.shape
+    n, h, wd, _ = x.shape
+    oh, pad_h = _same_padding(h, k, stride)
+    ow, pad_w = _same_padding(wd, k, stride)
+    xp = jnp.pad(x, ((0, 0), pad_h, pad_w, (0, 0)))
+    views = [xp[:, i:i + (oh - 1) * stride + 1:stride, j:j + (ow - 1) * stride + 1:stride, :]
+             for i in range(k) for j in range(k)]
+    patches = jnp.concatenate(views, axis=-1).reshape(n * oh * ow, k * k * cin)
+    return (patches @ w.reshape(k * k * cin, cout)).reshape(n, oh, ow, cout)
+
+
+def resolve_conv_impl(impl: str) -> str:
+    """"auto" -> "patches" on the CPU backend, "xla" (XLA's convolution) elsewhere; checks the name."""
+    if impl not in CONV_IMPLS:
+        raise ValueError(f"conv impl must be one of {CONV_IMPLS}, got {impl!r}")
+    if impl == "auto":
+        return "patches" if jax.default_backend() == "cpu" else "xla"
+    return impl
+
+
+def full_conv(x, w, stride: int, impl: str = "auto"):
+    """A k x k convolution, "SAME" padding, NHWC x HWIO; impl "auto" / "xla" / "patches" (resolve_conv_impl)."""
+    if resolve_conv_impl(impl) == "patches":
+        return conv_patches(x, w, stride)
+    return lax.conv_general_dilated(x, w, (stride, stride), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+def conv_bn_apply(params, state, x, stride: int, train: bool, impl: str = "auto"):
+    y = full_conv(x, params["w"], stride, impl)
     y, bn = batch_norm_act(params["bn"], state["bn"], y, train, "relu6")
     return y, {"bn": bn}
 

@@ -1,0 +1,101 @@
+"""Host memory: keep freed memory in the process so that XLA:CPU does not fault it in again every step.
+
+XLA:CPU allocates each execution's temporaries as one block (the supernet weight step's is 992 MB) on one of its
+worker threads and frees it at the end. glibc gives such a thread its own arena, whose heaps hold at most 64 MB,
+so the block is always a fresh ``mmap``: every step the kernel zero-fills and maps it page by page again
+(244,000 minor page faults and 0.45 s of system CPU time in each 0.53 s step on two cores;
+``benchmarks/bench_vs_pytorch.py``, README). :func:`keep_freed_memory` sets glibc's allocator (``mallopt``) to one
+arena, no ``mmap`` and no trimming, so the block is carved from the main heap once and reused by every later step.
+The cost: the process keeps its peak heap size until it exits.
+
+It is opt-in, because one arena also has a price: threads that allocate at the same time wait for each other.
+XLA's compiler does, and compiling a supernet step took ~25% longer with it (the README's main job, small images
+and compile-bound, 62 → 74 s), while the steps themselves ran up to 1.5x faster on 32x32 images (README benchmark).
+``JMSNAS_KEEP_FREED_MEMORY=1`` applies it when jmsnas is imported; :func:`keep_freed_memory` applies it on call.
+Either must come before JAX creates its CPU client (the first array or jit call), because threads that already
+own an arena keep it. Only glibc (Linux) has these settings; elsewhere nothing is changed.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import platform
+import warnings
+
+ENV = "JMSNAS_KEEP_FREED_MEMORY"
+
+# glibc <malloc.h> parameter numbers
+M_TRIM_THRESHOLD = -1
+M_MMAP_MAX = -4
+M_ARENA_MAX = -8
+# mallopt(3): "Setting M_TRIM_THRESHOLD to -1 disables trimming completely" (its largest int, 2 GB, would still
+# trim after the mixture steps, whose temporaries are 5.1 GB)
+_NO_TRIM = -1
+
+_applied: bool | None = None
+
+
+def requested() -> bool:
+    """Whether the environment asks for the setting at import: ``1`` yes, unset or ``0`` no, anything else an error."""
+    value = os.environ.get(ENV, "0").strip()
+    if value not in ("0", "1"):
+        raise ValueError(f"{ENV} must be 0 (leave the allocator alone) or 1 (keep freed memory), got {value!r}")
+    return value == "1"
+
+
+def forbidden() -> bool:
+    """Whether the environment rules the setting out (``JMSNAS_KEEP_FREED_MEMORY=0``)."""
+    requested()
+    return os.environ.get(ENV, "").strip() == "0"
+
+
+def _glibc():
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    return libc if hasattr(libc, "mallopt") else None
+
+
+def keep_freed_memory() -> bool:
+    """Set glibc malloc to one arena, no mmap, no trimming (once per process). True if the settings are in force.
+
+    Does nothing (returns False) when ``JMSNAS_KEEP_FREED_MEMORY=0`` or the C library is not glibc.
+
+    Warns when JAX's backends already exist: their worker threads keep the arenas they have, so XLA's per-step
+    blocks are still mapped afresh (call it before creating JAX arrays, or start Python with ``GLIBC_TUNABLES=``
+    ``glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=18446744073709551615``).
+    """
+    global _applied
+    if _applied is not None:
+        return _applied
+    if forbidden():
+        _applied = False
+        return False
+    libc = _glibc()
+    if libc is None:
+        _applied = False
+        return False
+    ok = all(libc.mallopt(param, value) == 1
+             for param, value in ((M_ARENA_MAX, 1), (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, _NO_TRIM)))
+    _applied = ok
+    if ok and _backends_exist():
+        warnings.warn("jmsnas was imported after JAX created its backends: XLA's worker threads keep their own "
+                      "malloc arenas, so its per-step temporaries are still mapped afresh every step (slower on "
+                      f"CPU). Call it before JAX's first array, or set {ENV}=0 to silence this.", RuntimeWarning,
+                      stacklevel=2)
+    return ok
+
+
+def applied() -> bool:
+    """Whether keep_freed_memory() has put the settings in force in this process."""
+    return bool(_applied)
+
+
+def _backends_exist() -> bool:
+    try:
+        from jax._src import xla_bridge
+    except ImportError:
+        return False
+    check = getattr(xla_bridge, "backends_are_initialized", None)
+    return bool(check()) if check is not None else False

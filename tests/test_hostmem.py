@@ -1,0 +1,79 @@
+"""jmsnas.hostmem: glibc keeps XLA's per-step blocks instead of faulting them in afresh every call."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from jmsnas import hostmem
+
+# A jitted step whose temporaries (128 MB: the cumulative sum's buffers) are far above glibc's largest mmap
+# threshold (32 MB), as the supernet steps' are; prints the median of minor page faults per call after warm-up and
+# the pages of x.
+_PROBE = """
+import resource, statistics
+import jmsnas
+import jax, jax.numpy as jnp
+n = 16 * 1024 * 1024
+f = jax.jit(lambda x: jnp.sum(jnp.cumsum(jnp.sin(x).reshape(1024, -1), axis=0) ** 2))
+x = jnp.arange(n, dtype=jnp.float32)
+for _ in range(10):
+    f(x).block_until_ready()
+faults = []
+for _ in range(8):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    f(x).block_until_ready()
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(statistics.median(faults), n * 4 // 4096)
+"""
+
+
+def _faults_per_call(setting, call: bool = False) -> tuple:
+    """(median faults per call, pages of x) in a fresh process with JMSNAS_KEEP_FREED_MEMORY=setting (None: unset),
+    calling hostmem.keep_freed_memory() before JAX's first array if ``call``."""
+    env = dict(os.environ)
+    env.pop("GLIBC_TUNABLES", None)
+    env.pop(hostmem.ENV, None)
+    if setting is not None:
+        env[hostmem.ENV] = setting
+    code = _PROBE.replace("import jmsnas\n", "import jmsnas\njmsnas.hostmem.keep_freed_memory()\n") if call else _PROBE
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    faults, pages = out.stdout.split()
+    return float(faults), int(pages)
+
+
+@pytest.mark.skipif(hostmem._glibc() is None, reason="glibc malloc settings only")
+def test_kept_memory_is_not_faulted_in_again():
+    fresh, pages = _faults_per_call(None)
+    # by default (opt-in) every call maps its temporaries afresh: at least one fault per page of x's size
+    assert fresh >= pages, (fresh, pages)
+    # asked for at import, or by a call before the first array: the blocks come back from the heap, almost no faults
+    for setting, call in (("1", False), (None, True)):
+        kept, _ = _faults_per_call(setting, call)
+        assert kept < pages / 20, (setting, call, kept, pages)
+    # JMSNAS_KEEP_FREED_MEMORY=0 rules out the call too
+    assert _faults_per_call("0", True)[0] >= pages
+
+
+def test_environment_value_is_checked(monkeypatch):
+    monkeypatch.setenv(hostmem.ENV, "yes")
+    with pytest.raises(ValueError, match=r"JMSNAS_KEEP_FREED_MEMORY must be 0 .* got 'yes'"):
+        hostmem.requested()
+    with pytest.raises(ValueError, match="got 'yes'"):
+        hostmem.forbidden()
+    monkeypatch.setenv(hostmem.ENV, "1")
+    assert hostmem.requested() is True and hostmem.forbidden() is False
+    monkeypatch.setenv(hostmem.ENV, "0")
+    assert hostmem.requested() is False and hostmem.forbidden() is True
+    monkeypatch.delenv(hostmem.ENV)
+    assert hostmem.requested() is False and hostmem.forbidden() is False  # opt-in: off unless asked for
+
+
+@pytest.mark.skipif(hostmem._glibc() is None, reason="glibc malloc settings only")
+def test_late_import_warns():
+    code = "import jax.numpy as jnp; jnp.ones(2).block_until_ready(); import jmsnas"
+    env = dict(os.environ, JMSNAS_KEEP_FREED_MEMORY="1", PYTHONWARNINGS="error::RuntimeWarning")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode != 0 and "imported after JAX created its backends" in out.stderr
+    env[hostmem.ENV] = "0"
+    assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True).returncode == 0
