@@ -80,10 +80,10 @@ def keep_freed_memory() -> bool:
              for param, value in ((M_ARENA_MAX, 1), (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, _NO_TRIM)))
     _applied = ok
     if ok and _backends_exist():
-        warnings.warn("jmsnas was imported after JAX created its backends: XLA's worker threads keep their own "
-                      "malloc arenas, so its per-step temporaries are still mapped afresh every step (slower on "
-                      f"CPU). Call it before JAX's first array, or set {ENV}=0 to silence this.", RuntimeWarning,
-                      stacklevel=2)
+        warnings.warn("jmsnas.hostmem.keep_freed_memory() ran after JAX created its backends: XLA's worker "
+                      "threads keep their own malloc arenas, so its per-step temporaries are still mapped afresh "
+                      f"every step (slower on CPU). Import jmsnas ({ENV}=1) or call it before JAX's first array, "
+                      f"or set {ENV}=0 to silence this.", RuntimeWarning, stacklevel=2)
     return ok
 
 
