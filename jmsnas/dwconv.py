@@ -133,7 +133,7 @@ def _xla_depthwise(x, w, stride: int):
         dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=x.shape[3])
 
 
-def _pad_input(x, k: int, stride: int):
+def pad_input(x, k: int, stride: int):
     """x zero-padded SAME-style: float[B, Hp, Wp, C] plus the output spatial size (oh, ow)."""
     lh, hh, oh = same_padding(x.shape[1], k, stride)
     lw, hw, ow = same_padding(x.shape[2], k, stride)
@@ -153,7 +153,7 @@ def _shifted_sum(xp, w, stride: int, oh: int, ow: int):
 
 
 def _forward(x, w, stride: int):
-    xp, oh, ow = _pad_input(x, w.shape[0], stride)
+    xp, oh, ow = pad_input(x, w.shape[0], stride)
     return _shifted_sum(xp, w, stride, oh, ow)
 
 
@@ -257,7 +257,7 @@ def _shifted_fwd(x, w, stride: int):
 
 def _shifted_bwd(stride: int, res, g):
     x, w = res
-    xp, _, _ = _pad_input(x, w.shape[0], stride)
+    xp, _, _ = pad_input(x, w.shape[0], stride)
     dx = _input_grad(g, w, x.shape, stride)
     dw = _weight_grad(xp, g, w.shape[0], stride)
     return dx.astype(x.dtype), dw.astype(w.dtype)
@@ -269,10 +269,7 @@ _shifted_depthwise.defvjp(_shifted_fwd, _shifted_bwd)
 # ----- native CPU kernels (jmsnas/native/dwconv_cpu.cc) through the XLA FFI -----
 
 def _ffi(target: str, shape, *args, stride: int):
-    # vmap: "sequential" runs the kernel once per mapped element (a loop in the compiled program)
-    native.require()
-    call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(shape, jnp.float32), vmap_method="sequential")
-    return call(*args, stride=np.int64(stride))
+    return native.call(target, shape, *args, stride=np.int64(stride))
 
 
 def _native_forward(x, w, stride: int):

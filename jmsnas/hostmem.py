@@ -36,18 +36,25 @@ _NO_TRIM = -1
 _applied: bool | None = None
 
 
-def requested() -> bool:
-    """Whether the environment asks for the setting at import: ``1`` yes, unset or ``0`` no, anything else an error."""
-    value = os.environ.get(ENV, "0").strip()
+def _setting() -> str | None:
+    """JMSNAS_KEEP_FREED_MEMORY: "0", "1" or None (unset); any other value is an error naming it."""
+    value = os.environ.get(ENV)
+    if value is None:
+        return None
+    value = value.strip()
     if value not in ("0", "1"):
         raise ValueError(f"{ENV} must be 0 (leave the allocator alone) or 1 (keep freed memory), got {value!r}")
-    return value == "1"
+    return value
+
+
+def requested() -> bool:
+    """Whether the environment asks for the setting at import: ``1`` yes, unset or ``0`` no, anything else an error."""
+    return _setting() == "1"
 
 
 def forbidden() -> bool:
     """Whether the environment rules the setting out (``JMSNAS_KEEP_FREED_MEMORY=0``)."""
-    requested()
-    return os.environ.get(ENV, "").strip() == "0"
+    return _setting() == "0"
 
 
 def _glibc():

@@ -14,7 +14,7 @@ import numpy as np
 from jax import lax
 
 from jmsnas import native
-from jmsnas.dwconv import depthwise_conv, pointwise_conv
+from jmsnas.dwconv import depthwise_conv, pad_input, pointwise_conv
 from jmsnas.space import OpSpec
 
 BN_MOMENTUM = 0.9
@@ -88,10 +88,7 @@ _ACTS = {None: 0, "relu6": 1}
 
 
 def _norm_act_call(target: str, shapes, *args, act: int):
-    native.require()
-    out = [jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes]
-    call = jax.ffi.ffi_call(target, out, vmap_method="sequential")
-    return call(*args, act=np.int64(act), eps=np.float32(BN_EPS))
+    return native.call(target, shapes, *args, act=np.int64(act), eps=np.float32(BN_EPS))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
@@ -102,7 +99,7 @@ def _native_norm_act(x2, scale, bias, act: int):
 
 def _native_norm_act_fwd(x2, scale, bias, act: int):
     c = x2.shape[1]
-    y, mean, var = _norm_act_call("jmsnas_batch_norm_act_forward", (x2.shape, (c,), (c,)), x2, scale, bias,
+    y, mean, var = _norm_act_call("jmsnas_batch_norm_act_forward", [x2.shape, (c,), (c,)], x2, scale, bias,
                                   act=act)
     return (y, mean, var), (x2, scale, bias, mean, var)
 
@@ -111,7 +108,7 @@ def _native_norm_act_bwd(act: int, res, cts):
     x2, scale, bias, mean, var = res
     g, g_mean, g_var = cts
     c = x2.shape[1]
-    return tuple(_norm_act_call("jmsnas_batch_norm_act_backward", (x2.shape, (c,), (c,)), x2, scale, bias, mean,
+    return tuple(_norm_act_call("jmsnas_batch_norm_act_backward", [x2.shape, (c,), (c,)], x2, scale, bias, mean,
                                 var, g, g_mean, g_var, act=act))
 
 
@@ -205,23 +202,14 @@ def conv_bn_init(key, k: int, in_ch: int, out_ch: int):
 CONV_IMPLS = ("auto", "xla", "patches")
 
 
-def _same_padding(size: int, k: int, stride: int) -> tuple:
-    """(output size, (pad before, pad after)) of XLA's "SAME" padding along one axis."""
-    out = -(-size // stride)
-    total = max((out - 1) * stride + k - size, 0)
-    return out, (total // 2, total - total // 2)
-
-
 def conv_patches(x, w, stride: int):
     """The k x k convolution of x (NHWC) with w (HWIO), "SAME" padding, as one matrix product: the k*k shifted,
     strided views of the padded input side by side (channel order (i, j, c), w's row order) times w as a
     (k*k*Cin, Cout) matrix. Equal to ``lax.conv_general_dilated`` in values and gradients (tests); on XLA:CPU the
     stem's convolution (Cin = 3) and its weight gradient ran as slow direct convolutions, this form as matmuls."""
     k, _, cin, cout = w.shape
-    n, h, wd, _ = x.shape
-    oh, pad_h = _same_padding(h, k, stride)
-    ow, pad_w = _same_padding(wd, k, stride)
-    xp = jnp.pad(x, ((0, 0), pad_h, pad_w, (0, 0)))
+    n = x.shape[0]
+    xp, oh, ow = pad_input(x, k, stride)
     views = [xp[:, i:i + (oh - 1) * stride + 1:stride, j:j + (ow - 1) * stride + 1:stride, :]
              for i in range(k) for j in range(k)]
     patches = jnp.concatenate(views, axis=-1).reshape(n * oh * ow, k * k * cin)

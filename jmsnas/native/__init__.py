@@ -24,6 +24,7 @@ import threading
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import jaxlib
 
 HERE = Path(__file__).parent
@@ -119,6 +120,19 @@ def require() -> None:
     """``load()``, raising RuntimeError with the reason when the kernels cannot be used."""
     if not load():
         raise RuntimeError(f"the native CPU kernels are unavailable: {error()}")
+
+
+def call(target: str, shapes, *args, **attrs):
+    """Run the kernel ``target`` on ``args`` with the static attributes ``attrs``, after ``require()``.
+
+    ``shapes``: the float32 output's shape (a tuple of ints; one array back), or a list of shapes (a list back).
+    Under ``vmap`` the kernel runs once per mapped element (a loop in the compiled program)."""
+    require()
+    if isinstance(shapes, list):
+        out = [jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes]
+    else:
+        out = jax.ShapeDtypeStruct(shapes, jnp.float32)
+    return jax.ffi.ffi_call(target, out, vmap_method="sequential")(*args, **attrs)
 
 
 def error() -> str:
