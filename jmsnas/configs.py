@@ -30,8 +30,8 @@ def default_config() -> ml_collections.ConfigDict:
     c.eval_batch_size = 256
     c.checkpoint_every = 50
     c.dw_impl = "auto"
-    # how the supernet computes sampled candidates: "own" size (lax.switch), "padded" to the widest, or "auto"
-    # (own on layers of >= 16x16 inputs; see jmsnas.supernet.candidate_impl)
+    # how the supernet computes candidates: "own" size (lax.switch), "padded" to the widest, or "auto" (own for
+    # all-path gates, and for sampled paths on layers of >= 16x16 inputs; see jmsnas.supernet.candidate_impl)
     c.candidate_impl = "auto"
     return c
 

@@ -218,21 +218,25 @@ OWN_SIZE_MIN_PIXELS = 256
 CANDIDATE_IMPLS = ("auto", "own", "padded")
 
 
-def candidate_impl(impl: str, x_shape) -> str:
+def candidate_impl(impl: str, x_shape, all_paths: bool = False) -> str:
     """How a layer computes its candidates: "own" (each at its own size) or "padded" (one program padded to the
     widest kernel and expansion, masked).
 
-    "auto": "own" when the layer's input has at least ``OWN_SIZE_MIN_PIXELS`` (16 x 16) positions, else "padded".
+    "auto": "own" when every valid candidate is computed (``all_paths``: Gumbel-softmax and softmax gates), and for
+    sampled paths when the layer's input has at least ``OWN_SIZE_MIN_PIXELS`` (16 x 16) positions, else "padded".
     Measured on the 2-core CPU: at 32 x 32 inputs own-size candidates make a sampled weight step several times
-    faster (a 3x3 candidate runs 9 depthwise taps instead of 49, an identity nothing); at the digits' 8 x 8 they save
-    about 10% of a step while compiling 3.5x longer (the unrolled depthwise taps of every (kernel, expansion) class
-    are compiled, 166 against 49), so small layers stay padded.
+    faster (a 3x3 candidate runs 9 depthwise taps instead of 49, an identity nothing); at the digits' 8 x 8 a sampled
+    step is about as fast either way (31.6 ms padded, 34.4 ms own) while compiling 2.5x longer (the depthwise taps
+    of every (kernel, expansion) class are compiled), so small sampled layers stay padded. With all paths, padded
+    computes every candidate at the widest size (13 x 7x7, expansion 6) and stacks their activations: the digits'
+    softmax architecture step takes 342 ms padded and 98 ms own (compile 5.0 s and 6.1 s), the 32 x 32 benchmark's
+    Gumbel architecture step 1.9 s padded and 1.4 s own.
     """
     if impl not in CANDIDATE_IMPLS:
         raise ValueError(f"candidate impl must be one of {CANDIDATE_IMPLS}, got {impl!r}")
     if impl != "auto":
         return impl
-    return "own" if x_shape[1] * x_shape[2] >= OWN_SIZE_MIN_PIXELS else "padded"
+    return "own" if all_paths or x_shape[1] * x_shape[2] >= OWN_SIZE_MIN_PIXELS else "padded"
 
 
 def mixed_op(space: SearchSpace, n: int, params_n, state_n, weights_n, paths_n, x, train: bool,
@@ -246,7 +250,7 @@ def mixed_op(space: SearchSpace, n: int, params_n, state_n, weights_n, paths_n, 
     candidate's masks. Both give the same values and gradients.
     """
     lay = layout(space, n)
-    impl = candidate_impl(impl, x.shape)
+    impl = candidate_impl(impl, x.shape, all_paths=paths_n is None)
     state_n = jax.tree_util.tree_map(jnp.asarray, state_n)  # NumPy leaves have no .at[] for the BN update
     put = lambda st, v, new: jax.tree_util.tree_map(lambda a, b: a.at[v].set(b), st, new)
     if paths_n is None and impl == "padded":

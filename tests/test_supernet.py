@@ -344,8 +344,27 @@ def test_candidate_impl_rule_and_bad_value():
     assert SN.candidate_impl("auto", (2, 16, 16, 4)) == "own"
     assert SN.candidate_impl("auto", (2, 8, 8, 4)) == "padded"
     assert SN.candidate_impl("padded", (2, 64, 64, 4)) == "padded"
+    assert SN.candidate_impl("auto", (2, 8, 8, 4), all_paths=True) == "own"
+    assert SN.candidate_impl("padded", (2, 8, 8, 4), all_paths=True) == "padded"
     with pytest.raises(ValueError, match="'fast'"):
         SN.candidate_impl("fast", (2, 8, 8, 4))
+
+
+def test_auto_computes_all_paths_at_own_size_and_small_sampled_paths_padded():
+    """mixed_op's "auto" traces the same program as "own" for the full mixture and as "padded" for sampled paths
+    on the chain's 7 x 7 layer (below OWN_SIZE_MIN_PIXELS)."""
+    space, n = CHAIN, 0
+    params, state, _, _ = net(space, True)
+    x = jnp.zeros((B, 7, 7, 4), jnp.float32)
+    w = jnp.full((R,), 1.0 / R, jnp.float32)
+    pair = jnp.array([IDENTITY, 9], jnp.int32)
+
+    def program(impl, paths):
+        f = lambda p, w, x: SN.mixed_op(space, n, p, state["layers"][n], w, paths, x, True, impl=impl)
+        return str(jax.make_jaxpr(f)(params["layers"][n], w, x))
+
+    assert program("auto", None) == program("own", None) != program("padded", None)
+    assert program("auto", pair) == program("padded", pair) != program("own", pair)
 
 
 def test_mixed_op_train_accepts_numpy_leaves():
