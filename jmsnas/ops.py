@@ -14,7 +14,7 @@ import numpy as np
 from jax import lax
 
 from jmsnas import native
-from jmsnas.dwconv import depthwise_conv, pad_input, pointwise_conv
+from jmsnas.dwconv import depthwise_conv, matmul, pad_input, pointwise_conv
 from jmsnas.space import OpSpec
 
 BN_MOMENTUM = 0.9
@@ -213,7 +213,7 @@ def conv_patches(x, w, stride: int):
     views = [xp[:, i:i + (oh - 1) * stride + 1:stride, j:j + (ow - 1) * stride + 1:stride, :]
              for i in range(k) for j in range(k)]
     patches = jnp.concatenate(views, axis=-1).reshape(n * oh * ow, k * k * cin)
-    return (patches @ w.reshape(k * k * cin, cout)).reshape(n, oh, ow, cout)
+    return matmul(patches, w.reshape(k * k * cin, cout)).reshape(n, oh, ow, cout)
 
 
 def resolve_conv_impl(impl: str) -> str:

@@ -1,7 +1,8 @@
 """Native CPU kernels, compiled on first use and registered as XLA FFI targets.
 
-``load()`` compiles ``dwconv_cpu.cc`` (depthwise convolution and its gradients) and ``batchnorm_cpu.cc`` (training
-batch norm fused with its activation, forward and backward) into one library with the machine's C++ compiler
+``load()`` compiles ``dwconv_cpu.cc`` (depthwise convolution and its gradients), ``batchnorm_cpu.cc`` (training
+batch norm fused with its activation, forward and backward) and ``matmul_cpu.cc`` (x^T g, the 1x1 convolutions'
+weight gradient) into one library with the machine's C++ compiler
 (``$CXX``, else ``g++``, else ``c++``; ``-O3 -march=native``) against the XLA FFI headers that ship with jaxlib
 (``jax.ffi.include_dir()``), loads it and registers its handlers for the CPU platform. The library is cached under
 ``$JMSNAS_CACHE_DIR`` (default ``~/.cache/jmsnas``; the system's temporary directory when that is not writable)
@@ -28,7 +29,7 @@ import jax.numpy as jnp
 import jaxlib
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "dwconv_cpu.cc", HERE / "batchnorm_cpu.cc")
+SOURCES = (HERE / "dwconv_cpu.cc", HERE / "batchnorm_cpu.cc", HERE / "matmul_cpu.cc")
 HEADERS = (HERE / "parallel.h",)
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno")
 TARGETS = {  # FFI target name -> exported symbol
@@ -37,6 +38,7 @@ TARGETS = {  # FFI target name -> exported symbol
     "jmsnas_depthwise_weight_grad": "JmsnasDepthwiseWeightGrad",
     "jmsnas_batch_norm_act_forward": "JmsnasBatchNormActForward",
     "jmsnas_batch_norm_act_backward": "JmsnasBatchNormActBackward",
+    "jmsnas_matmul_tn": "JmsnasMatmulTN",
 }
 
 _lock = threading.Lock()
