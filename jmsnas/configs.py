@@ -31,7 +31,8 @@ def default_config() -> ml_collections.ConfigDict:
     c.checkpoint_every = 50
     c.dw_impl = "auto"
     # how the supernet computes candidates: "own" size (lax.switch), "padded" to the widest, or "auto" (own for
-    # all-path gates, and for sampled paths on layers of >= 16x16 inputs; see jmsnas.supernet.candidate_impl)
+    # all-path gates, and for sampled paths on layers whose input has >= 4096 values per image, e.g. 16x16x16;
+    # see jmsnas.supernet.candidate_impl)
     c.candidate_impl = "auto"
     return c
 

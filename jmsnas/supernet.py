@@ -214,7 +214,7 @@ def _candidate(space: SearchSpace, lay: _Layout, n: int, params_n, state_n, v, x
     return y, new
 
 
-OWN_SIZE_MIN_PIXELS = 256
+OWN_SIZE_MIN_ELEMENTS = 4096
 CANDIDATE_IMPLS = ("auto", "own", "padded")
 
 
@@ -223,20 +223,23 @@ def candidate_impl(impl: str, x_shape, all_paths: bool = False) -> str:
     widest kernel and expansion, masked).
 
     "auto": "own" when every valid candidate is computed (``all_paths``: Gumbel-softmax and softmax gates), and for
-    sampled paths when the layer's input has at least ``OWN_SIZE_MIN_PIXELS`` (16 x 16) positions, else "padded".
-    Measured on the 2-core CPU: at 32 x 32 inputs own-size candidates make a sampled weight step several times
-    faster (a 3x3 candidate runs 9 depthwise taps instead of 49, an identity nothing); at the digits' 8 x 8 a sampled
-    step is about as fast either way (31.6 ms padded, 34.4 ms own) while compiling 2.5x longer (the depthwise taps
-    of every (kernel, expansion) class are compiled), so small sampled layers stay padded. With all paths, padded
-    computes every candidate at the widest size (13 x 7x7, expansion 6) and stacks their activations: the digits'
-    softmax architecture step takes 342 ms padded and 98 ms own (compile 5.0 s and 6.1 s), the 32 x 32 benchmark's
-    Gumbel architecture step 1.9 s padded and 1.4 s own.
+    sampled paths when one image's layer input has at least ``OWN_SIZE_MIN_ELEMENTS`` values (H x W x C, e.g.
+    8 x 8 x 64 or 16 x 16 x 16), else "padded". Padded computes each path at the widest size (7 x 7, expansion 6),
+    own pays a fixed cost per layer (a ``lax.switch``, and compiling every (kernel, expansion) class), so own wins
+    on large inputs. Measured on the 2-core CPU: at 32 x 32 inputs own-size candidates make a sampled weight step
+    several times faster (a 3x3 candidate runs 9 depthwise taps instead of 49, an identity nothing); the benchmark's
+    8 x 8 x 64 and 8 x 8 x 96 layers gave 1.41x / 1.17x PyTorch's two-path weight / architecture steps own against
+    1.25x / 0.96x padded (batch 64, one run); the digits' 8 x 8 x 24 layers give a step about as fast either way
+    (31.6 ms padded, 34.4 ms own) while compiling 2.5x longer, so they stay padded. With all paths, padded computes
+    every candidate at the widest size (13 x 7x7, expansion 6) and stacks their activations: the digits' softmax
+    architecture step takes 342 ms padded and 98 ms own (compile 5.0 s and 6.1 s), the 32 x 32 benchmark's Gumbel
+    architecture step 1.9 s padded and 1.4 s own.
     """
     if impl not in CANDIDATE_IMPLS:
         raise ValueError(f"candidate impl must be one of {CANDIDATE_IMPLS}, got {impl!r}")
     if impl != "auto":
         return impl
-    return "own" if all_paths or x_shape[1] * x_shape[2] >= OWN_SIZE_MIN_PIXELS else "padded"
+    return "own" if all_paths or int(np.prod(x_shape[1:])) >= OWN_SIZE_MIN_ELEMENTS else "padded"
 
 
 def mixed_op(space: SearchSpace, n: int, params_n, state_n, weights_n, paths_n, x, train: bool,

@@ -341,8 +341,10 @@ def test_own_size_and_padded_candidates_agree_in_train_mode(shared):
 
 
 def test_candidate_impl_rule_and_bad_value():
-    assert SN.candidate_impl("auto", (2, 16, 16, 4)) == "own"
-    assert SN.candidate_impl("auto", (2, 8, 8, 4)) == "padded"
+    assert SN.candidate_impl("auto", (2, 16, 16, 16)) == "own"
+    assert SN.candidate_impl("auto", (2, 8, 8, 64)) == "own"
+    assert SN.candidate_impl("auto", (512, 8, 8, 63)) == "padded"  # per image: the batch does not count
+    assert SN.candidate_impl("auto", (2, 16, 16, 4)) == "padded"
     assert SN.candidate_impl("padded", (2, 64, 64, 4)) == "padded"
     assert SN.candidate_impl("auto", (2, 8, 8, 4), all_paths=True) == "own"
     assert SN.candidate_impl("padded", (2, 8, 8, 4), all_paths=True) == "padded"
@@ -352,7 +354,7 @@ def test_candidate_impl_rule_and_bad_value():
 
 def test_auto_computes_all_paths_at_own_size_and_small_sampled_paths_padded():
     """mixed_op's "auto" traces the same program as "own" for the full mixture and as "padded" for sampled paths
-    on the chain's 7 x 7 layer (below OWN_SIZE_MIN_PIXELS)."""
+    on the chain's 7 x 7 x 4 layer (below OWN_SIZE_MIN_ELEMENTS)."""
     space, n = CHAIN, 0
     params, state, _, _ = net(space, True)
     x = jnp.zeros((B, 7, 7, 4), jnp.float32)
