@@ -144,6 +144,15 @@ void ForwardTile(const Geometry& g, const float* x, const float* w, float* y, in
                  int64_t c0, const TapRows& t) {
   const int64_t step = g.s * g.c;
   v8 acc[OX][NV] = {};
+  // The input row that the next output row reads first and this one does not: this tile's part of it is requested
+  // into the cache now. Measured on the 2-core EPYC (medians of 15, two runs each), forward 64 x H x W x C, k = 3:
+  // 32x32x96 2.7-3.0 ms instead of 5.0-5.4, 16x16x288 1.8-2.2 instead of 4.4-4.9 (without it the tiles stalled on
+  // each first touch of a row). Slower, so not done: clipping the columns to the image and prefetching in the border
+  // path too; prefetching the next rows in the weight gradient (32x32x192 k = 7: 27-30 ms instead of 20-21).
+  if (t.iy0 + g.k < g.h) {
+    const float* nx = x + ((b * g.h + t.iy0 + g.k) * g.w + ox0 * g.s - g.pw) * g.c + c0;
+    for (int o = 0; o < OX * g.s; ++o) __builtin_prefetch(nx + o * g.c);
+  }
   for (int64_t i = t.lo; i < t.hi; ++i) {
     const float* xr = x + ((b * g.h + t.iy0 + i) * g.w + ox0 * g.s - g.pw) * g.c + c0;
     const float* wr = w + i * g.k * g.c + c0;
