@@ -381,12 +381,7 @@ ffi::Error WeightGradImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
     float* acc = partial.data() + block * taps;
     for (int64_t r = begin; r < end; ++r) WeightGradRow(g, xp, gp, acc, r / g.oh, r % g.oh);
   });
-  float* out = dw->typed_data();
-  std::memcpy(out, partial.data(), sizeof(float) * taps);
-  for (int64_t k = 1; k < blocks; ++k) {
-    const float* p = partial.data() + k * taps;
-    for (int64_t i = 0; i < taps; ++i) out[i] += p[i];
-  }
+  jmsnas::AddBlocksInOrder(partial.data(), blocks, taps, dw->typed_data());
   return ffi::Error::Success();
 }
 

@@ -71,6 +71,16 @@ inline void ParallelBlocks(xla::ffi::ThreadPool& pool, int64_t n, int64_t blocks
   });
 }
 
+// out[0, size) = the sum of the `blocks` partial results partial[b * size, (b + 1) * size), added in block order
+// (the second half of a ParallelBlocks reduction; the order makes the result independent of scheduling).
+inline void AddBlocksInOrder(const float* partial, int64_t blocks, int64_t size, float* out) {
+  std::copy(partial, partial + size, out);
+  for (int64_t b = 1; b < blocks; ++b) {
+    const float* p = partial + b * size;
+    for (int64_t i = 0; i < size; ++i) out[i] += p[i];
+  }
+}
+
 }  // namespace jmsnas
 
 #endif  // JMSNAS_NATIVE_PARALLEL_H_
