@@ -114,8 +114,9 @@ def resolve_matmul_impl(impl: str, rows: int) -> str:
     "native" (``jnp.dot`` forward and input gradient, the weight gradient x^T g by the ``jmsnas_matmul_tn`` CPU
     kernel). "auto": "native" on the CPU backend when the kernels build and rows >= ``NATIVE_MATMUL_MIN_ROWS``, else
     "xla". Measured on the 2-core EPYC: XLA:CPU runs x^T g through Eigen's contraction (YNNPACK takes only the
-    row-major form); the kernel is 1.4-2.5x faster for the supernets' shapes (65536x192^T @ 65536x32: 11.9 vs
-    5.8 ms) and slower below about a thousand rows (1000x13^T @ 1000x10: 0.04 vs 0.11 ms, its fixed cost)."""
+    row-major form); the kernel is 1.07-5.2x faster for the supernets' shapes (``benchmarks/bench_matmul_tn.py``,
+    two runs: 65536x192^T @ 65536x32 13.0-13.6 vs 7.4-9.1 ms; the 4096-row shapes gain least, 1.05-1.15x) and
+    mostly slower below about a thousand rows (1000x13^T @ 1000x10: 0.46x and 1.2x, at 0.05 ms; its fixed cost)."""
     if impl not in MATMUL_IMPLS:
         raise ValueError(f"matmul impl must be one of {MATMUL_IMPLS}, got {impl!r}")
     if impl == "auto":

@@ -2,9 +2,10 @@
 // batch), as an XLA FFI handler for the CPU backend. Compiled with the other kernels by jmsnas/native/__init__.py.
 //
 // Why: XLA:CPU hands a dot that contracts the leading axis of both operands to Eigen's contraction (YNNPACK takes
-// only the row-major form), which packs both operands and allocates per call: 11.9 ms for 65536x192^T @ 65536x32
-// on the 2-core EPYC, against 5.8 ms here (medians of 21). The output is small (K x N <= 576 x 96 in the supernets), so register
-// tiles of 8 output rows x 32 (or 16) columns accumulate over chunks of 256 input rows that stay in L2.
+// only the row-major form), which packs both operands and allocates per call: 13.0-13.6 ms for
+// 65536x192^T @ 65536x32 on the 2-core EPYC, against 7.4-9.1 ms here (benchmarks/bench_matmul_tn.py, two
+// runs). The output is small (K x N <= 576 x 96 in the supernets), so register tiles of 8 output rows x 32 (or 16)
+// columns accumulate over chunks of 256 input rows that stay in L2.
 //
 // Determinism: the rows are cut into fixed blocks (a count that depends only on M), each summed into its own
 // accumulator in row order, and the blocks added in order, so the result does not depend on the thread count or on
