@@ -284,3 +284,14 @@ def test_split_model_result_json_splits_the_derived_network(own_run, capsys):
         "ue", "sbs", "mbs", "cloud"}
     err = _one_line_exit_2(capsys, ["split", "--model", "mobilenet_v2"])
     assert "--topology is required" in err
+
+
+def test_profile_space_file_may_name_a_topology_file(tmp_path):
+    from jmsnas.commands.profile import space_from_arg
+    p = tmp_path / "space.json"
+    p.write_text(json.dumps({"topology": OWN, "image_size": 8, "in_channels": 1, "num_classes": 10,
+                             "device_channels": [24, 32, 48, 64], "device_strides": [1, 2, 1, 2]}))
+    s = space_from_arg(str(p))
+    assert s.topology == topology.load(OWN)
+    assert [(l.device, l.out_ch, l.stride) for l in s.layers] == [(0, 24, 1), (0, 24, 1), (1, 40, 2), (1, 40, 1),
+                                                                  (2, 64, 2), (2, 64, 1)]
