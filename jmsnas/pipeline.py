@@ -141,7 +141,7 @@ def _prepare_workdir(workdir: str, resume: bool) -> None:
 
 def load_data(cfg):
     ds = data.load(cfg.dataset, data_dir=cfg.get("data_dir"), val_fraction=cfg.val_fraction, seed=cfg.seed,
-                   image_size=cfg.get("image_size"), max_train=cfg.get("max_train"))
+                   image_size=cfg.get("image_size"), max_train=cfg.get("max_train"), max_eval=cfg.get("max_eval"))
     with cfg.unlocked():
         cfg.image_size_resolved = ds.image_size
         cfg.channels_resolved = ds.channels
