@@ -159,7 +159,8 @@ def _one_line_exit_2(capsys, argv):
     return err
 
 
-@pytest.mark.parametrize("case", ["negative_bandwidth", "python_tag", "deep_nesting", "cycle"])
+@pytest.mark.parametrize("case", ["missing_field", "negative_bandwidth", "unknown_preset", "cycle",
+                                  "branch_without_aggregator", "python_tag", "deep_nesting"])
 def test_cli_bad_topology_file_exit_2(capsys, tmp_path, case):
     p = tmp_path / f"{case}.yaml"
     p.write_text(BAD[case][0])
