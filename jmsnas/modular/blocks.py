@@ -102,7 +102,7 @@ def _jmsnas_block(spec: dict, p: dict, x):
         return O.conv_bn_apply(p["params"], p["state"], x, spec["stride"], False)[0]
     if part == "head":
         return O.head_apply(p["params"], p["state"], x, False)[0]
-    return O.op_apply(p["params"], p["state"], x, OPS[op_index(spec["op"])], spec["stride"], False,
+    return O.op_apply(p.get("params", {}), p.get("state", {}), x, OPS[op_index(spec["op"])], spec["stride"], False,
                       spec.get("dw_impl", "auto"))[0]
 
 
@@ -113,7 +113,7 @@ def block_apply(spec: dict, params: dict, x):
     outs = []
     for layer in spec["layers"]:
         xs = [x if i < 0 else outs[i] for i in layer["inputs"]]
-        outs.append(_zoo_layer(layer, params.get(layer["name"], {}), xs))
+        outs.append(_zoo_layer(layer, params.get(f"l{len(outs)}", {}), xs))
     return outs[-1]
 
 
@@ -211,8 +211,8 @@ def from_zoo(name: str, seed: int = 0) -> Network:
             spec, shapes = _zoo_layer_spec(net, i, local)
             local[i] = len(layers)
             layers.append(spec)
-            if shapes:
-                params[spec["name"]] = {k: _init_param(rng, k, s) for k, s in shapes.items()}
+            if shapes:  # keyed by position: orbax joins tree keys with ".", which zoo names contain
+                params[f"l{local[i]}"] = {k: _init_param(rng, k, s) for k, s in shapes.items()}
         label = net.layers[start].name if start == cut else f"{net.layers[start].name}..{net.layers[cut].name}"
         blocks.append(Block(label, {"kind": "zoo", "layers": layers}, params))
         start = cut + 1
