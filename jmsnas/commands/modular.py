@@ -4,7 +4,7 @@ parallel (paper 002).
     jmsnas modularize --model NAME|RUN_DIR --children K|auto --out DIR [--strategy exact|qlearning|equal]
                       [--load-model FILE] [--threads N] [--config FILE] [--json]
     jmsnas load DIR [--parallel N] [--infer] [--batch B] [--cold] [--json]
-    jmsnas finetune DIR --steps N [--lr LR]          (children of a jmsnas run: its dataset's training split)
+    jmsnas finetune DIR --steps N [--lr LR]          (children of a jmsnas run: its validation split)
 
 ``modularize`` measures the loading-time model on this machine (cold reads, a few seconds; ``--load-model`` reuses
 a saved one, ``--save-load-model`` writes it), splits the blocks into K balanced contiguous children (``auto``: the
@@ -122,7 +122,7 @@ def _finetune(args) -> int:
     report = api.finetune(args.directory, steps=args.steps, lr=args.lr, batch=args.batch)
     print(json.dumps(report, indent=2) if args.json else
           f"fine-tuned the last child of {args.directory} for {report['steps']} steps: loss "
-          f"{report['loss_first']:.4f} -> {report['loss_last']:.4f}, training accuracy "
-          f"{100 * report['accuracy_before']:.2f}% -> {100 * report['accuracy_after']:.2f}%; "
+          f"{report['loss_first']:.4f} -> {report['loss_last']:.4f}, accuracy "
+          f"{100 * report['accuracy_before']:.2f}% -> {100 * report['accuracy_after']:.2f}% on the validation split; "
           f"saved as {report['child_dir']} (the other children are unchanged)")
     return 0

@@ -150,7 +150,8 @@ def format_load(r: dict) -> str:
 
 
 def finetune(directory: str, *, steps: int = 20, lr: float = 1e-3, batch: int = 64, seed: int = 0) -> dict:
-    """Fine-tune the last child of a modularized jmsnas run on its dataset's training split."""
+    """Fine-tune the last child of a modularized jmsnas run on its dataset's validation split (data the run did not
+    train on; the accuracies reported are on that data)."""
     import ml_collections
     from jmsnas import pipeline
     from jmsnas.modular.finetune import finetune as ft
@@ -163,6 +164,7 @@ def finetune(directory: str, *, steps: int = 20, lr: float = 1e-3, batch: int = 
     if not (lr > 0 and np.isfinite(lr)):
         raise ModularError(f"--lr must be a positive number, got {lr!r}")
     ds = pipeline.load_data(ml_collections.ConfigDict(m["run_config"]))
-    r = ft(directory, ds.train.images, ds.train.labels, steps=steps, lr=lr, batch=batch, seed=seed)
+    # "new data": the validation split, which the run never trained on
+    r = ft(directory, ds.val.images, ds.val.labels, steps=steps, lr=lr, batch=batch, seed=seed)
     return {"directory": directory, "steps": steps, "loss_first": r.losses[0], "loss_last": r.losses[-1],
             "accuracy_before": r.accuracy_before, "accuracy_after": r.accuracy_after, "child_dir": r.directory}

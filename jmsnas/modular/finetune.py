@@ -1,8 +1,8 @@
 """On-device personalisation (paper 002, section 4.2.3): train only the last child's parameters on new data.
 
 The parameters of all children form one pytree ``{"frozen": [child 0 .. k-2], "last": child k-1}``; the optimiser
-is ``optax.multi_transform`` with Adam on "last" and ``set_to_zero`` on "frozen", and the frozen children also sit
-behind ``stop_gradient`` so their gradients are never computed. Only the "last" subtree is updated (the frozen
+is ``optax.multi_transform`` with Adam on "last" and ``set_to_zero`` on "frozen" (which also labels the last child's
+batch-norm statistics), and the frozen children sit behind ``stop_gradient`` so their gradients are never computed. Only the "last" subtree is updated (the frozen
 arrays are passed through untouched, which keeps them bitwise equal, -0.0 included), and only the last child is
 written back: a new directory ``child_XX.ft<n>``, then the manifest is replaced atomically to point at it (with its
 new sha256), then the old directory is removed. A crash at any point leaves a loadable directory.
@@ -58,8 +58,11 @@ def train_last(manifest: dict, children: list, x, y, *, steps: int = 20, lr: flo
     logits = _logits_fn(manifest)
     params = {"frozen": [dict(t) for t in children[:-1]], "last": dict(children[-1])}
     params["last"].pop("range", None)
+    # batch-norm statistics ("state" subtrees of jmsnas blocks) are not trained: Adam could make a variance negative
+    is_stat = lambda path: any(getattr(k, "key", None) == "state" for k in path)
     labels = {"frozen": jax.tree_util.tree_map(lambda _: "frozen", params["frozen"]),
-              "last": jax.tree_util.tree_map(lambda _: "last", params["last"])}
+              "last": jax.tree_util.tree_map_with_path(lambda p, _: "frozen" if is_stat(p) else "last",
+                                                       params["last"])}
     tx = optax.multi_transform({"last": optax.adam(lr), "frozen": optax.set_to_zero()}, labels)
     opt = tx.init(params)
 
@@ -72,8 +75,10 @@ def train_last(manifest: dict, children: list, x, y, *, steps: int = 20, lr: flo
         loss, g_last = jax.value_and_grad(loss_fn)(params["last"], params["frozen"], xb, yb)
         grads = {"frozen": jax.tree_util.tree_map(jnp.zeros_like, params["frozen"]), "last": g_last}
         updates, opt = tx.update(grads, opt, params)
-        # only the trainable subtree is touched: frozen arrays stay the very same objects (bitwise, -0.0 included)
-        return {"frozen": params["frozen"], "last": optax.apply_updates(params["last"], updates["last"])}, opt, loss
+        # only trainable leaves are touched: frozen arrays stay the very same values (bitwise, -0.0 included)
+        last = jax.tree_util.tree_map(lambda lab, p, u: p if lab == "frozen" else p + u.astype(p.dtype),
+                                      labels["last"], params["last"], updates["last"])
+        return {"frozen": params["frozen"], "last": last}, opt, loss
 
     acc = lambda p: float(np.mean(np.argmax(np.asarray(logits(p["frozen"], p["last"], x)), -1) == y))
     before = acc(params)

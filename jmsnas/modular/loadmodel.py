@@ -111,7 +111,8 @@ def _synthetic(nbytes: int, arrays: int, seed: int) -> Network:
 
 def measure(sizes_bytes=(2**16, 2**20, 2**23), arrays=(1, 8, 64), reps: int = 3, directory: str | None = None,
             seed: int = 0) -> list:
-    """Cold loads (median of ``reps``) of one child for every (bytes, arrays) pair, through ``store.load``."""
+    """Cold loads (median of ``reps``) of one child for every (bytes, arrays) pair, through ``store.load``: wall
+    ms and the process's CPU ms (all threads; CPU ms near or above wall ms means loading is CPU-bound)."""
     from jmsnas.modular import store
     root = tempfile.mkdtemp(prefix="jmsnas-loadmodel-", dir=directory)
     out = []
@@ -121,14 +122,15 @@ def measure(sizes_bytes=(2**16, 2**20, 2**23), arrays=(1, 8, 64), reps: int = 3,
                 net = _synthetic(int(nb), int(na), seed)
                 d = os.path.join(root, f"c_{nb}_{na}")
                 store.write(net, [0, 1], d)
-                runs = []
+                runs, cpu = [], []
                 for _ in range(reps):
                     drop_cache(d)
-                    t = time.perf_counter()
+                    t, c = time.perf_counter(), time.process_time()
                     store.load(d, parallel=1)
                     runs.append(1e3 * (time.perf_counter() - t))
+                    cpu.append(1e3 * (time.process_time() - c))
                 out.append({"bytes": block_bytes(net.blocks[0]), "arrays": int(na), "ms": float(np.median(runs)),
-                            "runs_ms": runs})
+                            "cpu_ms": float(np.median(cpu)), "runs_ms": runs})
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return out
