@@ -1,7 +1,7 @@
 """Parallel loading of balanced children against the monolithic checkpoint (paper 002, Tables 1 and 3).
 
     python benchmarks/bench_loading.py [--nets resnet50 mobilenet_v2 RUN_DIR] [--config CFG] [--reps 5]
-                                       [--kmax 8] [--json out.json]
+                                       [--kmax 8] [--json out.json] [--no-agent]
 
 For every network and k = 1..kmax (k = 1 is the monolith): the exact min-max split under the load model measured
 here, written as k orbax children; then ``reps`` rounds, each loading every k once in a shuffled order, cold
@@ -116,6 +116,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--kmax", type=int, default=8)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--no-agent", action="store_true", help="skip the Q-learning vs exact table")
     ap.add_argument("--dir", default=None, help="where the children are written (default: a temporary directory)")
     args = ap.parse_args(argv)
     hw = os.cpu_count() or 1
@@ -145,7 +146,7 @@ def main(argv=None) -> int:
             net = B.load_network(name, config)
             t = time.perf_counter()
             r = bench_net(net, lm, args.kmax, args.reps, root, hw, rng)
-            r["agent"] = agent_table(net, lm, args.kmax)
+            r["agent"] = [] if args.no_agent else agent_table(net, lm, args.kmax)
             r["seconds"] = time.perf_counter() - t
             r["loadavg"] = loadavg()
             out["networks"].append(r)
@@ -158,8 +159,10 @@ def main(argv=None) -> int:
                 print(f"| {row['k']} | {row['load_ms_median']:.0f} | {sl[0]:.2f} [{sl[1]:.2f}, {sl[2]:.2f}] | "
                       f"{row['first_prediction_ms_median']:.0f} | {sf[0]:.2f} [{sf[1]:.2f}, {sf[2]:.2f}] | "
                       f"{row['cpu_ms_median']:.0f} | {row['predicted_ms_here']:.0f} | {row['predicted_ms_k_threads']:.0f} |")
-            print("| k | exact max child ms | Q-learning | ratio | episodes to within 10% | agent s | equal layers |")
-            print("|---|---|---|---|---|---|---|")
+            if r["agent"]:
+                print("| k | exact max child ms | Q-learning | ratio | episodes to within 10% | agent s | "
+                      "equal layers |")
+                print("|---|---|---|---|---|---|---|")
             for a in r["agent"]:
                 print(f"| {a['k']} | {a['exact_ms']:.1f} | {a['agent_ms']:.1f} | {a['agent_over_exact']:.3f} | "
                       f"{a['episodes_to_10pct']} / {a['episodes']} | {a['agent_s']:.1f} | {a['equal_ms']:.1f} |",

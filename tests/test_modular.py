@@ -160,6 +160,17 @@ def test_drop_cache_empties_the_page_cache(tmp_path):
     assert L.resident_bytes(str(p)) < before // 4
 
 
+def test_measurements_cover_every_configuration(tiny, tmp_path):
+    samples = L.measure(sizes_bytes=(4096, 65536), arrays=(1, 4), reps=1, directory=str(tmp_path))
+    assert [(s["bytes"], s["arrays"]) for s in samples] == [(4096, 1), (4096, 4), (65536, 1), (65536, 4)]
+    assert all(s["ms"] > 0 and len(s["runs_ms"]) == 1 for s in samples)
+    assert not os.listdir(tmp_path)  # the synthetic children are removed
+    space, ops, cp, cs, _, _ = tiny
+    net = B.from_compact(space, ops, cp, cs)
+    assert L.inference_ms(net, reps=1).shape == (len(net.blocks),)
+    assert L.raw_read_ms(8192, 2, reps=1, directory=str(tmp_path)) > 0
+
+
 # ------------------------------------------------------------------------------------------------ store + load
 
 def test_children_reassemble_bitwise_with_streaming_inference(tiny, tmp_path):

@@ -41,8 +41,8 @@ def add_parser(sub) -> None:
 
     p = sub.add_parser("load", help="load modularized children in parallel (and run inference while loading)")
     p.add_argument("directory", help="directory written by jmsnas modularize")
-    p.add_argument("--parallel", type=int, default=None, help="loading threads (default: hardware threads, "
-                   "at most the number of children)")
+    p.add_argument("--parallel", type=int, default=None, help="loading threads (default and cap: the hardware "
+                   "threads and the number of children)")
     p.add_argument("--infer", action="store_true", help="run inference on a random batch while loading")
     p.add_argument("--batch", type=int, default=1, help="batch size of --infer (default 1)")
     p.add_argument("--cold", action="store_true", help="drop the children from the page cache first")

@@ -132,7 +132,7 @@ def load(directory: str, *, parallel: int | None = None, infer: bool = False, ba
     res = store.load(directory, parallel=parallel, x=x,
                      on_event=lambda ev: say(f"  [{ev.t_s * 1e3:8.1f} ms] child {ev.child + 1}/{k} {ev.what}"))
     report = {"directory": directory, "network": m["network"], "children": k,
-              "parallel": min(os.cpu_count() or 1, k) if parallel is None else parallel, "cold": cold,
+              "parallel": res.threads, "cold": cold,
               "load_ms": 1e3 * res.load_s, "child_loaded_ms": [1e3 * t for t in res.child_loaded_s],
               "child_restore_ms": [1e3 * t for t in res.child_restore_s]}
     if infer:

@@ -231,6 +231,7 @@ class Event(NamedTuple):
 
 
 class LoadResult(NamedTuple):
+    threads: int  # loading threads used
     children: list  # per child: dict block_key -> params (numpy)
     output: object  # the prediction (None without an input)
     load_s: float  # until every child is restored
@@ -253,7 +254,7 @@ def _restore(directory: str, m: dict, c: dict, verify: bool) -> tuple:
 
 def load(directory: str, parallel: int | None = None, x=None, verify: bool = True,
          on_event: Callable[[Event], None] | None = None) -> LoadResult:
-    """Restore every child of ``directory`` with ``parallel`` threads (default: the hardware threads, at most the
+    """Restore every child of ``directory`` with ``parallel`` threads (default and cap: the hardware threads and the
     number of children); with an input ``x`` [B, H, W, C], child i runs as soon as it and every earlier child are
     loaded, overlapping inference with the loading of later children. All or nothing: on any error the pending
     restores are cancelled and a ModularError is raised."""
@@ -263,6 +264,7 @@ def load(directory: str, parallel: int | None = None, x=None, verify: bool = Tru
     p = min(hw, k) if parallel is None else parallel
     if isinstance(p, bool) or not isinstance(p, int) or p < 1:
         raise ModularError(f"--parallel must be an integer >= 1, got {parallel!r}")
+    p = min(p, hw, k)  # more threads than hardware threads only adds contention (paper 002, section 4.2.2)
     if x is not None and tuple(np.shape(x)[1:]) != tuple(m["input_shape"]):
         raise ModularError(f"input shape {tuple(np.shape(x)[1:])} per example does not match the network's "
                            f"{tuple(m['input_shape'])}")
@@ -299,7 +301,7 @@ def load(directory: str, parallel: int | None = None, x=None, verify: bool = Tru
         pool.shutdown(wait=True)
         raise
     pool.shutdown(wait=True)
-    return LoadResult(trees, y, max(loaded_at), first, loaded_at, restore_s, m)
+    return LoadResult(p, trees, y, max(loaded_at), first, loaded_at, restore_s, m)
 
 
 def blocks_of(result: LoadResult) -> list:
