@@ -7,7 +7,9 @@ For every network and k = 1..kmax (k = 1 is the monolith): the exact min-max spl
 here, written as k orbax children; then ``reps`` rounds, each loading every k once in a shuffled order, cold
 (fsync + POSIX_FADV_DONTNEED before each load), with min(k, hardware threads) threads and streaming inference of a
 batch of one (compiled beforehand: the programs depend on shapes only). Reported per k: median load time and time
-to first prediction, and the monolith/k ratio of each round (paired in time), as median and [min, max]. Also: the
+to first prediction, and the monolith/k ratio of each round (paired in time), as median and [min, max]; the
+process's CPU time per load (all threads, inference included); the overlap, sum of the children's restore times
+over the load time (1.0: no two restores ran side by side; 2.0: two threads busy all the time). Also: the
 fitted load model, the raw cold read time of the same bytes (is loading disk- or CPU-bound?), the model's
 prediction for this machine's threads and for a device with k loading threads, and the Q-learning agent against
 the exact optimum for k = 2..kmax. The machine's load average is printed before and after.
@@ -61,6 +63,7 @@ def bench_net(net, lm, kmax: int, reps: int, root: str, hw: int, rng) -> dict:
     load = {k: [] for k in ks}
     first = {k: [] for k in ks}
     cpu = {k: [] for k in ks}
+    overlap = {k: [] for k in ks}
     for _ in range(reps):
         for k in rng.permutation(ks):
             k = int(k)
@@ -68,6 +71,7 @@ def bench_net(net, lm, kmax: int, reps: int, root: str, hw: int, rng) -> dict:
             c0 = time.process_time()
             res = store.load(dirs[k], parallel=min(k, hw), x=x)
             cpu[k].append(1e3 * (time.process_time() - c0))
+            overlap[k].append(sum(res.child_restore_s) / res.load_s)  # 2.0 = two restores always side by side
             load[k].append(1e3 * res.load_s)
             first[k].append(1e3 * res.first_prediction_s)
             if ref is None:
@@ -86,6 +90,7 @@ def bench_net(net, lm, kmax: int, reps: int, root: str, hw: int, rng) -> dict:
                      "predicted_ms_here": L.makespan_ms(child, min(k, hw)),
                      "predicted_ms_k_threads": L.makespan_ms(child, k),
                      "cpu_ms_median": float(np.median(cpu[k])),
+                     "overlap_median": float(np.median(overlap[k])),
                      "load_runs_ms": load[k], "first_runs_ms": first[k], "cpu_runs_ms": cpu[k]})
     for d in dirs.values():
         shutil.rmtree(d, ignore_errors=True)
@@ -152,13 +157,13 @@ def main(argv=None) -> int:
             out["networks"].append(r)
             print(f"\n{net.name}: {r['blocks']} blocks, {r['mb']:.1f} MB  (load average now {loadavg()})")
             print("| k | load ms | speed-up (median [min, max]) | first prediction ms | speed-up | CPU ms | "
-                  "model here | model, k threads |")
-            print("|---|---|---|---|---|---|---|---|")
+                  "overlap | model here | model, k threads |")
+            print("|---|---|---|---|---|---|---|---|---|")
             for row in r["rows"]:
                 sl, sf = row["speedup_load"], row["speedup_first"]
                 print(f"| {row['k']} | {row['load_ms_median']:.0f} | {sl[0]:.2f} [{sl[1]:.2f}, {sl[2]:.2f}] | "
                       f"{row['first_prediction_ms_median']:.0f} | {sf[0]:.2f} [{sf[1]:.2f}, {sf[2]:.2f}] | "
-                      f"{row['cpu_ms_median']:.0f} | {row['predicted_ms_here']:.0f} | {row['predicted_ms_k_threads']:.0f} |")
+                      f"{row['cpu_ms_median']:.0f} | {row['overlap_median']:.2f} | {row['predicted_ms_here']:.0f} | {row['predicted_ms_k_threads']:.0f} |")
             if r["agent"]:
                 print("| k | exact max child ms | Q-learning | ratio | episodes to within 10% | agent s | "
                       "equal layers |")
