@@ -163,7 +163,8 @@ def main(argv=None) -> int:
                 sl, sf = row["speedup_load"], row["speedup_first"]
                 print(f"| {row['k']} | {row['load_ms_median']:.0f} | {sl[0]:.2f} [{sl[1]:.2f}, {sl[2]:.2f}] | "
                       f"{row['first_prediction_ms_median']:.0f} | {sf[0]:.2f} [{sf[1]:.2f}, {sf[2]:.2f}] | "
-                      f"{row['cpu_ms_median']:.0f} | {row['overlap_median']:.2f} | {row['predicted_ms_here']:.0f} | {row['predicted_ms_k_threads']:.0f} |")
+                      f"{row['cpu_ms_median']:.0f} | {row['overlap_median']:.2f} | {row['predicted_ms_here']:.0f} | "
+                      f"{row['predicted_ms_k_threads']:.0f} |")
             if r["agent"]:
                 print("| k | exact max child ms | Q-learning | ratio | episodes to within 10% | agent s | "
                       "equal layers |")

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from jmsnas import cli, configs, ops as O, pipeline, supernet
-from jmsnas.modular import api, blocks as B, finetune as F, loadmodel as L, partition as P, store
+from jmsnas.modular import blocks as B, finetune as F, loadmodel as L, partition as P, store
 from jmsnas.modular.blocks import ModularError
 from jmsnas.space import OPS
 from jmsnas.split import zoo

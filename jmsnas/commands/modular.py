@@ -16,10 +16,7 @@ line to stderr, exit with 2 and leave nothing half-written.
 from __future__ import annotations
 
 import json
-import os
 import sys
-
-import numpy as np
 
 
 def add_parser(sub) -> None:

@@ -309,6 +309,7 @@ def blocks_of(result: LoadResult) -> list:
     out = []
     for c, tree in zip(result.manifest["children"], result.children):
         a, b = c["blocks"]
-        out += [Block(result.manifest["blocks"][j]["name"], result.manifest["blocks"][j]["spec"], tree.get(block_key(j), {}))
+        out += [Block(result.manifest["blocks"][j]["name"], result.manifest["blocks"][j]["spec"],
+                      tree.get(block_key(j), {}))
                 for j in range(a, b)]
     return out
