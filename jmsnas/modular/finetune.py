@@ -5,7 +5,8 @@ is ``optax.multi_transform`` with Adam on "last" and ``set_to_zero`` on "frozen"
 batch-norm statistics), and the frozen children sit behind ``stop_gradient`` so their gradients are never computed.
 Only trainable leaves are updated (frozen arrays are passed through untouched, which keeps them bitwise equal,
 -0.0 included), and only the last child is written back: a new directory ``child_XX.ft<n>``, then the manifest is
-replaced atomically to point at it (with its new sha256), then the old directory is removed. A crash at any point leaves a loadable directory.
+replaced atomically to point at it (with its new sha256), then the old directory is removed. A crash at any point
+leaves a loadable directory.
 
 Batch norm runs in inference mode (the stored statistics are kept): fine-tuning a few layers on a small new data
 set with frozen statistics is the usual transfer-learning recipe.
