@@ -230,6 +230,11 @@ def test_load_refuses_missing_corrupt_and_mixed_children(tiny, tmp_path):
     open(os.path.join(broken, "manifest.json"), "w").write("{not json")
     with pytest.raises(ModularError, match="manifest.json.*corrupt"):
         store.load(broken)
+    m = json.load(open(os.path.join(a, "manifest.json")))
+    del m["children"][1]["leaves"]
+    json.dump(m, open(os.path.join(broken, "manifest.json"), "w"))
+    with pytest.raises(ModularError, match="manifest.json' is corrupt: child entry 1 is malformed"):
+        store.load(broken)
 
 
 def test_write_refuses_bad_cuts_and_a_used_directory(tiny, tmp_path):

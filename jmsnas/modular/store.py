@@ -216,6 +216,13 @@ def read_manifest(directory: str) -> dict:
         check_cuts([0] + [b for _, b in bounds], n)
         if [a for a, _ in bounds] != [0] + [b for _, b in bounds[:-1]]:
             raise ModularError("children are not contiguous")
+        for i, c in enumerate(m["children"]):
+            d = c.get("dir")
+            if c.get("index") != i or not isinstance(d, str) or not isinstance(c.get("leaves"), dict) \
+                    or not isinstance(c.get("sha256"), str) or os.sep in d or d in ("", ".", ".."):
+                raise ModularError(f"child entry {i} is malformed")
+        if not isinstance(m.get("fingerprint"), str) or not isinstance(m.get("input_shape"), list):
+            raise ModularError("fingerprint or input_shape is malformed")
     except (KeyError, TypeError, ValueError) as e:
         raise ModularError(f"{path!r} is corrupt: {e}") from None
     missing = [c["dir"] for c in m["children"] if not os.path.isdir(os.path.join(directory, c["dir"]))]
