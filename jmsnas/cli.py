@@ -13,6 +13,7 @@ COMMANDS = {
     "retrain": "search",
     "evolve": "evolve",
     "profile": "profile",
+    "autosplit": "autosplit",
 }
 
 

@@ -279,6 +279,8 @@ def _finish(cfg, space, table, ds, mesh, rt, ops, assignment, fix, derived, hist
     }
     with open(os.path.join(workdir, "result.json"), "w") as f:
         json.dump(result, f, indent=2)
+    with open(os.path.join(workdir, "config.json"), "w") as f:  # the resolved config: jmsnas autosplit rebuilds the net
+        f.write(cfg.to_json_best_effort(indent=2))
     with open(os.path.join(workdir, "history.json"), "w") as f:
         json.dump(history, f, indent=2)
     report.write_report(result, history, workdir)
