@@ -99,11 +99,20 @@ def _check(memory_bytes, max_drop):
         raise ValueError(f"--max-accuracy-drop must be a number >= 0 (a fraction, 0.01 = 1 point), got {max_drop!r}")
 
 
+def _check_fits(net, w_elems, memory_bytes: float, bits) -> None:
+    """ValueError when M is below the smallest edge part (the first layer at b_min, eq. (6)): nothing to split."""
+    smallest = bits[0] * (w_elems[0] + net.layers[0].out_elems) / 8
+    if memory_bytes < smallest:
+        raise ValueError(f"--memory-mb {memory_bytes / 2**20:.6g} is below any edge part: the first layer "
+                         f"{net.layers[0].name!r} alone needs {smallest / 2**20:.6g} MiB at {bits[0]} bits")
+
+
 def prepare(model: str, topo: Topology, memory_bytes: float, bits):
     """(problem, drop function, context dict) for a zoo name or a run directory; raises ValueError early."""
     bits = check_bit_set(bits)
     if model in zoo.NAMES:
         net = zoo.get(model)
+        _check_fits(net, solver.folded_weight_elems(net), memory_bytes, bits)
         dw, da = shape_distortion(net, bits)
         prob = solver.make_problem(net, topo, memory_bytes, bits, dw, da)
         return prob, (lambda s: s.distortion), {"kind": "zoo", "name": net.name, "note": ZOO_NOTE}
@@ -111,9 +120,10 @@ def prepare(model: str, topo: Topology, memory_bytes: float, bits):
         raise ValueError(f"--model {model!r} is neither a zoo network {list(zoo.NAMES)} nor a run directory")
     run = network.load_run(model)
     fn = run.net
+    spec = network.net_spec(fn)
+    _check_fits(spec, [l.params for l in spec.layers], memory_bytes, bits)
     ranges, outs = network.calibrate(fn, run.dataset.train.images)
     dw, da = network.distortion_tables(fn, ranges, outs, bits)
-    spec = network.net_spec(fn)
     prob = solver.make_problem(spec, topo, memory_bytes, bits, dw, da, w_elems=[l.params for l in spec.layers],
                                input_bits=8)
     u = len(fn.units)
@@ -140,10 +150,6 @@ def autosplit(model: str, topo: Topology, memory_bytes: float, max_drop: float, 
     _check(memory_bytes, max_drop)
     bits = check_bit_set(bits)
     prob, drop, ctx = prepare(model, topo, memory_bytes, bits)
-    smallest = bits[0] * (prob.w_elems[0] + prob.a_elems[0]) / 8
-    if memory_bytes < smallest:
-        raise ValueError(f"--memory-mb {memory_bytes / 2**20:.6g} is below any edge part: the first layer "
-                         f"{prob.names[0]!r} alone needs {smallest / 2**20:.6g} MB at {bits[0]} bits")
     floor = solver.potential_splits(prob)
     cands = solver.candidates(prob, transmit_variants)
     chosen, chosen_drop, tried = solver.select(cands, drop, max_drop)
