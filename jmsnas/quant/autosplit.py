@@ -42,11 +42,16 @@ TOPOLOGIES = {"autosplit": autosplit_topology, **compare.TOPOLOGIES}
 
 
 def topology(name: str, bandwidths_mbps=None) -> Topology:
-    """A preset (``TOPOLOGIES``) with optional bandwidth override (one value for all links or one per link)."""
-    if name not in TOPOLOGIES:
-        raise ValueError(f"unknown topology {name!r}; expected one of {sorted(TOPOLOGIES)}")
-    if name in compare.TOPOLOGIES:
-        return compare.topology(name, bandwidths_mbps)
+    """"autosplit" (Auto-Split's Eyeriss -> TPU pair), another preset of ``split.compare`` or a topology file
+    (``jmsnas.topofile``); ``bandwidths_mbps`` overrides the links (one value for all or one per link)."""
+    if name != "autosplit":
+        try:
+            return compare.topology(name, bandwidths_mbps)
+        except ValueError as e:
+            if name in compare.TOPOLOGIES or not str(e).startswith("unknown topology"):
+                raise
+            raise ValueError(f"unknown topology {name!r}; expected a preset {sorted(TOPOLOGIES)} or a topology "
+                             "file (.yaml, .yml or .json)") from None
     if not bandwidths_mbps:
         return autosplit_topology()
     if len(bandwidths_mbps) != 1:
@@ -145,13 +150,13 @@ def prepare(model: str, topo: Topology, memory_bytes: float, bits):
 
 
 def autosplit(model: str, topo: Topology, memory_bytes: float, max_drop: float, bits=(2, 4, 6, 8, 16),
-              transmit_variants: bool = True) -> dict:
+              latency_variants: bool = True) -> dict:
     """Runs Auto-Split and the baselines; returns (JSON-ready report, (problem, chosen solution, context))."""
     _check(memory_bytes, max_drop)
     bits = check_bit_set(bits)
     prob, drop, ctx = prepare(model, topo, memory_bytes, bits)
     floor = solver.potential_splits(prob)
-    cands = solver.candidates(prob, transmit_variants)
+    cands = solver.candidates(prob, latency_variants)
     chosen, chosen_drop, tried = solver.select(cands, drop, max_drop)
     methods = {"cloud_only": solver.cloud_only(prob), "edge_only_u8": solver.edge_only_u8(prob),
                "neurosurgeon": solver.neurosurgeon(prob), "u8_split": solver.u8_split(prob),

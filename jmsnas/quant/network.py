@@ -30,6 +30,7 @@ from jmsnas.graph import LayerSpec, NetSpec
 from jmsnas.ops import BN_EPS, full_conv
 from jmsnas.quant.quantizers import act_distortion, fake_quant_act, fake_quant_weight, weight_distortion
 from jmsnas.space import OPS, OP_NAMES, build_space
+from jmsnas.split import derived
 
 
 class Unit(NamedTuple):
@@ -131,8 +132,18 @@ def load_run(directory: str) -> Run:
     result = _read_json(os.path.join(directory, "result.json"), "result")
     cfg = _read_json(os.path.join(directory, "config.json"), "configuration (written by jmsnas search)")
     manifest = _read_json(os.path.join(directory, "parts", "manifest.json"), "parts manifest")
-    if cfg.get("topology") not in ("chain",):
-        raise ValueError(f"run {directory!r} searched a {cfg.get('topology')!r} topology; autosplit reads chain runs")
+    if derived.is_result(result):  # result.json records its topology and space (topology files included)
+        _, _, space = derived.from_result(result, os.path.join(directory, "result.json"))
+    else:
+        topo = presets.topology(cfg["topology"], cfg.get("layers_per_device"))
+        sp = cfg["space"]
+        space = build_space(topo, image_size=cfg["image_size_resolved"], in_channels=cfg["channels_resolved"],
+                            num_classes=cfg["num_classes_resolved"], device_channels=tuple(sp["device_channels"]),
+                            device_strides=tuple(sp["device_strides"]), stem_channels=sp["stem_channels"],
+                            stem_stride=sp["stem_stride"], head_channels=sp["head_channels"])
+    if space.topology.kind != "chain":
+        raise ValueError(f"run {directory!r} searched a {space.topology.kind} topology; autosplit reads chain runs "
+                         "(a mesh's parallel branches have no single edge/cloud cut)")
     params, state = {"layers": {}}, {"layers": {}}
     for dev in manifest["devices"].values():
         with np.load(os.path.join(directory, "parts", dev["file"])) as z:
@@ -143,18 +154,12 @@ def load_run(directory: str) -> Run:
                     dst["layers"].update({int(k): v for k, v in val.items()})
                 else:
                     dst[key] = val
-    topo = presets.topology(cfg["topology"], cfg.get("layers_per_device"))
-    sp = cfg["space"]
-    space = build_space(topo, image_size=cfg["image_size_resolved"], in_channels=cfg["channels_resolved"],
-                        num_classes=cfg["num_classes_resolved"], device_channels=tuple(sp["device_channels"]),
-                        device_strides=tuple(sp["device_strides"]), stem_channels=sp["stem_channels"],
-                        stem_stride=sp["stem_stride"], head_channels=sp["head_channels"])
     ops = [OP_NAMES.index(a["op"]) for a in sorted(result["architecture"], key=lambda a: a["layer"])]
     params["layers"] = tuple(params["layers"].get(n, {}) for n in range(space.num_layers))
     state["layers"] = tuple(state["layers"].get(n, {}) for n in range(space.num_layers))
     net = fold_compact(os.path.basename(os.path.normpath(directory)), space, ops, params, state)
     ds = data.load(cfg["dataset"], data_dir=cfg.get("data_dir"), val_fraction=cfg["val_fraction"], seed=cfg["seed"],
-                   image_size=cfg.get("image_size"), max_train=cfg.get("max_train"))
+                   image_size=cfg.get("image_size"), max_train=cfg.get("max_train"), max_eval=cfg.get("max_eval"))
     return Run(directory, net, cfg, result, ds)
 
 

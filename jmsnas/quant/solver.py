@@ -24,9 +24,12 @@ Algorithm 1, with the choices this implementation makes:
   (``assign_activations``); the Lagrangian would return the same.
 * The (M_wgt, M_act) grid: uniform bit widths of B on layers [0, n), pairs with M_wgt + M_act > M skipped; each
   solution is then checked against M with the DAG working set (5b) and dropped if over.
-* Beyond the paper's list: L_tr depends on the transmitted tensor's bits, which (9) sets by distortion alone, so
-  every solution is also listed with the transmitted tensors lowered to each smaller width of B (Fig. 7 of the
-  paper varies exactly this: W8A8-T8 vs W8A8-T1). The accuracy check decides whether a variant is acceptable.
+* Beyond the paper's list (``latency_variants``): (7)-(9) pick bits by distortion alone, but latency depends on
+  them too (L_tr on the transmitted tensor's bits, the edge's memory-bound layers on every tensor's bits). So every
+  solution is also listed with the transmitted tensors lowered to each smaller width of B (Fig. 7 of the paper
+  varies exactly this: W8A8-T8 vs W8A8-T1) and with all its edge activations capped at each width of B, and at
+  every n of P the uniform assignments of B (the grid's own points) are listed. The accuracy check decides which
+  are acceptable; without these the list can miss a uniform 8-bit split that is both faster and within A.
 * Selection (Remark 4): solutions in order of latency, the first whose accuracy drop (a caller-supplied function,
   measured or a proxy) is within A. Cloud-only (drop 0) is always in the list, so one is always found.
 """
@@ -270,8 +273,10 @@ def assign_activations(p: Problem, n: int, budget_bytes: float):
 
 # ----------------------------------------------------------------------------------------------- Algorithm 1
 
-def candidates(p: Problem, transmit_variants: bool = True) -> list:
-    """The list S of Algorithm 1 (cloud-only first), each within M; duplicates removed."""
+def candidates(p: Problem, latency_variants: bool = True) -> list:
+    """The list S of Algorithm 1 (cloud-only first), each within M; duplicates removed. ``latency_variants``
+    (see the module docstring) adds, for each solution, the transmitted tensors and all edge activations capped
+    at every smaller width of B, and at every n of P the uniform assignments of B that define the grid."""
     out = {(0, (), ()): evaluate(p, "autosplit", 0, (), ())}
     for n in potential_splits(p):
         if n == 0:
@@ -290,16 +295,23 @@ def candidates(p: Problem, transmit_variants: bool = True) -> list:
                 if ab is None:
                     continue
                 variants = {ab}
-                if transmit_variants:
+                if latency_variants:
                     for t in p.bits:
                         variants.add(tuple(min(b, t) if i in sent else b for i, b in enumerate(ab)))
+                        variants.add(tuple(min(b, t) for b in ab))
                 for v in variants:
-                    if (n, wb, v) in out:
-                        continue
-                    s = evaluate(p, "autosplit", n, wb, v)
-                    if s.edge_memory_bytes <= p.memory_bytes:
-                        out[(n, wb, v)] = s
+                    _add(out, p, n, wb, v)
+        if latency_variants:
+            for b in p.bits:
+                _add(out, p, n, (b,) * n, (b,) * n)
     return list(out.values())
+
+
+def _add(out: dict, p: Problem, n: int, wb: tuple, ab: tuple) -> None:
+    if (n, wb, ab) not in out:
+        s = evaluate(p, "autosplit", n, wb, ab)
+        if s.edge_memory_bytes <= p.memory_bytes:
+            out[(n, wb, ab)] = s
 
 
 def select(cands: Sequence[Solution], accuracy_drop: Callable[[Solution], float], max_drop: float):
