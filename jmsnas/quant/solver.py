@@ -161,33 +161,55 @@ def _consumers(p: Problem) -> dict:
 
 def crossing(p: Problem, n: int) -> list:
     """Tensors sent at split n: producers (-1 = input) before n with a consumer at or after n (none if n = N)."""
-    if n >= p.n:
-        return []
-    return sorted(u for u, vs in _consumers(p).items() if u < n and max(vs) >= n)
+    return list(_crossing_of(tuple(p.edges), p.n, n))
+
+
+@functools.lru_cache(maxsize=4096)
+def _crossing_of(edges: tuple, num: int, n: int) -> tuple:
+    if n >= num:
+        return ()
+    return tuple(sorted(u for u, vs in _consumers_of(edges, num).items() if u < n and max(vs) >= n))
+
+
+@functools.lru_cache(maxsize=4096)
+def _lifetimes(edges: tuple, num: int, n: int):
+    """(tensor ids int[T], first step int[T], last step int[T]) of the tensors live while layers [0, n) run."""
+    cons = _consumers_of(edges, num)
+    ids, first, last = [], [], []
+    for t in [-1] + list(range(n)):
+        vs = cons.get(t, [])
+        local = [v for v in vs if v < n]
+        if t < 0 and not local:
+            continue
+        ids.append(t)
+        first.append(0 if t < 0 else t)
+        last.append(n - 1 if (len(local) < len(vs) or (t >= 0 and not vs)) else max(local))
+    return np.array(ids), np.array(first), np.array(last)
+
+
+def _packed_sizes(p: Problem, ids: np.ndarray, abits) -> np.ndarray:
+    """Bytes of tensors ``ids`` (-1 = input) at their bits: packed for <= 8 bits, whole bytes above."""
+    ab = np.asarray(abits, float)
+    elems = np.where(ids < 0, p.input_elems, p.a_elems[np.maximum(ids, 0)])
+    bits = np.where(ids < 0, p.input_bits, ab[np.maximum(ids, 0)] if len(ab) else p.input_bits)
+    return np.where(bits <= 8, np.ceil(elems * bits / 8), elems * np.ceil(bits / 8))
 
 
 def working_set_bytes(p: Problem, n: int, abits: Sequence[int]) -> int:
     """Largest activation working set (bytes) of layers [0, n) run in order, tensor j packed at abits[j]."""
     if n == 0:
         return 0
-    cons = _consumers(p)
+    ids, first, last = _lifetimes(tuple(p.edges), p.n, n)
     diff = np.zeros(n + 1)
-    for t in [-1] + list(range(n)):
-        vs = cons.get(t, [])
-        local = [v for v in vs if v < n]
-        if t < 0 and not local:
-            continue
-        start = 0 if t < 0 else t
-        end = n - 1 if (len(local) < len(vs) or (t >= 0 and not vs)) else max(local)
-        size = transmitted_bytes(p.input_elems if t < 0 else p.a_elems[t], p.input_bits if t < 0 else abits[t])
-        diff[start] += size
-        diff[end + 1] -= size
+    sizes = _packed_sizes(p, ids, abits)
+    np.add.at(diff, first, sizes)
+    np.add.at(diff, last + 1, -sizes)
     return int(np.max(np.cumsum(diff)[:n]))
 
 
 def edge_memory_bytes(p: Problem, n: int, wbits: Sequence[int], abits: Sequence[int]) -> int:
     """Weights of layers [0, n) at their bits plus the working set (eq. (3) on the DAG), in bytes."""
-    weights = sum(math.ceil(p.w_elems[i] * wbits[i] / 8) for i in range(n))
+    weights = float(np.sum(np.ceil(p.w_elems[:n] * np.asarray(wbits, float) / 8))) if n else 0.0
     return int(weights + working_set_bytes(p, n, abits))
 
 
@@ -197,15 +219,19 @@ def evaluate(p: Problem, method: str, n: int, wbits: Sequence[int], abits: Seque
         raise ValueError(f"split {n} needs {n} weight and activation bit widths, got {len(wbits)}, {len(abits)}")
     li = {b: i for i, b in enumerate(p.lat_bits)}
     bi = {b: i for i, b in enumerate(p.bits)}
-    edge = float(sum(p.edge_ms[i, li[wbits[i]], li[abits[i]]] for i in range(n)))
-    sent = sum(transmitted_bytes(p.input_elems if t < 0 else p.a_elems[t], p.input_bits if t < 0 else abits[t])
-               for t in crossing(p, n))
+    rows = np.arange(n)
+    edge = float(p.edge_ms[rows, [li[b] for b in wbits], [li[b] for b in abits]].sum()) if n else 0.0
+    cross = np.array(crossing(p, n), int)
+    sent = int(_packed_sizes(p, cross, abits).sum()) if len(cross) else 0
     tr = float(sum(transfer_ms(sent, bw, lat) for bw, lat in zip(p.link_bw_mbps, p.link_lat_ms))) if sent else 0.0
     cloud = float(p.cloud_ms[n:].sum())
-    dist = float(sum(p.dw[i, bi[wbits[i]]] + p.da[i, bi[abits[i]]] for i in range(n)
-                     if wbits[i] in bi and abits[i] in bi))
+    if n and all(b in bi for b in wbits) and all(b in bi for b in abits):
+        dist = float(p.dw[rows, [bi[b] for b in wbits]].sum() + p.da[rows, [bi[b] for b in abits]].sum())
+    else:  # uniform baselines at widths outside B: distortion over the layers whose widths are in B
+        dist = float(sum(p.dw[i, bi[wbits[i]]] + p.da[i, bi[abits[i]]] for i in range(n)
+                         if wbits[i] in bi and abits[i] in bi))
     return Solution(method, int(n), tuple(int(b) for b in wbits), tuple(int(b) for b in abits), edge + tr + cloud,
-                    edge, tr, cloud, int(sent), edge_memory_bytes(p, n, wbits, abits), dist)
+                    edge, tr, cloud, sent, edge_memory_bytes(p, n, wbits, abits), dist)
 
 
 # ----------------------------------------------------------------------------------------------- eq. (6), (8), (9)
