@@ -75,26 +75,43 @@ def zoo_table() -> list:
 def run_table(run: str) -> list:
     settings = [("autosplit", [1.0], 0.15, (2, 4, 6, 8, 16)), ("autosplit", [1.0], 0.15, (4, 5, 6, 8, 16)),
                 ("chain", None, 1.0, (2, 4, 6, 8, 16))]
-    lines = ["| topology | M (MiB) | B | A | method | split n | latency ms | sent B | edge MiB | val acc | test acc "
-             "| test drop |", "|---" * 12 + "|"]
+    lines = ["| topology | M (MiB) | B | method | A checked on | A | split n | latency ms | sent B | edge MiB | "
+             "val acc | test acc | test drop |", "|---" * 13 + "|"]
     for topo_name, bw, mib, bits in settings:
         topo = AS.topology(topo_name, bw)
         label = f"{topo_name}" + (f" {bw[0]:g} Mbit/s" if bw else " (Table I links)")
-        for a in (0.01, 0.05):
-            out, _ = AS.autosplit(run, topo, mib * 2**20, a, bits)
-            for m in METHODS if a == 0.01 else ("autosplit",):
-                j = out["methods"][m]
-                acc = j.get("accuracy")
-                accs = (f"{acc['val']:.4f} | {acc['test']:.4f} | {j['accuracy_drop']['test']:+.4f}" if acc
-                        else "does not fit | | ")
-                lines.append(f"| {label} | {mib:g} | {','.join(map(str, bits))} | {a:g} | {m} | {j['split']} | "
-                             f"{j['latency_ms']['total']:.4f} | {j['sent_bytes']:,} | "
-                             f"{j['edge_memory_bytes'] / 2**20:.4f} | {accs} |")
+        first = True
+        for select_on in ("val", "test"):
+            for a in (0.01, 0.05):
+                out, _ = AS.autosplit(run, topo, mib * 2**20, a, bits, select_on=select_on)
+                for m in METHODS if first else ("autosplit",):
+                    j = out["methods"][m]
+                    acc = j.get("accuracy")
+                    accs = (f"{acc['val']:.4f} | {acc['test']:.4f} | {j['accuracy_drop']['test']:+.4f}" if acc
+                            else "does not fit | | ")
+                    sel = (select_on, f"{a:g}") if m == "autosplit" else ("", "")
+                    lines.append(f"| {label} | {mib:g} | {','.join(map(str, bits))} | {m} | {sel[0]} | {sel[1]} | "
+                                 f"{j['split']} | {j['latency_ms']['total']:.4f} | {j['sent_bytes']:,} | "
+                                 f"{j['edge_memory_bytes'] / 2**20:.4f} | {accs} |")
+                    if m == "autosplit" and j["split"]:
+                        bits_used = [(b["weight"], b["activation"]) for b in j["bits"]]
+                        w = {b: sum(x[0] == b for x in bits_used) for b in bits}
+                        ab = {b: sum(x[1] == b for x in bits_used) for b in bits}
+                        notes.append(f"{label}, B={','.join(map(str, bits))}, A={a:g} on {select_on}: weights "
+                                     + ", ".join(f"{k} bits x{v}" for k, v in w.items() if v) + "; activations "
+                                     + ", ".join(f"{k} bits x{v}" for k, v in ab.items() if v))
+                first = False
         fa = out["float_accuracy"]
     lines.append("")
     lines.append(f"Float accuracy of the folded network: val {fa['val']:.4f}, test {fa['test']:.4f} "
-                 f"(the search's result.json: test {out['search_result_test_accuracy']}).")
+                 f"(the search's result.json: test {out['search_result_test_accuracy']:.4f}). Edge-layer bit "
+                 "widths of the Auto-Split rows that split:")
+    lines.append("")
+    lines += [f"- {n}" for n in notes]
     return lines
+
+
+notes: list = []
 
 
 def main() -> None:

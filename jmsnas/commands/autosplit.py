@@ -6,7 +6,8 @@
 
 ``--model``: a zoo network (no trained weights: distortion from its shapes, see ``jmsnas.quant.autosplit``) or the
 workdir of a ``jmsnas search`` run (accuracy measured before and after quantization). ``--topology``: a preset;
-the edge is the first device of its chain, the cloud the last. ``--memory-mb``: the edge memory limit M in MiB.
+the edge is the first device of its chain, the cloud the last. ``--select-on val|test``: the split on which a
+candidate's accuracy drop is checked against A (run directories; default val). ``--memory-mb``: the edge memory limit M in MiB.
 ``--max-accuracy-drop``: A as a fraction (0.01 = one point of accuracy). ``--write-parts DIR`` (run directories
 only) writes the chosen edge part with its weights packed at their bit widths and the cloud part in float.
 Bad arguments print one ``jmsnas autosplit: error: ...`` line to stderr and exit with 2.
@@ -29,6 +30,8 @@ def add_parser(sub) -> None:
     p.add_argument("--max-accuracy-drop", type=float, required=True, help="A, a fraction (0.01 = 1 point)")
     p.add_argument("--bits", default="2,4,6,8,16", help="candidate bit widths B (default 2,4,6,8,16)")
     p.add_argument("--bandwidth", type=float, nargs="+", metavar="MBPS", help="link bandwidth(s) in Mbit/s")
+    p.add_argument("--select-on", default="val", choices=("val", "test"),
+                   help="split on which a candidate's accuracy drop is checked against A (default val)")
     p.add_argument("--json", action="store_true", help="print a JSON object instead of text")
     p.add_argument("--write-parts", metavar="DIR", help="write the chosen quantized parts (run directories only)")
 
@@ -60,7 +63,8 @@ def text(out: dict) -> str:
         lines.append(f"note: {out['note']}")
     if "float_accuracy" in out:
         fa = out["float_accuracy"]
-        lines.append(f"float accuracy: val {fa['val']:.4f}, test {fa['test']:.4f}")
+        lines.append(f"float accuracy: val {fa['val']:.4f}, test {fa['test']:.4f}; A checked on the "
+                     f"{out['selected_on']} split")
     lines.append(f"potential splits P = {out['potential_splits']}; {out['candidates']} candidates, "
                  f"{out['candidates_checked']} checked for accuracy before one met A")
     for name, j in out["methods"].items():
@@ -90,7 +94,7 @@ def run(args) -> int:
         if args.write_parts and os.path.exists(args.write_parts) and os.listdir(args.write_parts):
             raise ValueError(f"--write-parts directory {args.write_parts!r} is not empty")
         out, (prob, chosen, ctx) = AS.autosplit(args.model, topo, args.memory_mb * 2**20, args.max_accuracy_drop,
-                                                bits)
+                                                bits, select_on=args.select_on)
     except (ValueError, TopologyError) as e:
         return _fail(str(e))
     if args.write_parts:

@@ -5,8 +5,9 @@ per-layer bit widths, latency breakdown (ms), bytes sent and edge memory, and fo
 
 * A run directory: the folded compact network (``network.load_run``). Activation ranges are calibrated on the
   first 4 batches of 64 training images; D^w, D^a are MSEs on them. A candidate's accuracy drop is measured on the
-  validation split (float accuracy minus quantized accuracy, layers after the split in float); the chosen
-  solution and the baselines are then measured on the test split too.
+  validation split (float accuracy minus quantized accuracy, layers after the split in float; ``select_on="test"``
+  checks A on the test split, the paper's protocol, where the evaluation set is the one A is stated on); the
+  chosen solution and the baselines are then measured on both splits.
 * A zoo network has no trained weights: D^w comes from He-normal weights of each layer's real shape (fan-in and
   channels; at most 64 channels sampled), D^a from standard-normal samples of its output size (at most 65,536),
   both relative to the tensor's mean square (a noise-to-signal ratio). Accuracy cannot be measured, so the
@@ -112,7 +113,10 @@ def _check_fits(net, w_elems, memory_bytes: float, bits) -> None:
                          f"{net.layers[0].name!r} alone needs {smallest / 2**20:.6g} MiB at {bits[0]} bits")
 
 
-def prepare(model: str, topo: Topology, memory_bytes: float, bits):
+SELECT_ON = ("val", "test")
+
+
+def prepare(model: str, topo: Topology, memory_bytes: float, bits, select_on: str = "val"):
     """(problem, drop function, context dict) for a zoo name or a run directory; raises ValueError early."""
     bits = check_bit_set(bits)
     if model in zoo.NAMES:
@@ -137,10 +141,11 @@ def prepare(model: str, topo: Topology, memory_bytes: float, bits):
     ref_val = network.accuracy(fn, val.images, val.labels, *network.float_bits(fn))
     ref_test = network.accuracy(fn, test.images, test.labels, *network.float_bits(fn))
     cache = {}
+    split, ref = (val, ref_val) if select_on == "val" else (test, ref_test)
 
     def drop(s):
         if s.key() not in cache:
-            cache[s.key()] = ref_val - acc(val, s) if s.split else 0.0
+            cache[s.key()] = ref - acc(split, s) if s.split else 0.0
         return cache[s.key()]
 
     ctx = {"kind": "run", "name": fn.name, "run": run, "ranges": ranges, "acc": acc,
@@ -150,11 +155,13 @@ def prepare(model: str, topo: Topology, memory_bytes: float, bits):
 
 
 def autosplit(model: str, topo: Topology, memory_bytes: float, max_drop: float, bits=(2, 4, 6, 8, 16),
-              latency_variants: bool = True) -> dict:
+              latency_variants: bool = True, select_on: str = "val") -> dict:
     """Runs Auto-Split and the baselines; returns (JSON-ready report, (problem, chosen solution, context))."""
     _check(memory_bytes, max_drop)
+    if select_on not in SELECT_ON:
+        raise ValueError(f"--select-on must be one of {list(SELECT_ON)}, got {select_on!r}")
     bits = check_bit_set(bits)
-    prob, drop, ctx = prepare(model, topo, memory_bytes, bits)
+    prob, drop, ctx = prepare(model, topo, memory_bytes, bits, select_on)
     floor = solver.potential_splits(prob)
     cands = solver.candidates(prob, latency_variants)
     chosen, chosen_drop, tried = solver.select(cands, drop, max_drop)
@@ -183,5 +190,6 @@ def autosplit(model: str, topo: Topology, memory_bytes: float, max_drop: float, 
         out["methods"][name] = j
     if ctx["kind"] == "run":
         out["float_accuracy"] = ctx["float_accuracy"]
+        out["selected_on"] = select_on
         out["search_result_test_accuracy"] = ctx["result_test_accuracy"]
     return out, (prob, chosen, ctx)
