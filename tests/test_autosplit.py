@@ -153,3 +153,19 @@ def test_run_directory_without_config_is_refused(tmp_path, capsys):
                      "--max-accuracy-drop", "0.01"]) == 2
     err = capsys.readouterr().err
     assert "has no configuration" in err and len(err.strip().splitlines()) == 1
+
+
+def test_result_json_with_topology_and_space_rebuilds_the_same_network(run_dir, tmp_path):
+    """Runs written since result.json records topology_spec and space: the space comes from result.json."""
+    import shutil
+    from jmsnas import topofile
+    from jmsnas.pipeline import space_dict
+    d, space = run_dir[0], run_dir[1]
+    copy = tmp_path / "run"
+    shutil.copytree(d, copy)
+    result = json.loads((copy / "result.json").read_text())
+    result.update(topology_spec=topofile.to_dict(space.topology), space=space_dict(space))
+    (copy / "result.json").write_text(json.dumps(result))
+    a, b = network.load_run(d).net, network.load_run(str(copy)).net
+    assert a.units == b.units and a.input_shape == b.input_shape
+    assert all(np.array_equal(p["w"], q["w"]) for p, q in zip(a.params, b.params))
