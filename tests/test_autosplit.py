@@ -169,3 +169,13 @@ def test_result_json_with_topology_and_space_rebuilds_the_same_network(run_dir, 
     a, b = network.load_run(d).net, network.load_run(str(copy)).net
     assert a.units == b.units and a.input_shape == b.input_shape
     assert all(np.array_equal(p["w"], q["w"]) for p, q in zip(a.params, b.params))
+
+
+def test_topology_file_is_accepted(capsys):
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "topologies",
+                        "paper_chain.yaml")
+    assert cli.main(["autosplit", "--model", "resnet18", "--topology", path, "--memory-mb", "4",
+                     "--max-accuracy-drop", "0.05", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["edge_device"], out["cloud_device"]) == ("ue", "cloud")
+    assert out["methods"]["autosplit"]["latency_ms"]["total"] <= out["methods"]["cloud_only"]["latency_ms"]["total"]
