@@ -14,6 +14,7 @@ COMMANDS = {
     "evolve": "evolve",
     "profile": "profile",
     "modularize": "modular", "load": "modular", "finetune": "modular",
+    "autosplit": "autosplit",
 }
 
 

@@ -311,7 +311,7 @@ def _finish(cfg, space, table, ds, mesh, rt, ops, assignment, fix, derived, hist
         json.dump(result, f, indent=2)
     with open(os.path.join(workdir, "history.json"), "w") as f:
         json.dump(history, f, indent=2)
-    with open(os.path.join(workdir, "config.json"), "w") as f:  # rebuilds the derived network (jmsnas modularize)
+    with open(os.path.join(workdir, "config.json"), "w") as f:  # the resolved config: modularize/autosplit rebuild the network
         json.dump(cfg.to_dict(), f, indent=2, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))
     report.write_report(result, history, workdir)
     write_parts(space, params, jax.device_get(rt.bn), ops, os.path.join(workdir, "parts"), assignment)

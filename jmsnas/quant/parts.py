@@ -1,0 +1,103 @@
+"""The chosen Auto-Split configuration as deployable parts: the edge part quantized and packed, the cloud in float.
+
+``write_parts(net, ranges, solution, directory, topo)`` writes
+
+* ``<edge>.npz``: for every edge unit i, ``i/w_packed`` (uint8: the symmetric codes plus 2^(b-1) - 1, packed at
+  b bits by ``packing.pack``), ``i/w_scale`` float32[C_out], or ``i/w_f16`` at 16 bits; ``i/b`` float32 bias;
+  ``i/act_range`` float32[2] (lo, hi) of its output quantizer;
+* ``<cloud>.npz``: ``i/w``, ``i/b`` float32 for the cloud units;
+* ``manifest.json``: the split, each unit (name, kind, stride, ReLU6, inputs, output shape, device, weight and
+  activation bits, the shape of its weights) and the tensors sent with their bits and packed bytes.
+
+``load_parts(directory)`` reads them back into a ``FoldedNet`` whose edge weights are the dequantized codes,
+with the activation bits and ranges to run it by (``network.forward`` with weight bits 0).
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import jax.numpy as jnp
+import numpy as np
+
+from jmsnas.quant import network, solver
+from jmsnas.quant.packing import pack, transmitted_bytes, unpack
+from jmsnas.quant.quantizers import weight_codes
+from jmsnas.split.solvers import chain_path
+
+
+def _sent(net: network.FoldedNet, n: int) -> list:
+    if n >= len(net.units):
+        return []
+    last = {}
+    for i, u in enumerate(net.units):
+        for j in u.inputs:
+            last[j] = max(last.get(j, -1), i)
+    return sorted(j for j, c in last.items() if j < n and c >= n)
+
+
+def write_parts(net: network.FoldedNet, ranges, sol: solver.Solution, directory: str, topo) -> dict:
+    """Writes the edge (quantized) and cloud (float) parts of split ``sol`` into ``directory``; returns the manifest."""
+    path = chain_path(topo)
+    edge, cloud = topo.devices[path[0]].name, topo.devices[path[-1]].name
+    n = sol.split
+    os.makedirs(directory, exist_ok=True)
+    e, c, units = {}, {}, []
+    for i, (u, p) in enumerate(zip(net.units, net.params)):
+        w = np.asarray(p["w"], np.float32)
+        entry = {"name": u.name, "kind": u.kind, "stride": u.stride, "relu6": u.relu6, "inputs": list(u.inputs),
+                 "out_shape": list(u.out_shape), "w_shape": list(w.shape), "device": edge if i < n else cloud,
+                 "weight_bits": None, "act_bits": None}
+        if i < n:
+            wb, ab = sol.wbits[i], sol.abits[i]
+            entry.update(weight_bits=wb, act_bits=ab)
+            if wb <= 8:
+                codes, scale = weight_codes(w, wb)
+                qmax = 2 ** (wb - 1) - 1
+                e[f"{i}/w_packed"] = np.asarray(pack((np.asarray(codes) + qmax).reshape(-1).astype(np.uint8), wb))
+                e[f"{i}/w_scale"] = np.asarray(scale, np.float32)
+            else:
+                e[f"{i}/w_f16"] = w.astype(np.float16)
+            e[f"{i}/b"] = np.asarray(p["b"], np.float32)
+            e[f"{i}/act_range"] = np.asarray(ranges[i], np.float32)
+        else:
+            c[f"{i}/w"], c[f"{i}/b"] = w, np.asarray(p["b"], np.float32)
+        units.append(entry)
+    sent = [{"tensor": j, "bits": sol.abits[j], "bytes": transmitted_bytes(int(np.prod(net.units[j].out_shape)),
+                                                                              sol.abits[j])} for j in _sent(net, n)]
+    manifest = {"model": net.name, "split": n, "edge": edge, "cloud": cloud, "input_shape": list(net.input_shape),
+                "units": units, "sent": sent, "files": {edge: f"{edge}.npz", cloud: f"{cloud}.npz"}}
+    np.savez(os.path.join(directory, f"{edge}.npz"), **e)
+    np.savez(os.path.join(directory, f"{cloud}.npz"), **c)
+    with open(os.path.join(directory, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=2)
+    return manifest
+
+
+def load_parts(directory: str):
+    """(FoldedNet with dequantized edge weights, abits int32[U], ranges float32[U, 2]) from ``write_parts``."""
+    with open(os.path.join(directory, "manifest.json"), "r", encoding="utf-8") as f:
+        m = json.load(f)
+    e = np.load(os.path.join(directory, m["files"][m["edge"]]))
+    c = np.load(os.path.join(directory, m["files"][m["cloud"]]))
+    units, params = [], []
+    abits = np.zeros(len(m["units"]), np.int32)
+    ranges = np.zeros((len(m["units"]), 2), np.float32)
+    for i, u in enumerate(m["units"]):
+        units.append(network.Unit(u["name"], u["kind"], u["stride"], u["relu6"], tuple(u["inputs"]),
+                                  tuple(u["out_shape"])))
+        if u["device"] == m["edge"]:
+            wb, shape = u["weight_bits"], tuple(u["w_shape"])
+            if wb <= 8:
+                qmax = 2 ** (wb - 1) - 1
+                codes = np.asarray(unpack(e[f"{i}/w_packed"], wb, int(np.prod(shape)))).astype(np.int32) - qmax
+                w = codes.reshape(shape).astype(np.float32) * e[f"{i}/w_scale"]
+            else:
+                w = e[f"{i}/w_f16"].astype(np.float32)
+            params.append({"w": w, "b": e[f"{i}/b"]})
+            abits[i], ranges[i] = u["act_bits"], e[f"{i}/act_range"]
+        else:
+            params.append({"w": c[f"{i}/w"], "b": c[f"{i}/b"]})
+    net = network.FoldedNet(m["model"], tuple(units), tuple({k: jnp.asarray(v) for k, v in p.items()}
+                                                             for p in params), tuple(m["input_shape"]))
+    return net, abits, ranges

@@ -1,0 +1,181 @@
+"""Auto-Split on a compact jmsnas network (a run directory written the way ``jmsnas search`` writes it, with
+random weights so no training is needed) and on zoo networks; the CLI's bad inputs; Table 10's volumes."""
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jmsnas import cli, configs, pipeline, supernet
+from jmsnas.quant import autosplit as AS, network, parts, solver
+from jmsnas.space import OP_NAMES, op_index
+from jmsnas.split import zoo
+from jmsnas.split.solvers import cut_bytes
+
+
+def _randomise(tree, key, low, high):
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    keys = jax.random.split(key, len(leaves))
+    return jax.tree_util.tree_unflatten(treedef, [jax.random.uniform(k, l.shape, minval=low, maxval=high)
+                                                  for k, l in zip(keys, leaves)])
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A tiny chain run: config.json, result.json and parts/ as the pipeline writes them, random weights and BN."""
+    d = tmp_path_factory.mktemp("run")
+    cfg = configs.tiny(configs.default_config())
+    ds = pipeline.load_data(cfg)
+    space, _ = pipeline.build(cfg)
+    params, state = supernet.init(jax.random.PRNGKey(0), space)
+    ops = [op_index("mbconv_k5_e3_res"), op_index("mbconv_k3_e3"), op_index("identity"), op_index("mbconv_k3_e6")]
+    space.validate_arch(ops)
+    cp, cs = supernet.extract(space, params, state, ops)
+    cs = {k: (_randomise(v, jax.random.PRNGKey(i), 0.5, 1.5) if k != "layers" else
+              tuple(_randomise(l, jax.random.PRNGKey(10 + j), 0.2, 1.2) for j, l in enumerate(v)))
+          for i, (k, v) in enumerate(cs.items())}
+    pipeline.write_parts(space, cp, cs, ops, str(d / "parts"))
+    names = space.topology.device_names
+    result = {"architecture": [{"layer": s.index, "device": names[s.device], "op": OP_NAMES[i]}
+                               for s, i in zip(space.layers, ops)], "accuracy": {"val": None, "test": None}}
+    (d / "result.json").write_text(json.dumps(result))
+    (d / "config.json").write_text(cfg.to_json_best_effort())
+    return str(d), space, ops, cp, cs, ds
+
+
+def test_folded_network_computes_what_the_compact_network_computes(run_dir):
+    d, space, ops, cp, cs, ds = run_dir
+    run = network.load_run(d)
+    x = jnp.asarray(ds.test.images[:32])
+    want, _ = supernet.compact_apply(space, tuple(ops), cp, cs, x, train=False, dw_impl="xla")
+    got = network.forward(run.net.units, run.net.params, x, *network.float_bits(run.net))
+    assert np.allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
+    kinds = [u.kind for u in run.net.units]
+    assert kinds == ["conv"] + ["pw", "dw", "pw"] * 3 + ["pw", "fc"]  # the identity layer adds no unit
+    assert run.net.units[3].inputs == (2, 0)  # the shortcut: the project unit also reads the layer input
+
+
+def test_written_parts_are_packed_and_reproduce_the_quantized_network(run_dir, tmp_path):
+    d = run_dir[0]
+    run = network.load_run(d)
+    fn = run.net
+    ranges, _ = network.calibrate(fn, run.dataset.train.images)
+    n = 5
+    wbits, abits = (2, 3, 4, 16, 8), (8, 6, 4, 16, 3)
+    sol = solver.Solution("autosplit", n, wbits, abits, 0, 0, 0, 0, 0, 0, 0)
+    topo = AS.topology("autosplit")
+    m = parts.write_parts(fn, ranges, sol, str(tmp_path), topo)
+    assert m["sent"] == [{"tensor": 4, "bits": 3, "bytes": -(-int(np.prod(fn.units[4].out_shape)) * 3 // 8)}]
+    edge = np.load(tmp_path / "edge.npz")
+    assert edge["0/w_packed"].nbytes == -(-fn.params[0]["w"].size * 2 // 8)  # stored at 2 bits
+    net2, ab2, rg2 = parts.load_parts(str(tmp_path))
+    wb = np.zeros(len(fn.units), np.int32)
+    wb[:n] = wbits
+    ab = np.zeros(len(fn.units), np.int32)
+    ab[:n] = abits
+    x = jnp.asarray(run.dataset.test.images[:16])
+    want = network.forward(fn.units, fn.params, x, wb, ab, ranges)
+    got = network.forward(net2.units, net2.params, x, np.zeros_like(wb), ab2, rg2)
+    assert np.array_equal(ab2, ab)
+    assert np.allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def test_cli_on_a_run_directory(run_dir, capsys, tmp_path):
+    d = run_dir[0]
+    argv = ["autosplit", "--model", d, "--topology", "autosplit", "--bandwidth", "0.2", "--memory-mb", "0.05",
+            "--max-accuracy-drop", "0.02", "--bits", "2,4,8,16", "--json", "--write-parts", str(tmp_path / "p")]
+    assert cli.main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    m = out["methods"]
+    assert set(m) == {"cloud_only", "edge_only_u8", "neurosurgeon", "u8_split", "autosplit"}
+    limit = 0.05 * 2**20
+    for name in ("cloud_only", "neurosurgeon", "u8_split", "autosplit"):
+        assert m[name]["edge_memory_bytes"] <= limit
+    a = m["autosplit"]
+    assert a["accuracy_drop"]["val"] <= 0.02 + 1e-12
+    assert a["latency_ms"]["total"] <= min(m[k]["latency_ms"]["total"] for k in ("cloud_only", "neurosurgeon",
+                                                                                   "u8_split")) + 1e-9
+    assert os.path.exists(tmp_path / "p" / "manifest.json")
+    assert json.loads((tmp_path / "p" / "manifest.json").read_text())["split"] == a["split"]
+
+
+def test_zoo_network_works_from_shapes_and_says_so(capsys):
+    assert cli.main(["autosplit", "--model", "mobilenet_v2", "--topology", "autosplit", "--memory-mb", "2",
+                     "--max-accuracy-drop", "0.05"]) == 0
+    text = capsys.readouterr().out
+    assert "without trained weights" in text and "autosplit" in text and "neurosurgeon" in text
+
+
+def test_resnet50_split_volumes_match_auto_split_table_10():
+    net = zoo.get("resnet50")
+    names = [l.name for l in net.layers]
+    ones = np.array([float(l.out_elems) for l in net.layers])
+    cut = cut_bytes(ones, float(net.input_elems), tuple(net.edges()))  # elements crossing each cut
+    for block in ("layer4.0", "layer4.1", "layer4.2"):  # the conv3 output with its residual add fused
+        assert cut[names.index(f"{block}.add") + 1] == 100_352
+        assert net.layers[names.index(f"{block}.conv3")].out_shape == (7, 7, 2048)
+    assert net.layers[names.index("fc")].out_elems == 1_000
+    assert net.input_elems == 150_528
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--bits", ","], "bit set is empty"),
+    (["--bits", "4,12"], "unsupported bit width(s) [12]"),
+    (["--bits", "4,x"], "--bits must be comma-separated integers"),
+    (["--memory-mb", "0.00001"], "is below any edge part"),
+    (["--memory-mb", "0"], "--memory-mb must be a positive number"),
+    (["--max-accuracy-drop", "-0.1"], "--max-accuracy-drop must be a number >= 0"),
+    (["--model", "no_such_net"], "neither a zoo network"),
+    (["--model", "/no/such/run_dir"], "neither a zoo network"),
+    (["--topology", "ring"], "unknown topology 'ring'"),
+    (["--write-parts", "/tmp/x"], "--write-parts needs a run directory"),
+])
+def test_bad_inputs_end_with_one_line(capsys, argv, needle):
+    base = {"--model": "resnet18", "--topology": "autosplit", "--memory-mb": "4", "--max-accuracy-drop": "0.01"}
+    args = dict(base)
+    extra = []
+    for k, v in zip(argv[::2], argv[1::2]):
+        if k in args:
+            args[k] = v
+        else:
+            extra += [k, v]
+    full = ["autosplit"] + [x for kv in args.items() for x in kv] + extra
+    assert cli.main(full) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("jmsnas autosplit: error:") and needle in err[0], err
+
+
+def test_run_directory_without_config_is_refused(tmp_path, capsys):
+    (tmp_path / "result.json").write_text("{}")
+    assert cli.main(["autosplit", "--model", str(tmp_path), "--topology", "chain", "--memory-mb", "1",
+                     "--max-accuracy-drop", "0.01"]) == 2
+    err = capsys.readouterr().err
+    assert "has no configuration" in err and len(err.strip().splitlines()) == 1
+
+
+def test_result_json_with_topology_and_space_rebuilds_the_same_network(run_dir, tmp_path):
+    """Runs written since result.json records topology_spec and space: the space comes from result.json."""
+    import shutil
+    from jmsnas import topofile
+    from jmsnas.pipeline import space_dict
+    d, space = run_dir[0], run_dir[1]
+    copy = tmp_path / "run"
+    shutil.copytree(d, copy)
+    result = json.loads((copy / "result.json").read_text())
+    result.update(topology_spec=topofile.to_dict(space.topology), space=space_dict(space))
+    (copy / "result.json").write_text(json.dumps(result))
+    a, b = network.load_run(d).net, network.load_run(str(copy)).net
+    assert a.units == b.units and a.input_shape == b.input_shape
+    assert all(np.array_equal(p["w"], q["w"]) for p, q in zip(a.params, b.params))
+
+
+def test_topology_file_is_accepted(capsys):
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "topologies",
+                        "paper_chain.yaml")
+    assert cli.main(["autosplit", "--model", "resnet18", "--topology", path, "--memory-mb", "4",
+                     "--max-accuracy-drop", "0.05", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["edge_device"], out["cloud_device"]) == ("ue", "cloud")
+    assert out["methods"]["autosplit"]["latency_ms"]["total"] <= out["methods"]["cloud_only"]["latency_ms"]["total"]
