@@ -2,7 +2,7 @@
 
 qwix.quantize_model rewrites flax modules (nnx/linen); jmsnas networks are functions over dicts, so only the
 array-level qwix.quantize applies. Its qtype is a static string, so every distinct bit assignment is a new program.
-Run: /work/venv/bin/python benchmarks/bench_quant_library.py  (needs qwix: pip install qwix)
+Run: python benchmarks/bench_quant_library.py  (needs the bench extra: pip install -e ".[bench]")
 """
 import time, os
 import jax, jax.numpy as jnp, numpy as np
