@@ -17,7 +17,7 @@ Each row is the median of ``--reps`` timed repetitions after one warm-up call (w
 timed interleaved (one repetition of every row, then the next) so that load from other processes spreads over
 all of them. Results are checked equal to the loop before timing. Prints a markdown table with the speed-up.
 
-Run: /work/venv/bin/python benchmarks/bench_batched_eval.py [--population 64] [--batch 256] [--reps 5]
+Run: python benchmarks/bench_batched_eval.py [--population 64] [--batch 256] [--reps 5]
      [--chunks 1,2,4,8] [--bn-batches 2] [--vmap]
 """
 from __future__ import annotations

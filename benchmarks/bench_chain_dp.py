@@ -5,7 +5,7 @@ all C(N+M-1, M-1) contiguous splits on the largest size the enumeration finishes
 time ratio (median of ``--reps`` repetitions each) and whether both find the same latency. The enumeration
 scores splits in NumPy batches with prefix sums (O(M) per split), so the ratio is not inflated by Python loops.
 
-Run: /work/venv/bin/python benchmarks/bench_chain_dp.py [--reps 5] [--enum-layers 48]
+Run: python benchmarks/bench_chain_dp.py [--reps 5] [--enum-layers 48]
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@
     (--run): float vs uniform 8-bit vs Auto-Split's mixed bits at two thresholds A, accuracy measured (candidates
     are accepted on the validation split, the table shows the test split too).
 
-Run: /work/venv/bin/python experiments/autosplit.py --run /tmp/run [--out experiments/autosplit.md]
+Run: python experiments/autosplit.py --run /tmp/run [--out experiments/autosplit.md]
 where /tmp/run is the workdir of ``python -m jmsnas.cli search --config experiments/configs/default.py``.
 """
 from __future__ import annotations

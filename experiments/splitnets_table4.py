@@ -6,7 +6,7 @@ each of four sensors gets 25% of the 1.2 Gbit/s bus (37.5 MB/s), weights and act
 ``splitnets_sensor`` / ``splitnets_aggregator``, peak memory from ``jmsnas.cost.memory`` (weights plus the DAG's
 activation working set). Prints a markdown report with the paper's numbers next to ours.
 
-Run: /work/venv/bin/python experiments/splitnets_table4.py [--out experiments/splitnets_table4.md]
+Run: python experiments/splitnets_table4.py [--out experiments/splitnets_table4.md]
 """
 from __future__ import annotations
 
