@@ -1,0 +1,213 @@
+"""One device of the pipeline as its own OS process: ``python -m jmsnas.deploy.worker --export DIR --device NAME
+--control PORT [--port P]``. Imports only the standard library, numpy, jax and the two jax+numpy modules
+``runtime`` and ``links``.
+
+Life of a worker (the coordinator is ``jmsnas.deploy.pipeline``):
+
+1. connects to the coordinator's control port and names itself (``{"device": name}``); loads and checks its part
+   (``runtime.load_part``); listens on its data port; compiles the part and sends ``{"hello": device, "port",
+   "pid"}``; answers ``{"calibrate": n}`` with ``{"calib_ms"}``, the median host time of n calls on zeros (ms;
+   the coordinator asks one device at a time, while the others wait);
+2. receives ``{"peers": {device: port}, "stretch", "out": {dst: [Mbit/s, ms]}, "in": {src: ms}}``, connects to
+   the devices its output goes to, accepts one connection per input and answers ``{"ready": true}``;
+3. for every image: waits until the message of every input is released (the link's latency after the sender's
+   end of transmission), runs the part, sleeps ``(stretch - 1) x`` the measured call time when the device is to
+   play a slower one, hands the output to one paced sender thread per outgoing link (or back to the coordinator,
+   unthrottled, on the last device) and reports ``{"done": image, "c0", "c1", "host_ms", "in": {src: [tx_start,
+   tx_end, arrival, release]}}`` (CLOCK_MONOTONIC seconds);
+4. on STOP from every input forwards STOP, waits for its senders, sends ``{"bye": true}`` and exits 0.
+
+Errors are sent as ``{"error": one line, "cause": "own" | "upstream"}`` and end the process with exit code 2.
+The process dies with its parent (PR_SET_PDEATHSIG) and exits when the control connection closes.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import errno
+import os
+import queue
+import signal
+import statistics
+import sys
+import threading
+
+import numpy as np
+
+from jmsnas.deploy import links as L
+from jmsnas.deploy.runtime import DeployError, load_part
+
+class _Control:
+    """The control connection; sends are serialised by a lock (the main and sender threads share it)."""
+
+    def __init__(self, sock):
+        self.sock, self.lock = sock, threading.Lock()
+
+    def send(self, kind, image=-1, value=None):
+        with self.lock:
+            L.send_frame(self.sock, kind, image, value)
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _calibrate(part, calls: int) -> float:
+    """Median host time of one call of the part (ms), after a first call that compiles it."""
+    xs = [np.zeros(i["shape"], i["dtype"]) for i in part.inputs]
+    part(*xs)
+    times = []
+    for _ in range(calls):
+        t0 = L.now()
+        part(*xs)
+        times.append(L.now() - t0)
+    return statistics.median(times) * 1e3
+
+
+def _sender(sock, pace: L.Pace, q: queue.Queue, errors: queue.Queue, dst: str) -> None:
+    try:
+        while True:
+            item = q.get()
+            if item is None:
+                L.send_frame(sock, L.STOP)
+                return
+            image, y = item
+            L.send_frame(sock, L.ARRAY, image, y, pace)
+    except OSError as e:
+        errors.put(("upstream", f"the link to {dst!r} failed: {e}"))
+
+
+def _receiver(sock, src: str, latency_ms: float, inbox: queue.Queue) -> None:
+    try:
+        while True:
+            fr = L.recv_frame(sock)
+            if fr.kind == L.STOP:
+                inbox.put((src, None, None))
+                return
+            release = L.release_time(fr, latency_ms)
+            L.sleep_until(release)
+            inbox.put((src, fr, release))
+    except (OSError, L.LinkClosed) as e:
+        inbox.put((src, e, None))
+
+
+def _watch_control(sock) -> None:
+    """Ends the process when the coordinator goes away (its connection closes)."""
+    try:
+        while L.recv_frame(sock):
+            pass
+    except (OSError, L.LinkClosed):
+        os._exit(3)
+
+
+def _setup(args, ctl: _Control):
+    part = load_part(args.export, args.device)
+    try:
+        server = L.listen(args.port)
+    except OSError as e:
+        raise DeployError(f"device {args.device!r} cannot listen on 127.0.0.1:{args.port}: "
+                          f"{'the port is in use' if e.errno == errno.EADDRINUSE else e.strerror}") from None
+    _calibrate(part, 1)  # compile before reporting
+    ctl.send(L.JSON, value={"hello": args.device, "port": server.getsockname()[1], "pid": os.getpid()})
+    msg = L.recv_frame(ctl.sock).value
+    while "calibrate" in msg:  # one device at a time, while the others wait: the host time in isolation
+        ctl.send(L.JSON, value={"calib_ms": _calibrate(part, int(msg["calibrate"]))})
+        msg = L.recv_frame(ctl.sock).value
+    outs = {}
+    for dst in [d for d in msg["to"] if d != "result"]:
+        s = L.connect(msg["peers"][dst])
+        L.send_frame(s, L.JSON, value={"from": args.device})
+        outs[dst] = (s, L.Pace(*msg["out"][dst]))
+    ins = {}
+    for _ in part.inputs:
+        conn = L.accept(server)
+        src = L.recv_frame(conn).value["from"]
+        ins[src] = conn
+    server.close()
+    return part, msg, outs, ins
+
+
+def _serve(args, ctl: _Control, part, msg, outs, ins) -> None:
+    inbox, errors = queue.Queue(), queue.Queue()
+    for src, conn in ins.items():
+        threading.Thread(target=_receiver, args=(conn, src, msg["in"].get(src, 0.0), inbox), daemon=True).start()
+    senders = []
+    for dst, (sock, pace) in outs.items():
+        q = queue.Queue()
+        t = threading.Thread(target=_sender, args=(sock, pace, q, errors, dst), daemon=True)
+        t.start()
+        senders.append((q, t))
+    threading.Thread(target=_watch_control, args=(ctl.sock,), daemon=True).start()
+    ctl.send(L.JSON, value={"ready": True})
+    order = [i["from"] for i in part.inputs]
+    pending, stopped, stretch = {}, set(), float(msg["stretch"])
+    to_result = "result" in msg["to"]
+    while len(stopped) < len(order):
+        src, fr, release = inbox.get()
+        if not errors.empty():
+            raise RuntimeError(errors.get()[1])
+        if fr is None:
+            stopped.add(src)
+            continue
+        if isinstance(fr, Exception):
+            ctl.send(L.JSON, value={"error": f"device {args.device!r}: the input link from {src!r} closed "
+                                             f"({fr})", "cause": "upstream"})
+            sys.exit(2)
+        slot = pending.setdefault(fr.image, {})
+        slot[src] = (fr, release)
+        if len(slot) < len(order):
+            continue
+        del pending[fr.image]
+        xs = [slot[s][0].value for s in order]
+        c0 = L.now()
+        y = part(*xs)
+        host = L.now() - c0
+        if stretch > 1.0:
+            L.sleep_until(c0 + host * stretch)
+        c1 = L.now()
+        for q, _ in senders:
+            q.put((fr.image, y))
+        if to_result:
+            ctl.send(L.ARRAY, fr.image, y)
+        ctl.send(L.JSON, fr.image, {"done": fr.image, "c0": c0, "c1": c1, "host_ms": host * 1e3,
+                                    "in": {s: [f.tx_start, f.tx_end, f.arrival, r] for s, (f, r) in slot.items()}})
+    for q, t in senders:
+        q.put(None)
+    for q, t in senders:
+        t.join()
+    if not errors.empty():
+        raise RuntimeError(errors.get()[1])
+    ctl.send(L.JSON, value={"bye": True})
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="jmsnas.deploy.worker")
+    p.add_argument("--export", required=True)
+    p.add_argument("--device", required=True)
+    p.add_argument("--control", type=int, required=True)
+    p.add_argument("--port", type=int, default=0)
+    args = p.parse_args(argv)
+    _die_with_parent()
+    try:
+        ctl = _Control(L.connect(args.control))
+    except OSError as e:
+        print(f"device {args.device!r}: cannot reach the coordinator on port {args.control}: {e}", file=sys.stderr)
+        return 2
+    try:
+        ctl.send(L.JSON, value={"device": args.device})
+        state = _setup(args, ctl)
+        _serve(args, ctl, *state)
+    except (DeployError, RuntimeError, OSError, L.LinkClosed) as e:
+        try:
+            ctl.send(L.JSON, value={"error": " ".join(str(e).split()), "cause": "own"})
+        except OSError:
+            pass
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
