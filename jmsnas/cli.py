@@ -13,6 +13,7 @@ COMMANDS = {
     "retrain": "search",
     "evolve": "evolve",
     "profile": "profile",
+    "export": "deploy", "pipeline": "deploy",
 }
 
 

@@ -87,9 +87,7 @@ def _receiver(sock, src: str, latency_ms: float, inbox: queue.Queue) -> None:
             if fr.kind == L.STOP:
                 inbox.put((src, None, None))
                 return
-            release = L.release_time(fr, latency_ms)
-            L.sleep_until(release)
-            inbox.put((src, fr, release))
+            inbox.put((src, fr, L.release_time(fr, latency_ms)))  # the main thread waits for the release
     except (OSError, L.LinkClosed) as e:
         inbox.put((src, e, None))
 
@@ -161,6 +159,7 @@ def _serve(args, ctl: _Control, part, msg, outs, ins) -> None:
         if len(slot) < len(order):
             continue
         del pending[fr.image]
+        L.sleep_until(max(r for _, r in slot.values()))  # every input released (the links' latency)
         xs = [slot[s][0].value for s in order]
         c0 = L.now()
         y = part(*xs)
