@@ -32,7 +32,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPES = {"chain": ((8, 8, 8, 8), (1, 2, 1, 2)), "mesh": ((8, 8, 8, 8, 8, 8), (1, 2, 1, 1, 1, 2))}
 
 
-def make_run(workdir, kind: str, seed: int = 0) -> dict:
+def make_run(workdir, kind: str, seed: int = 0, assignment=None) -> dict:
     """A finished tiny run: parts/ by ``pipeline.write_parts`` and a result.json with eq. (1)/(2)'s breakdown."""
     topo = presets.topology(kind, (1,) * (4 if kind == "chain" else 6))
     ch, st = SHAPES[kind]
@@ -41,21 +41,24 @@ def make_run(workdir, kind: str, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     mask = space.mask()
     ops = [int(rng.choice(np.flatnonzero(mask[n]))) for n in range(len(mask))]
-    keys = jax.random.split(jax.random.PRNGKey(seed), space.num_layers + 2)
-    layers = [O.op_init(k, OPS[i], s.in_ch, s.out_ch) for k, i, s in zip(keys[2:], ops, space.layers)]
-    stem, head = O.conv_bn_init(keys[0], 3, 1, 8), O.head_init(keys[1], space.layers[-1].out_ch, 16, 10)
-    cp = {"stem": stem[0], "head": head[0], "layers": tuple(p for p, _ in layers)}  # as supernet.extract gives
-    cs = {"stem": stem[1], "head": head[1], "layers": tuple(st for _, st in layers)}
-    cs = jax.tree_util.tree_map_with_path(
-        lambda p, a: (np.abs(rng.normal(1.0, 0.3, np.shape(a))) + 0.1 if "var" in str(p[-1])
-                      else rng.normal(0.0, 0.2, np.shape(a))).astype(np.float32), cs)
+    key = jax.random.PRNGKey(seed)  # shapes from the initialisers (eval_shape: nothing compiles), values drawn here
+    layers = [jax.eval_shape(lambda i=i, s=s: O.op_init(key, OPS[i], s.in_ch, s.out_ch))
+              for i, s in zip(ops, space.layers)]
+    stem = jax.eval_shape(lambda: O.conv_bn_init(key, 3, 1, 8))
+    head = jax.eval_shape(lambda: O.head_init(key, space.layers[-1].out_ch, 16, 10))
+    draw = lambda path, a: {"var": np.abs(rng.normal(1.0, 0.3, a.shape)) + 0.1, "scale": rng.normal(1.0, 0.2, a.shape)
+                            }.get(str(getattr(path[-1], "key", "")), rng.normal(0.0, 0.3, a.shape)).astype(np.float32)
+    fill = lambda t: jax.tree_util.tree_map_with_path(draw, t)
+    cp = fill({"stem": stem[0], "head": head[0], "layers": tuple(p for p, _ in layers)})  # as supernet.extract
+    cs = fill({"stem": stem[1], "head": head[1], "layers": tuple(st for _, st in layers)})
     os.makedirs(workdir, exist_ok=True)
-    main_job.write_parts(space, cp, cs, ops, os.path.join(workdir, "parts"))
+    main_job.write_parts(space, cp, cs, ops, os.path.join(workdir, "parts"), assignment)
     table = analytic_table(space)
+    devices = space.layer_devices() if assignment is None else assignment
     result = {"topology": kind, "dataset": "digits", "seed": 0,
-              "architecture": [{"layer": s.index, "device": topo.device_names[s.device], "op": OP_NAMES[i]}
-                               for s, i in zip(space.layers, ops)],
-              "latency_ms": breakdown_dict(space, arch_latency(space, table, np.asarray(ops)))}
+              "architecture": [{"layer": s.index, "device": topo.device_names[d], "op": OP_NAMES[i]}
+                               for s, i, d in zip(space.layers, ops, devices)],
+              "latency_ms": breakdown_dict(space, arch_latency(space, table, np.asarray(ops), assignment))}
     with open(os.path.join(workdir, "result.json"), "w") as f:
         json.dump(result, f)
     return {"space": space, "ops": ops, "table": table, "result": result}
@@ -120,6 +123,27 @@ def test_mesh_equation_hand_computed():
     chain = {"kind": "chain", "order": ["a", "b"]}
     assert predict.total_ms(chain, {"a": 1.0, "b": 2.0}, {"a->b": 3.0}) == 6.0
     assert predict.link_ms(6144, 25.0) == pytest.approx(6144 * 8 / 25e3)
+
+
+def test_a_searched_split_with_a_relay_device(tmp_path):
+    """A chain split that leaves the mbs without layers: its part relays the tensor, the parts compose to the whole
+    network, and the prediction over the parts is eq. (1) of that assignment."""
+    run = str(tmp_path)
+    info = make_run(run, "chain", seed=1, assignment=np.array([0, 1, 1, 3], np.int32))
+    m = export_run(run, batch=5)
+    assert m["parts"]["mbs"]["layers"] == [] and m["parts"]["mbs"]["weight_names"] == []
+    x, _ = reference.test_images(run, 5)
+    h = x
+    for d in m["order"]:
+        part = load_part(m["run"] + "/export", d)
+        y = part(h)
+        if d == "mbs":
+            assert np.array_equal(y, h)
+        h = y
+    assert np.max(np.abs(h - reference.whole_network(run)(x))) <= 1e-5
+    want = info["result"]["latency_ms"]
+    got = predict.predict(m, want["per_device"])
+    assert got["total"] == pytest.approx(want["total"], rel=1e-5)
 
 
 # --------------------------------------------------------------------------------------------- export
