@@ -30,7 +30,8 @@ from jax import export as jax_export
 
 from jmsnas import ops as O
 from jmsnas.deploy.runtime import FORMAT, MANIFEST, DeployError, sha256
-from jmsnas.deploy.spec import space_from_dict, topology_to_dict
+from jmsnas import topofile
+from jmsnas.deploy.spec import space_from_dict
 from jmsnas.space import OPS, SearchSpace, op_index
 
 PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
@@ -118,6 +119,12 @@ def load_run(run: str) -> tuple:
     except ValueError as e:
         raise DeployError(f"{run}/parts/manifest.json: {e}") from None
     result = _read_json(os.path.join(run, "result.json"))
+    if space.topology.kind not in ("chain", "mesh"):
+        raise DeployError(f"the pipeline deploys chain and mesh topologies; {space.topology.name!r} is a "
+                          f"{space.topology.kind}")
+    if space.topology.buses:
+        raise DeployError(f"topology {space.topology.name!r} has shared buses "
+                          f"{[b.name for b in space.topology.buses]}; the pipeline paces every link on its own")
     for dev, entry in pm.get("devices", {}).items():
         for n, op in zip(entry.get("layers", []), entry.get("ops", [])):
             if not 0 <= int(n) < space.num_layers:
@@ -200,7 +207,7 @@ def export_run(run: str, out: str | None = None, *, platforms=("cpu",), batch: i
                       "latency_ms": float(l.latency_ms), "bytes": nbytes,
                       "predicted_ms": predicted.get("per_link", {}).get(f"{l.src}->{l.dst}")})
     manifest = {"format": FORMAT, "run": os.path.abspath(run), "platforms": list(platforms), "batch": batch,
-                "kind": topo.kind, "topology": topology_to_dict(topo), "order": order,
+                "kind": topo.kind, "topology": topofile.to_dict(topo), "order": order,
                 "root": topo.device_names[topo.root] if topo.kind == "mesh" else None,
                 "branches": [topo.device_names[b] for b in topo.branches],
                 "parts": manifest_parts, "links": links, "predicted_latency_ms": predicted,
