@@ -142,7 +142,7 @@ def test_a_searched_split_with_a_relay_device(tmp_path):
         h = y
     assert np.max(np.abs(h - reference.whole_network(run)(x))) <= 1e-5
     want = info["result"]["latency_ms"]
-    got = predict.predict(m, want["per_device"])
+    got = predict.predict(export_run(run, str(tmp_path / "b1")), want["per_device"])  # per image: batch 1
     assert got["total"] == pytest.approx(want["total"], rel=1e-5)
 
 
@@ -272,6 +272,13 @@ def test_frames_round_trip_and_latency_release():
     assert f1.image == 7 and np.array_equal(f1.value, x) and f1.tx_start <= f1.tx_end <= f1.arrival
     assert f2.value == {"k": [1, 2]} and f3.kind == L.STOP
     assert L.release_time(f1, 40.0) == pytest.approx(max(f1.arrival, f1.tx_end + 0.04))
+    L.send_frame(a, L.ARRAY, 8, x)  # the same frame parsed incrementally, one byte at a time
+    blob = b.recv(1 << 16)
+    buf, got = L.FrameBuffer(), []
+    for i in range(len(blob)):
+        got += buf.feed(blob[i:i + 1])
+        assert (len(got) == 1) == (i == len(blob) - 1)
+    assert got[0].image == 8 and np.array_equal(got[0].value, x)
     a.sendall(b"garbage-not-a-frame-at-all-xxxxxxxxxxxxxx")
     with pytest.raises(L.LinkClosed, match="not a jmsnas frame"):
         L.recv_frame(b)

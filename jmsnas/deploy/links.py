@@ -125,13 +125,54 @@ def recv_frame(sock: socket.socket) -> Frame:
     payload = _recv_exact(sock, length) if length else bytearray()
     t0, t1 = _TRAILER.unpack(_recv_exact(sock, _TRAILER.size))
     arrival = now()
+    return Frame(kind, image, _decode(kind, code, shape, payload), t0, t1, arrival)
+
+
+class FrameBuffer:
+    """Incremental frame parsing for a non-blocking reader: ``feed(bytes)`` returns the frames it completes (their
+    arrival time is when their last byte was fed). Lets one thread serve several connections without blocking on
+    a frame that is still being paced over the link."""
+
+    def __init__(self):
+        self.buf = bytearray()
+
+    def feed(self, data: bytes) -> list:
+        self.buf += data
+        frames = []
+        while True:
+            fr = self._take()
+            if fr is None:
+                return frames
+            frames.append(fr)
+
+    def _take(self):
+        b = self.buf
+        if len(b) < _HEAD.size:
+            return None
+        magic, kind, image, code, ndim = _HEAD.unpack_from(b, 0)
+        if magic != MAGIC or kind not in (ARRAY, JSON, STOP) or code >= len(DTYPES):
+            raise LinkClosed("received bytes that are not a jmsnas frame")
+        at = _HEAD.size + 4 * ndim
+        if len(b) < at + _LEN.size:
+            return None
+        shape = struct.unpack_from(f"<{ndim}I", b, _HEAD.size) if ndim else ()
+        (length,) = _LEN.unpack_from(b, at)
+        at += _LEN.size
+        end = at + length + _TRAILER.size
+        if len(b) < end:
+            return None
+        payload = bytes(b[at:at + length])
+        t0, t1 = _TRAILER.unpack_from(b, at + length)
+        del b[:end]
+        return Frame(kind, image, _decode(kind, code, shape, payload), t0, t1, now())
+
+
+def _decode(kind: int, code: int, shape: tuple, payload):
     if kind == ARRAY:
-        value = np.frombuffer(payload, dtype=DTYPES[code]).reshape(shape)
-    elif kind == JSON:
-        value = json.loads(payload.decode())
-    else:
-        value = None
-    return Frame(kind, image, value, t0, t1, arrival)
+        return np.frombuffer(payload, dtype=DTYPES[code]).reshape(shape)
+    if kind == JSON:
+        return json.loads(bytes(payload).decode())
+    return None
 
 
 def release_time(frame: Frame, latency_ms: float) -> float:

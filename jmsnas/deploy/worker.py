@@ -10,7 +10,8 @@ Life of a worker (the coordinator is ``jmsnas.deploy.pipeline``):
    the coordinator asks one device at a time, while the others wait);
 2. receives ``{"peers": {device: port}, "stretch", "out": {dst: [Mbit/s, ms]}, "in": {src: ms}}``, connects to
    the devices its output goes to, accepts one connection per input and answers ``{"ready": true}``;
-3. for every image: waits until the message of every input is released (the link's latency after the sender's
+3. for every image (one thread reads all inputs through a selector): waits until the message of every input is
+   released (the link's latency after the sender's
    end of transmission), runs the part, sleeps ``(stretch - 1) x`` the measured call time when the device is to
    play a slower one, hands the output to one paced sender thread per outgoing link (or back to the coordinator,
    unthrottled, on the last device) and reports ``{"done": image, "c0", "c1", "host_ms", "in": {src: [tx_start,
@@ -27,6 +28,7 @@ import ctypes
 import errno
 import os
 import queue
+import selectors
 import signal
 import statistics
 import sys
@@ -80,18 +82,6 @@ def _sender(sock, pace: L.Pace, q: queue.Queue, errors: queue.Queue, dst: str) -
         errors.put(("upstream", f"the link to {dst!r} failed: {e}"))
 
 
-def _receiver(sock, src: str, latency_ms: float, inbox: queue.Queue) -> None:
-    try:
-        while True:
-            fr = L.recv_frame(sock)
-            if fr.kind == L.STOP:
-                inbox.put((src, None, None))
-                return
-            inbox.put((src, fr, L.release_time(fr, latency_ms)))  # the main thread waits for the release
-    except (OSError, L.LinkClosed) as e:
-        inbox.put((src, e, None))
-
-
 def _watch_control(sock) -> None:
     """Ends the process when the coordinator goes away (its connection closes)."""
     try:
@@ -129,50 +119,49 @@ def _setup(args, ctl: _Control):
 
 
 def _serve(args, ctl: _Control, part, msg, outs, ins) -> None:
-    inbox, errors = queue.Queue(), queue.Queue()
-    for src, conn in ins.items():
-        threading.Thread(target=_receiver, args=(conn, src, msg["in"].get(src, 0.0), inbox), daemon=True).start()
+    """The stream loop: one thread reads every input (a selector, frames parsed as their bytes arrive), computes
+    and hands outputs to the senders; a frame is used once released (the link's latency after its end of
+    transmission)."""
+    errors = queue.Queue()
     senders = []
     for dst, (sock, pace) in outs.items():
         q = queue.Queue()
         t = threading.Thread(target=_sender, args=(sock, pace, q, errors, dst), daemon=True)
         t.start()
         senders.append((q, t))
+    sel = selectors.DefaultSelector()
+    for src, conn in ins.items():
+        conn.setblocking(False)
+        sel.register(conn, selectors.EVENT_READ, (src, L.FrameBuffer()))
     threading.Thread(target=_watch_control, args=(ctl.sock,), daemon=True).start()
     ctl.send(L.JSON, value={"ready": True})
     order = [i["from"] for i in part.inputs]
-    pending, stopped, stretch = {}, set(), float(msg["stretch"])
-    to_result = "result" in msg["to"]
+    pending, stopped = {}, set()
     while len(stopped) < len(order):
-        src, fr, release = inbox.get()
         if not errors.empty():
             raise RuntimeError(errors.get()[1])
-        if fr is None:
-            stopped.add(src)
-            continue
-        if isinstance(fr, Exception):
-            ctl.send(L.JSON, value={"error": f"device {args.device!r}: the input link from {src!r} closed "
-                                             f"({fr})", "cause": "upstream"})
-            sys.exit(2)
-        slot = pending.setdefault(fr.image, {})
-        slot[src] = (fr, release)
-        if len(slot) < len(order):
-            continue
-        del pending[fr.image]
-        L.sleep_until(max(r for _, r in slot.values()))  # every input released (the links' latency)
-        xs = [slot[s][0].value for s in order]
-        c0 = L.now()
-        y = part(*xs)
-        host = L.now() - c0
-        if stretch > 1.0:
-            L.sleep_until(c0 + host * stretch)
-        c1 = L.now()
-        for q, _ in senders:
-            q.put((fr.image, y))
-        if to_result:
-            ctl.send(L.ARRAY, fr.image, y)
-        ctl.send(L.JSON, fr.image, {"done": fr.image, "c0": c0, "c1": c1, "host_ms": host * 1e3,
-                                    "in": {s: [f.tx_start, f.tx_end, f.arrival, r] for s, (f, r) in slot.items()}})
+        for key, _ in sel.select(timeout=1.0):
+            src, buf = key.data
+            try:
+                data = key.fileobj.recv(1 << 20)
+                if not data:
+                    raise L.LinkClosed("connection closed by the peer")
+                frames = buf.feed(data)
+            except (OSError, L.LinkClosed) as e:
+                ctl.send(L.JSON, value={"error": f"device {args.device!r}: the input link from {src!r} closed "
+                                                 f"({e})", "cause": "upstream"})
+                sys.exit(2)
+            for fr in frames:
+                if fr.kind == L.STOP:
+                    stopped.add(src)
+                    sel.unregister(key.fileobj)
+                    break
+                slot = pending.setdefault(fr.image, {})
+                slot[src] = (fr, L.release_time(fr, msg["in"].get(src, 0.0)))
+                if len(slot) == len(order):
+                    del pending[fr.image]
+                    _compute(ctl, part, order, slot, fr.image, float(msg["stretch"]), senders,
+                             "result" in msg["to"])
     for q, t in senders:
         q.put(None)
     for q, t in senders:
@@ -180,6 +169,25 @@ def _serve(args, ctl: _Control, part, msg, outs, ins) -> None:
     if not errors.empty():
         raise RuntimeError(errors.get()[1])
     ctl.send(L.JSON, value={"bye": True})
+
+
+def _compute(ctl: _Control, part, order, slot, image: int, stretch: float, senders, to_result: bool) -> None:
+    """Runs the part on the released inputs of ``image``, stretched to ``stretch`` x its time, passes it on and
+    reports the timing record."""
+    L.sleep_until(max(r for _, r in slot.values()))  # every input released (the links' latency)
+    xs = [slot[s][0].value for s in order]
+    c0 = L.now()
+    y = part(*xs)
+    host = L.now() - c0
+    if stretch > 1.0:
+        L.sleep_until(c0 + host * stretch)
+    c1 = L.now()
+    for q, _ in senders:
+        q.put((image, y))
+    if to_result:
+        ctl.send(L.ARRAY, image, y)
+    ctl.send(L.JSON, image, {"done": image, "c0": c0, "c1": c1, "host_ms": host * 1e3,
+                             "in": {s: [f.tx_start, f.tx_end, f.arrival, r] for s, (f, r) in slot.items()}})
 
 
 def main(argv=None) -> int:
