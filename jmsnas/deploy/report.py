@@ -69,7 +69,7 @@ def plot(analyses: list, manifest: dict, path: str) -> Figure:
             bottom = 0.0
             for t in names:
                 ax.bar(j, vals[t], bottom=bottom, color=colors[t], edgecolor="white", linewidth=0.5,
-                       label=t if k == 0 else None)
+                       label=t if k == 0 and j == 1 else None)
                 bottom += vals[t]
             ax.text(j, bottom, f"T={src['total']:.2f}", ha="center", va="bottom", fontsize=7)
         ax.set_xticks([0, 1])
