@@ -11,7 +11,8 @@ compute start/end and for each input the sender's transmission start/end and the
 the equation is measured (``analyze``).
 
 Faults end the run with one ``DeployError`` line naming the device: a worker that dies (exit code or signal), one
-that makes no progress for ``timeout_s`` while an image is in flight (hung), a part that fails to load, a port in
+that makes no progress for ``timeout_s`` plus twice the slowest predicted stage (a compute or a link term) while
+an image is in flight (hung), a part that fails to load, a port in
 use. Every process started is ended before ``run_pipeline`` returns or raises (terminate, then kill).
 """
 from __future__ import annotations
@@ -29,7 +30,7 @@ import time
 import numpy as np
 
 from jmsnas.deploy import links as L
-from jmsnas.deploy.predict import link_name, predict, total_ms
+from jmsnas.deploy.predict import link_name, predict, predicted_links, total_ms
 from jmsnas.deploy.runtime import DeployError, load_manifest, sha256
 
 PHASES = ("latency", "stream", "both")
@@ -249,7 +250,7 @@ def _diagnose(cl: _Cluster, done: dict, in_flight, timeout_s: float | None) -> s
     hung = [d for d in cl.order if in_flight not in done[d]
             and all(s == "image" or in_flight in done[s] for s in srcs[d])]
     d = hung[0] if hung else cl.order[0]
-    return (f"device {d!r} (pid {cl.procs[d].pid}) made no progress on image {in_flight} for {timeout_s:g} s "
+    return (f"device {d!r} (pid {cl.procs[d].pid}) made no progress on image {in_flight} for {timeout_s:.3g} s "
             "(its inputs were sent) and is hung; the pipeline was stopped")
 
 
@@ -271,7 +272,7 @@ def run_pipeline(export_dir: str, images: np.ndarray, *, bandwidth_scale: float 
     with tempfile.TemporaryDirectory(prefix="jmsnas_pipeline_") as logs:
         cl = _Cluster(os.path.abspath(export_dir), manifest, control_port, ports, logs)
         done = {d: set() for d in order}
-        in_flight = None
+        in_flight, hang_s = None, timeout_s
         try:
             cl.accept_all(time.time() + startup_timeout_s)
             hello = _collect(cl, "hello", time.time() + startup_timeout_s)
@@ -296,17 +297,20 @@ def run_pipeline(export_dir: str, images: np.ndarray, *, bandwidth_scale: float 
             _collect(cl, "ready", time.time() + startup_timeout_s)
             if on_start is not None:
                 on_start(cl.pids())
+            # no event for this long while an image is in flight = hung: the timeout plus twice the slowest stage
+            stage_s = max([*predicted_links(manifest, bandwidth_scale).values(), *target.values()]) / 1e3
+            hang_s = timeout_s + 2.0 * stage_s
             batches = [images[i:i + b] for i in range(0, len(images), b)]
             outputs, records, image_id = {}, {}, 0
             for ph in (("latency", "stream") if phase == "both" else (phase,)):
                 win = 1 if ph == "latency" else int(window)
                 ids = list(range(image_id, image_id + len(batches)))
                 image_id += len(batches)
-                res = _stream(cl, src, batches, ids, win, done, timeout_s)
+                res = _stream(cl, src, batches, ids, win, done, hang_s)
                 outputs[ph] = np.concatenate([res[0][i] for i in ids])
                 records[ph] = {d: {i - ids[0]: res[1][d][i] for i in ids} for d in order}
             L.send_frame(src, L.STOP)
-            deadline = time.time() + timeout_s
+            deadline = time.time() + hang_s
             while len(cl.bye) < len(order):
                 try:
                     cl.handle(cl.events.get(timeout=0.05))
@@ -315,13 +319,13 @@ def run_pipeline(export_dir: str, images: np.ndarray, *, bandwidth_scale: float 
                 cl.check_alive()
                 if time.time() > deadline:
                     late = [d for d in order if d not in cl.bye]
-                    raise DeployError(f"devices {late} did not stop within {timeout_s:g} s after the stream ended")
+                    raise DeployError(f"devices {late} did not stop within {hang_s:.3g} s after the stream ended")
             src.close()
         except _Failure:
             in_flight = min((i for i in cl.sent if i not in done[order[-1]]), default=None)
-            raise DeployError(_diagnose(cl, done, in_flight, timeout_s)) from None
+            raise DeployError(_diagnose(cl, done, in_flight, hang_s)) from None
         except _Hung as h:
-            raise DeployError(_diagnose(cl, done, h.image, timeout_s)) from None
+            raise DeployError(_diagnose(cl, done, h.image, hang_s)) from None
         finally:
             cl.end()
     first = "latency" if "latency" in outputs else "stream"
