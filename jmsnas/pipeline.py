@@ -76,12 +76,12 @@ def resolve_topology(cfg) -> Topology:
     """The topology ``cfg.topology`` names: a preset (``presets.TOPOLOGIES``) with ``cfg.layers_per_device``, or a
     topology file (.yaml/.yml/.json, or a run's result.json) whose own layers_per_device wins."""
     t, lpd = cfg.topology, cfg.get("layers_per_device")
+    if t in presets.TOPOLOGIES:
+        return presets.topology(t, lpd)
     if topofile.is_file_name(t):
         return topofile.load(t, lpd)
-    if t not in presets.TOPOLOGIES:
-        raise ConfigError(f"unknown topology {t!r}; expected a preset {sorted(presets.TOPOLOGIES)} or a topology "
-                          "file (.yaml, .yml or .json)")
-    return presets.topology(t, lpd)
+    raise ConfigError(f"unknown topology {t!r}; expected a preset {sorted(presets.TOPOLOGIES)} or a topology "
+                      "file (.yaml, .yml or .json)")
 
 
 def build(cfg):
@@ -89,7 +89,7 @@ def build(cfg):
     (so the run's fingerprint covers the file's content); the space's per-device widths and strides are
     resampled to the topology's devices when the config gives another number (``space.adapt_schedule``)."""
     topo = resolve_topology(cfg)
-    if topofile.is_file_name(cfg.topology):
+    if cfg.topology not in presets.TOPOLOGIES:
         with cfg.unlocked():
             cfg.topology_resolved = topofile.to_dict(topo)
     ds = cfg.space

@@ -49,13 +49,13 @@ TOPOLOGIES: dict = {"chain": presets.chain_preset, "mesh": presets.mesh_preset, 
 def topology(name: str, bandwidths_mbps=None) -> Topology:
     """A topology preset or topology file (``jmsnas.topofile``); ``bandwidths_mbps``: one value for every link or
     one per link (in ``topo.links`` order)."""
-    if topofile.is_file_name(name):
+    if name in TOPOLOGIES:
+        topo = TOPOLOGIES[name]()
+    elif topofile.is_file_name(name):
         topo = topofile.load(name)
-    elif name not in TOPOLOGIES:
+    else:
         raise ValueError(f"unknown topology {name!r}; expected a preset {sorted(TOPOLOGIES)} or a topology file "
                          "(.yaml, .yml or .json)")
-    else:
-        topo = TOPOLOGIES[name]()
     if not bandwidths_mbps:
         return topo
     bws = list(bandwidths_mbps)
