@@ -174,6 +174,20 @@ def test_a_part_loads_and_runs_with_only_jax_and_numpy(runs, tmp_path):
                                                                            np.float32))).sum()), rel=1e-6)
 
 
+def test_export_command(runs, tmp_path, capsys):
+    r = runs["mesh"]
+    out = tmp_path / "exp"
+    assert cli.main(["export", "--workdir", r["dir"], "--out", str(out), "--platforms", "cpu,tpu"]) == 0
+    text = capsys.readouterr().out
+    assert "cloud" in text and "from ['mbs1', 'mbs2', 'mbs3']" in text
+    m = load_manifest(str(out))
+    assert m["platforms"] == ["cpu", "tpu"] and m["root"] == "sbs" and m["branches"] == ["mbs1", "mbs2", "mbs3"]
+    assert m["parts"]["sbs"]["to"] == ["mbs1", "mbs2", "mbs3"] and m["parts"]["cloud"]["to"] == ["result"]
+    assert cli.main(["export", "--workdir", r["dir"], "--out", str(tmp_path / "bad"), "--platforms", "gpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'gpu'" in err[0] and not (tmp_path / "bad").exists()
+
+
 def test_manifest_that_does_not_match_the_parts(runs, tmp_path):
     r = runs["chain"]
     bad = tmp_path / "export"
