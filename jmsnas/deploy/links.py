@@ -70,24 +70,31 @@ def sleep_until(t: float) -> None:
         time.sleep(dt)
 
 
-def _paced_send(sock: socket.socket, payload: memoryview, bandwidth_mbps: float | None) -> tuple:
-    t0 = now()
+def _chunk(rate: float) -> int:
+    return max(256, int(rate * CHUNK_S))
+
+
+def _paced_send(sock: socket.socket, payload: memoryview, bandwidth_mbps: float | None, t0: float | None = None,
+                sent: int = 0) -> tuple:
+    """Sends ``payload[sent:]`` on the schedule t0 + bytes * 8 / bandwidth (t0: now, or when the first ``sent``
+    bytes went out); returns (t0, end of transmission)."""
+    t0 = now() if t0 is None else t0
     if not bandwidth_mbps:
-        sock.sendall(payload)
+        sock.sendall(payload[sent:])
         return t0, now()
     rate = bandwidth_mbps * 1e6 / 8.0  # bytes per second
-    chunk = max(256, int(rate * CHUNK_S))
-    sent = 0
-    while sent < len(payload):
+    chunk = _chunk(rate)
+    while True:
+        sleep_until(t0 + sent / rate)
+        if sent >= len(payload):
+            return t0, now()
         part = payload[sent:sent + chunk]
         sock.sendall(part)
         sent += len(part)
-        sleep_until(t0 + sent / rate)
-    return t0, now()
 
 
-def send_frame(sock: socket.socket, kind: int, image: int = -1, value=None, pace: Pace = Pace()) -> tuple:
-    """Sends one frame, the payload paced to ``pace.bandwidth_mbps``; returns (tx_start, tx_end)."""
+def _encode(kind: int, image: int, value) -> tuple:
+    """(header bytes with the payload length, payload memoryview) of a frame."""
     if kind == ARRAY:
         arr = np.ascontiguousarray(value)
         if str(arr.dtype) not in DTYPES:
@@ -98,8 +105,31 @@ def send_frame(sock: socket.socket, kind: int, image: int = -1, value=None, pace
     else:
         payload = memoryview(json.dumps(value).encode() if kind == JSON else b"")
         head = _HEAD.pack(MAGIC, kind, image, 0, 0)
-    sock.sendall(head + _LEN.pack(len(payload)))
-    t0, t1 = _paced_send(sock, payload, pace.bandwidth_mbps if kind == ARRAY else None)
+    return head + _LEN.pack(len(payload)), payload
+
+
+def send_frame(sock: socket.socket, kind: int, image: int = -1, value=None, pace: Pace = Pace()) -> tuple:
+    """Sends one frame, the payload paced to ``pace.bandwidth_mbps``; returns (tx_start, tx_end)."""
+    return finish_frame(sock, *start_frame(sock, kind, image, value, pace), pace if kind == ARRAY else Pace())
+
+
+def start_frame(sock: socket.socket, kind: int, image: int = -1, value=None, pace: Pace = Pace()) -> tuple:
+    """Sends a frame's header and the first paced chunk of its payload; returns (payload, t0, bytes sent) for
+    ``finish_frame``, which another thread may call (a device starts a transmission the moment its output is
+    ready and leaves the rest of the link time to its sender thread)."""
+    head, payload = _encode(kind, image, value)
+    sock.sendall(head)
+    t0 = now()
+    bw = pace.bandwidth_mbps if kind == ARRAY else None
+    first = min(len(payload), _chunk(bw * 1e6 / 8.0)) if bw else 0
+    if first:
+        sock.sendall(payload[:first])
+    return payload, t0, first
+
+
+def finish_frame(sock: socket.socket, payload, t0: float, sent: int, pace: Pace = Pace()) -> tuple:
+    """Sends the rest of a frame begun by ``start_frame`` on its schedule and the trailer; (tx_start, tx_end)."""
+    t0, t1 = _paced_send(sock, payload, pace.bandwidth_mbps, t0, sent)
     sock.sendall(_TRAILER.pack(t0, t1))
     return t0, t1
 

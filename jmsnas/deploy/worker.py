@@ -11,11 +11,11 @@ Life of a worker (the coordinator is ``jmsnas.deploy.pipeline``):
 2. receives ``{"peers": {device: port}, "stretch", "out": {dst: [Mbit/s, ms]}, "in": {src: ms}}``, connects to
    the devices its output goes to, accepts one connection per input and answers ``{"ready": true}``;
 3. for every image (one thread reads all inputs through a selector): waits until the message of every input is
-   released (the link's latency after the sender's
-   end of transmission), runs the part, sleeps ``(stretch - 1) x`` the measured call time when the device is to
-   play a slower one, hands the output to one paced sender thread per outgoing link (or back to the coordinator,
-   unthrottled, on the last device) and reports ``{"done": image, "c0", "c1", "host_ms", "in": {src: [tx_start,
-   tx_end, arrival, release]}}`` (CLOCK_MONOTONIC seconds);
+   released (the link's latency after the sender's end of transmission), runs the part, sleeps ``(stretch - 1)
+   x`` the measured call time when the device is to play a slower one, starts the transmission on every idle
+   outgoing link (a paced sender thread per link finishes it; ``_Link``), or sends the output back to the
+   coordinator, unthrottled, on the last device, and reports ``{"done": image, "c0", "c1", "host_ms", "in":
+   {src: [tx_start, tx_end, arrival, release]}}`` (CLOCK_MONOTONIC seconds);
 4. on STOP from every input forwards STOP, waits for its senders, sends ``{"bye": true}`` and exits 0.
 
 Errors are sent as ``{"error": one line, "cause": "own" | "upstream"}`` and end the process with exit code 2.
@@ -69,17 +69,47 @@ def _calibrate(part, calls: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def _sender(sock, pace: L.Pace, q: queue.Queue, errors: queue.Queue, dst: str) -> None:
-    try:
-        while True:
-            item = q.get()
-            if item is None:
-                L.send_frame(sock, L.STOP)
-                return
+class _Link:
+    """An outgoing link: a sender thread finishes the transmissions. When the link is idle the device's main
+    thread starts a transmission itself (header and first chunk, ``links.start_frame``) the moment the output is
+    ready, so no thread wake-up lies between the compute end and the start of transmission; otherwise the output
+    queues behind the one on the wire."""
+
+    def __init__(self, sock, pace: L.Pace, errors: queue.Queue, dst: str):
+        self.sock, self.pace, self.errors, self.dst = sock, pace, errors, dst
+        self.q, self.lock, self.pending = queue.Queue(), threading.Lock(), 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def put(self, item) -> None:
+        """Sends (image, y), or STOP for None, after everything put before."""
+        with self.lock:
+            idle = self.pending == 0
+            self.pending += 1
+        if idle and item is not None:  # the sender thread is waiting on an empty queue: the socket is ours
             image, y = item
-            L.send_frame(sock, L.ARRAY, image, y, pace)
-    except OSError as e:
-        errors.put(("upstream", f"the link to {dst!r} failed: {e}"))
+            try:
+                self.q.put(("rest",) + L.start_frame(self.sock, L.ARRAY, image, y, self.pace))
+            except OSError as e:
+                self.errors.put(("upstream", f"the link to {self.dst!r} failed: {e}"))
+            return
+        self.q.put(("whole", item))
+
+    def _run(self) -> None:
+        try:
+            while True:
+                job = self.q.get()
+                if job[0] == "rest":
+                    L.finish_frame(self.sock, *job[1:], self.pace)
+                elif job[1] is None:
+                    L.send_frame(self.sock, L.STOP)
+                    return
+                else:
+                    L.send_frame(self.sock, L.ARRAY, job[1][0], job[1][1], self.pace)
+                with self.lock:
+                    self.pending -= 1
+        except OSError as e:
+            self.errors.put(("upstream", f"the link to {self.dst!r} failed: {e}"))
 
 
 def _watch_control(sock) -> None:
@@ -123,12 +153,7 @@ def _serve(args, ctl: _Control, part, msg, outs, ins) -> None:
     and hands outputs to the senders; a frame is used once released (the link's latency after its end of
     transmission)."""
     errors = queue.Queue()
-    senders = []
-    for dst, (sock, pace) in outs.items():
-        q = queue.Queue()
-        t = threading.Thread(target=_sender, args=(sock, pace, q, errors, dst), daemon=True)
-        t.start()
-        senders.append((q, t))
+    senders = [_Link(sock, pace, errors, dst) for dst, (sock, pace) in outs.items()]
     sel = selectors.DefaultSelector()
     for src, conn in ins.items():
         conn.setblocking(False)
@@ -162,10 +187,10 @@ def _serve(args, ctl: _Control, part, msg, outs, ins) -> None:
                     del pending[fr.image]
                     _compute(ctl, part, order, slot, fr.image, float(msg["stretch"]), senders,
                              "result" in msg["to"])
-    for q, t in senders:
-        q.put(None)
-    for q, t in senders:
-        t.join()
+    for link in senders:
+        link.put(None)
+    for link in senders:
+        link.thread.join()
     if not errors.empty():
         raise RuntimeError(errors.get()[1])
     ctl.send(L.JSON, value={"bye": True})
@@ -182,8 +207,8 @@ def _compute(ctl: _Control, part, order, slot, image: int, stretch: float, sende
     if stretch > 1.0:
         L.sleep_until(c0 + host * stretch)
     c1 = L.now()
-    for q, _ in senders:
-        q.put((image, y))
+    for link in senders:
+        link.put((image, y))
     if to_result:
         ctl.send(L.ARRAY, image, y)
     ctl.send(L.JSON, image, {"done": image, "c0": c0, "c1": c1, "host_ms": host * 1e3,
