@@ -20,7 +20,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from jmsnas.deploy import reference, report  # noqa: E402
 from jmsnas.deploy.export import export_run  # noqa: E402
-from jmsnas.deploy.pipeline import analyze, run_pipeline  # noqa: E402
+from jmsnas.deploy.analysis import analyze  # noqa: E402
+from jmsnas.deploy.pipeline import run_pipeline  # noqa: E402
 from jmsnas.deploy.runtime import load_manifest  # noqa: E402
 
 

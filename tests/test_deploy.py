@@ -24,7 +24,8 @@ from jmsnas.cost.tables import analytic_table
 from jmsnas.deploy import links as L
 from jmsnas.deploy import predict, reference
 from jmsnas.deploy.export import export_run
-from jmsnas.deploy.pipeline import analyze, run_pipeline
+from jmsnas.deploy.analysis import analyze
+from jmsnas.deploy.pipeline import run_pipeline
 from jmsnas.deploy.runtime import DeployError, load_manifest, load_part
 from jmsnas.space import OP_NAMES, OPS, build_space
 

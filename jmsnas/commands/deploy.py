@@ -91,7 +91,8 @@ def _pipeline(args, export_run) -> int:
     import numpy as np
 
     from jmsnas.deploy import reference, report
-    from jmsnas.deploy.pipeline import analyze, run_pipeline
+    from jmsnas.deploy.analysis import analyze
+    from jmsnas.deploy.pipeline import run_pipeline
     from jmsnas.deploy.runtime import DeployError, load_manifest
     compute = parse_compute(args.compute_scale)
     export_dir = args.export_dir or os.path.join(args.workdir, "export")
