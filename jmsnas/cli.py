@@ -15,6 +15,7 @@ COMMANDS = {
     "profile": "profile",
     "modularize": "modular", "load": "modular", "finetune": "modular",
     "autosplit": "autosplit",
+    "export": "deploy", "pipeline": "deploy",
 }
 
 

@@ -21,6 +21,7 @@ from jmsnas import budget, data, gates as G, presets, report, supernet, topofile
 from jmsnas.checkpoint import CheckpointError, Checkpointer
 from jmsnas.cost.latency import arch_latency, best_chain_assignment, breakdown_dict, expected_latency
 from jmsnas.cost.tables import CostTable, analytic_table
+from jmsnas.deploy.spec import space_to_dict
 from jmsnas.space import OP_NAMES, SearchSpace, adapt_schedule, build_space
 from jmsnas.topology import Topology
 
@@ -342,7 +343,7 @@ def write_parts(space: SearchSpace, params, bn, ops, directory: str, assignment=
     os.makedirs(directory, exist_ok=True)
     parts = supernet.device_parts(space, params, ops, assignment)
     bn_parts = supernet.device_parts(space, bn, ops, assignment)
-    manifest = {"op_names": list(OP_NAMES), "devices": {}}
+    manifest = {"op_names": list(OP_NAMES), "devices": {}, "space": space_to_dict(space)}
     for dev, part in parts.items():
         flat = {}
         for prefix, tree in (("params", part["params"]), ("bn", bn_parts[dev]["params"])):

@@ -1,0 +1,77 @@
+"""Predicted (eq. (1)/(2)) vs measured end-to-end latency of the deployed pipeline, chain and mesh, per bandwidth.
+
+    python benchmarks/bench_deploy_pipeline.py --runs /tmp/i19_chain /tmp/i19_mesh --scales 1 0.1 0.03 0.01
+
+Each RUN is a finished ``jmsnas search`` workdir (exported first when RUN/export is missing). For every bandwidth
+scale the pipeline is started afresh (one process per device, links paced to scale x Table I), ``--images`` real
+test images go through one at a time (latency phase) and then pipelined (stream phase). The prediction uses the
+same settings: the links' bytes / (scale x bandwidth) + latency and every device's compute time calibrated in
+isolation on this machine (``--compute-scale host``). Prints one markdown row per (run, scale) with the load
+average, and writes the per-term analyses as JSON (``--out``) and one plot per run (RUN/deploy/bench.png).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from jmsnas.deploy import reference, report  # noqa: E402
+from jmsnas.deploy.export import export_run  # noqa: E402
+from jmsnas.deploy.analysis import analyze  # noqa: E402
+from jmsnas.deploy.pipeline import run_pipeline  # noqa: E402
+from jmsnas.deploy.runtime import load_manifest  # noqa: E402
+
+
+def _worst_term(a: dict) -> str:
+    """The term whose measured value is furthest above (or below) its prediction, in ms."""
+    p, m = a["predicted"], a["measured"]
+    diffs = {k: m["per_device"][k] - v for k, v in p["per_device"].items()}
+    diffs.update({k: m["per_link"][k] - v for k, v in p["per_link"].items()})
+    diffs["hand-offs"] = m["overhead_ms"]
+    k = max(diffs, key=lambda x: abs(diffs[x]))
+    return f"{k} {diffs[k]:+.2f}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", nargs="+", required=True)
+    ap.add_argument("--scales", type=float, nargs="+", default=[1.0, 0.1, 0.03, 0.01])
+    ap.add_argument("--images", type=int, default=40)
+    ap.add_argument("--out", default="/tmp/bench_deploy_pipeline.json")
+    args = ap.parse_args(argv)
+    rows, everything = [], []
+    print("| topology | bandwidth | predicted T (ms) | measured T, median [p10, p90] (ms) | error | eq. of measured "
+          "terms (ms) | hand-offs (ms) | largest term miss (ms) | throughput pred / meas (img/s) | load |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for run in args.runs:
+        export_dir = os.path.join(run, "export")
+        if not os.path.isfile(os.path.join(export_dir, "manifest.json")):
+            export_run(run)
+        manifest = load_manifest(export_dir)
+        images, _ = reference.test_images(run, args.images)
+        analyses = []
+        for s in args.scales:
+            raw = run_pipeline(export_dir, images, bandwidth_scale=s, phase="both", timeout_s=60.0)
+            a = analyze(manifest, raw)
+            a["load_average"] = os.getloadavg()
+            a["run"] = run
+            analyses.append(a)
+            p, m = a["predicted"], a["measured"]
+            print(f"| {manifest['topology']['name']} | x{s:g} | {p['total']:.2f} | {m['total']:.2f} "
+                  f"[{m['total_p10']:.2f}, {m['total_p90']:.2f}] | {a['error_pct']:+.1f}% | {m['eq_of_measured']:.2f} "
+                  f"| {m['overhead_ms']:.2f} | {_worst_term(a)} | {p['throughput_per_s']:.1f} / "
+                  f"{m['throughput_per_s']:.1f} | {a['load_average'][0]:.1f} |", flush=True)
+        os.makedirs(os.path.join(run, "deploy"), exist_ok=True)
+        report.plot(analyses, manifest, os.path.join(run, "deploy", "bench.png"))
+        print(report.format_table(analyses, manifest), file=sys.stderr)
+        everything += analyses
+    with open(args.out, "w") as f:
+        json.dump(everything, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""``jmsnas export`` and ``jmsnas pipeline``: deploy a run's per-device parts and run them as a real pipeline.
+
+    jmsnas export --workdir RUN [--out DIR] [--platforms cpu,cuda] [--batch 1]
+    jmsnas pipeline --workdir RUN [--images 100] [--bandwidth-scale 1 0.2 0.05] [--compute-scale host]
+                    [--phase both] [--timeout 10] [--base-port 0] [--check]
+
+``export`` writes RUN/export/ (one jax.export program + weights per device and manifest.json). ``pipeline``
+exports first when RUN/export/manifest.json is missing, then, for every bandwidth scale, starts one process per
+device connected over 127.0.0.1 in the topology's shape with every link paced to its (scaled) bandwidth and
+latency, streams the run's test images through, prints eq. (1)/(2)'s prediction beside the measurement (per
+device, per link, total, throughput) and writes RUN/deploy/pipeline.json and pipeline.png. ``--check`` also
+compares the outputs with the whole compact network's (max abs difference). Errors (a corrupt part, a manifest
+that does not match the parts, a port in use, a device that dies or hangs) print one line and exit with 2.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("export", help="export a run's per-device parts as jax.export programs + weights",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("--workdir", required=True, help="a finished run (result.json, parts/)")
+    p.add_argument("--out", default=None, help="export directory (default RUN/export)")
+    p.add_argument("--platforms", default="cpu", help="comma-separated: cpu, cuda, rocm, tpu (default cpu)")
+    p.add_argument("--batch", type=int, default=1, help="images per call of every part (default 1)")
+    q = sub.add_parser("pipeline", help="run the parts as one process per device over throttled TCP links",
+                       description=__doc__.split("\n\n")[0])
+    q.add_argument("--workdir", required=True, help="a finished run (exported first when needed)")
+    q.add_argument("--export-dir", default=None, help="default RUN/export")
+    q.add_argument("--images", type=int, default=100, help="test images to stream (default 100)")
+    q.add_argument("--bandwidth-scale", type=float, nargs="+", default=[1.0],
+                   help="multiply every link's bandwidth; several values: one run each (default 1)")
+    q.add_argument("--compute-scale", default="host",
+                   help="'host' (this machine's speed), 'profile' (each device slowed to the run's cost-table "
+                        "time), a factor S >= 1, or per device 'ue=4,sbs=2'")
+    q.add_argument("--phase", default="both", choices=("latency", "stream", "both"),
+                   help="latency: one image at a time; stream: pipelined; both (default)")
+    q.add_argument("--window", type=int, default=8, help="images in flight in the stream phase (default 8)")
+    q.add_argument("--timeout", type=float, default=10.0,
+                   help="seconds without progress before a device is declared hung (default 10)")
+    q.add_argument("--base-port", type=int, default=0,
+                   help="coordinator port; devices use the next ones (default 0: free ports)")
+    q.add_argument("--check", action="store_true", help="compare the outputs with the whole compact network")
+    q.add_argument("--json", action="store_true", help="print the analysis as JSON instead of the table")
+
+
+def parse_compute(text: str):
+    """'host' | 'profile' | a float | 'dev=S,dev=S' -> the ``compute`` argument of ``run_pipeline``."""
+    from jmsnas.deploy.runtime import DeployError
+    if text in ("host", "profile"):
+        return text
+    try:
+        if "=" in text:
+            return {k.strip(): float(v) for k, v in (item.split("=", 1) for item in text.split(","))}
+        return float(text)
+    except ValueError:
+        raise DeployError(f"--compute-scale must be 'host', 'profile', a number or 'device=S,...', "
+                          f"got {text!r}") from None
+
+
+def _fail(command: str, e) -> int:
+    print(f"jmsnas {command}: error: {' '.join(str(e).split())}", file=sys.stderr)
+    return 2
+
+
+def run(args) -> int:
+    from jmsnas.data import DatasetError
+    from jmsnas.deploy.export import export_run
+    from jmsnas.deploy.runtime import DeployError
+    from jmsnas.topology import TopologyError
+    try:
+        if args.command == "export":
+            platforms = tuple(p.strip() for p in args.platforms.split(",") if p.strip())
+            m = export_run(args.workdir, args.out, platforms=platforms, batch=args.batch)
+            out = args.out or os.path.join(args.workdir, "export")
+            for d in m["order"]:
+                part = m["parts"][d]
+                print(f"{d:<10} layers {part['layers']}  in {[i['shape'] for i in part['inputs']]} from "
+                      f"{[i['from'] for i in part['inputs']]}  out {part['output']['shape']} to {part['to']}")
+            print(f"wrote {out} ({', '.join(m['platforms'])})")
+            return 0
+        return _pipeline(args, export_run)
+    except (DeployError, DatasetError, TopologyError, ValueError) as e:
+        return _fail(args.command, e)
+
+
+def _pipeline(args, export_run) -> int:
+    import numpy as np
+
+    from jmsnas.deploy import reference, report
+    from jmsnas.deploy.analysis import analyze
+    from jmsnas.deploy.pipeline import run_pipeline
+    from jmsnas.deploy.runtime import DeployError, load_manifest
+    compute = parse_compute(args.compute_scale)
+    export_dir = args.export_dir or os.path.join(args.workdir, "export")
+    images, labels = reference.test_images(args.workdir, args.images)
+    for s in args.bandwidth_scale:
+        if not s > 0:
+            raise DeployError(f"--bandwidth-scale values must be > 0, got {s!r}")
+    if not os.path.isfile(os.path.join(export_dir, "manifest.json")):
+        export_run(args.workdir, export_dir)
+    manifest = load_manifest(export_dir)
+    analyses, outputs = [], None
+    for s in args.bandwidth_scale:
+        raw = run_pipeline(export_dir, images, bandwidth_scale=s, compute=compute, phase=args.phase,
+                           timeout_s=args.timeout, base_port=args.base_port, window=args.window)
+        a = analyze(manifest, raw)
+        a["accuracy"] = float(np.mean(np.argmax(raw["outputs"].reshape(len(labels), -1), -1) == labels))
+        outputs = raw["outputs"]
+        if args.check:
+            a["max_abs_diff"] = float(np.max(np.abs(outputs - reference.whole_network(args.workdir)(images))))
+        analyses.append(a)
+    out = os.path.join(args.workdir, "deploy")
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "pipeline.json"), "w", encoding="utf-8") as f:
+        json.dump(analyses, f, indent=2)
+    report.plot(analyses, manifest, os.path.join(out, "pipeline.png"))
+    if args.json:
+        print(json.dumps(analyses, indent=2))
+        return 0
+    print(report.format_table(analyses, manifest), end="")
+    for a in analyses:
+        extra = f", max |pipeline - whole network| = {a['max_abs_diff']:.2e}" if "max_abs_diff" in a else ""
+        print(f"bandwidth x{a['settings']['bandwidth_scale']:g}: accuracy {a['accuracy']:.3f} on "
+              f"{args.images} test images{extra}")
+    print(f"wrote {os.path.join(out, 'pipeline.json')} and pipeline.png")
+    return 0

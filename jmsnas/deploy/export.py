@@ -1,0 +1,217 @@
+"""``export_run``: every device's part of a finished run as a serialized ``jax.export`` program plus its weights.
+
+Reads ``RUN/parts/manifest.json`` (the layers and ops of every device and the recorded search space, see
+``jmsnas.deploy.spec``), ``RUN/parts/<device>.npz`` (the compact network's weights and batch-norm statistics of
+that device) and ``RUN/result.json`` (the predicted latency breakdown of eq. (1)/(2)), and writes into
+``RUN/export/``:
+
+* ``<device>.jaxexport``: the part's forward pass in inference mode, ``f(*weights, *inputs) -> output``, lowered
+  for ``platforms`` (cpu; cuda / tpu when asked) with a fixed batch size; float32 NHWC tensors;
+* ``<device>.npz``: the weights in argument order;
+* ``manifest.json`` (``runtime.FORMAT``): per part the device, layers, ops, files with their SHA-256, its inputs
+  (where each comes from: ``"image"`` or a device, with shape and dtype), its output and where it goes (devices or
+  ``"result"``), the predicted compute ms of the run's cost table; the links with bandwidth, latency and bytes per
+  transfer; the execution order and the run's predicted breakdown.
+
+A part computes exactly what ``supernet.compact_apply`` computes for its layers: the stem on the first device in
+execution order, the head on the last, a mesh aggregator averages its branch inputs in branch order. A device with
+no layers (a searched split may leave one) relays its input unchanged. Depthwise convolutions use XLA's own
+convolution (``dw_impl="xla"``) so the program holds no jmsnas-specific custom calls and runs on any backend.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import export as jax_export
+
+from jmsnas import ops as O
+from jmsnas.deploy.runtime import FORMAT, MANIFEST, DeployError, sha256
+from jmsnas import topofile
+from jmsnas.deploy.spec import space_from_dict
+from jmsnas.space import OPS, SearchSpace, op_index
+
+PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
+
+
+def unflatten(flat: dict) -> dict:
+    """{"a/b/c": leaf} -> {"a": {"b": {"c": leaf}}} (the inverse of ``pipeline.write_parts``'s naming)."""
+    tree: dict = {}
+    for key, leaf in flat.items():
+        node = tree
+        *path, last = key.split("/")
+        for k in path:
+            node = node.setdefault(k, {})
+        node[last] = leaf
+    return tree
+
+
+def part_forward(space: SearchSpace, layers, ops, *, stem: bool, head: bool, dw_impl: str = "xla"):
+    """f(params, state, *xs) -> y: one device's part in inference mode (the slice of ``compact_apply``).
+
+    ``params``/``state``: the part's nested weights and BN statistics ({"layers": {"3": ...}, "stem", "head"});
+    ``xs``: the image (with ``stem``) or the tensors from the devices before it (several: averaged).
+    """
+    layers, ops = [int(n) for n in layers], [int(i) for i in ops]
+
+    def f(params, state, *xs):
+        if stem:
+            h, _ = O.conv_bn_apply(params["stem"], state["stem"], xs[0], space.stem_stride, False)
+        else:
+            h = xs[0] if len(xs) == 1 else sum(xs) / len(xs)
+        for n, i in zip(layers, ops):
+            p = params.get("layers", {}).get(str(n), {})
+            st = state.get("layers", {}).get(str(n), {})
+            h, _ = O.op_apply(p, st, h, OPS[i], space.layers[n].stride, False, dw_impl)
+        if head:
+            h, _ = O.head_apply(params["head"], state["head"], h, False)
+        return h
+    return f
+
+
+def _read_json(path: str) -> dict:
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            return json.load(f)
+    except OSError as e:
+        raise DeployError(f"cannot read {path}: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise DeployError(f"{path} is not valid JSON: {e}") from None
+
+
+def _graph(space: SearchSpace, parts: dict) -> tuple:
+    """(order, inputs, outputs): execution order of device names, each device's sources and destinations."""
+    topo = space.topology
+    names = topo.device_names
+    order = [names[m] for m in topo.path_order()]
+    pos = {n: i for i, n in enumerate(order)}
+    srcs = {n: sorted((l.src for l in topo.links if l.dst == n), key=pos.get) for n in order}
+    dsts = {n: sorted((l.dst for l in topo.links if l.src == n), key=pos.get) for n in order}
+    srcs[order[0]], dsts[order[-1]] = ["image"], ["result"]
+    missing = [n for n in order if n not in parts]
+    if missing:
+        raise DeployError(f"parts/manifest.json has no part for devices {missing} of topology {topo.name!r}")
+    return order, srcs, dsts
+
+
+def _load_weights(run: str, device: str, entry: dict) -> dict:
+    path = os.path.join(run, "parts", entry.get("file", f"{device}.npz"))
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: np.asarray(z[k]) for k in z.files}
+    except OSError as e:
+        raise DeployError(f"cannot read part file {path}: {e.strerror or e}") from None
+    except Exception as e:  # a damaged zip raises zipfile.BadZipFile, ValueError, EOFError, ...
+        raise DeployError(f"part file {path} is corrupt: {type(e).__name__}: {e}") from None
+
+
+def load_run(run: str) -> tuple:
+    """(space, parts manifest, result) of a finished run; DeployError for a missing or mismatched file."""
+    pm = _read_json(os.path.join(run, "parts", "manifest.json"))
+    if "space" not in pm:
+        raise DeployError(f"{run}/parts/manifest.json records no search space (written by an older jmsnas); "
+                          "run the search again to export it")
+    try:
+        space = space_from_dict(pm["space"])
+    except ValueError as e:
+        raise DeployError(f"{run}/parts/manifest.json: {e}") from None
+    result = _read_json(os.path.join(run, "result.json"))
+    if space.topology.kind not in ("chain", "mesh"):
+        raise DeployError(f"the pipeline deploys chain and mesh topologies; {space.topology.name!r} is a "
+                          f"{space.topology.kind}")
+    if space.topology.buses:
+        raise DeployError(f"topology {space.topology.name!r} has shared buses "
+                          f"{[b.name for b in space.topology.buses]}; the pipeline paces every link on its own")
+    for dev, entry in pm.get("devices", {}).items():
+        for n, op in zip(entry.get("layers", []), entry.get("ops", [])):
+            if not 0 <= int(n) < space.num_layers:
+                raise DeployError(f"parts/manifest.json: device {dev!r} names layer {n}; the space has "
+                                  f"{space.num_layers}")
+            if op not in [o.name for o in OPS]:
+                raise DeployError(f"parts/manifest.json: device {dev!r} layer {n} has unknown op {op!r}")
+    return space, pm, result
+
+
+def _check_weights(device: str, flat: dict, entry: dict, space: SearchSpace, stem: bool, head: bool) -> None:
+    """The part file must hold exactly the tensors its layers need (a manifest that does not match the parts)."""
+    want_layers = {str(n) for n, op in zip(entry["layers"], entry["ops"]) if not OPS[op_index(op)].is_identity}
+    have_layers = {k.split("/")[2] for k in flat if k.split("/")[1] == "layers"}
+    problems = []
+    if want_layers != have_layers:
+        problems.append(f"layers with weights {sorted(have_layers)}, the manifest needs {sorted(want_layers)}")
+    for what, needed in (("stem", stem), ("head", head)):
+        has = any(k.split("/")[1] == what for k in flat)
+        if has != needed:
+            problems.append(f"{'no' if needed else 'an unexpected'} {what}")
+    if problems:
+        raise DeployError(f"part file for device {device!r} does not match parts/manifest.json: "
+                          + "; ".join(problems))
+
+
+def export_run(run: str, out: str | None = None, *, platforms=("cpu",), batch: int = 1) -> dict:
+    """Writes ``out`` (default ``RUN/export``) as described in the module docstring; returns its manifest."""
+    platforms = tuple(platforms)
+    bad = [p for p in platforms if p not in PLATFORMS]
+    if not platforms or bad:
+        raise DeployError(f"platforms must be a non-empty subset of {list(PLATFORMS)}, got {list(platforms)}")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise DeployError(f"batch must be a positive integer, got {batch!r}")
+    space, pm, result = load_run(run)
+    order, srcs, dsts = _graph(space, pm["devices"])
+    flats = {dev: _load_weights(run, dev, pm["devices"][dev]) for dev in order}
+    predicted = result.get("latency_ms", {})
+    shapes: dict = {"image": [batch, space.image_size, space.image_size, space.in_channels]}
+    programs, manifest_parts = {}, {}
+    for dev in order:  # execution order: every input's shape is known before it is needed
+        entry = pm["devices"][dev]
+        stem, head = dev == order[0], dev == order[-1]
+        _check_weights(dev, flats[dev], entry, space, stem, head)
+        names = sorted(flats[dev])
+        fwd = part_forward(space, entry["layers"], [op_index(o) for o in entry["ops"]], stem=stem, head=head)
+
+        def call(*args, names=names, fwd=fwd):
+            t = unflatten(dict(zip(names, args[:len(names)])))
+            return fwd(t.get("params", {}), t.get("bn", {}), *args[len(names):])
+        in_shapes = [shapes[s] for s in srcs[dev]]
+        specs = [jax.ShapeDtypeStruct(flats[dev][k].shape, flats[dev][k].dtype) for k in names]
+        specs += [jax.ShapeDtypeStruct(tuple(s), jnp.float32) for s in in_shapes]
+        exp = jax_export.export(jax.jit(call), platforms=platforms)(*specs)
+        out_shape = [int(d) for d in exp.out_avals[0].shape]
+        shapes[dev] = out_shape
+        programs[dev] = (exp.serialize(), {k: flats[dev][k] for k in names})
+        pd = predicted.get("per_device", {})
+        manifest_parts[dev] = {
+            "device": dev, "layers": [int(n) for n in entry["layers"]], "ops": list(entry["ops"]),
+            "stem": stem, "head": head, "weight_names": names,
+            "inputs": [{"from": s, "shape": shp, "dtype": "float32"} for s, shp in zip(srcs[dev], in_shapes)],
+            "output": {"shape": out_shape, "dtype": "float32"}, "to": dsts[dev],
+            "predicted_compute_ms": pd.get(dev),
+        }
+    out = os.path.join(run, "export") if out is None else out
+    os.makedirs(out, exist_ok=True)
+    for dev, (blob, weights) in programs.items():
+        prog, wfile = os.path.join(out, f"{dev}.jaxexport"), os.path.join(out, f"{dev}.npz")
+        with open(prog, "wb") as f:
+            f.write(bytes(blob))
+        np.savez(wfile, **weights)
+        manifest_parts[dev].update(program=f"{dev}.jaxexport", program_sha256=sha256(prog),
+                                   weights=f"{dev}.npz", weights_sha256=sha256(wfile))
+    topo = space.topology
+    links = []
+    for l in topo.links:
+        nbytes = int(np.prod(shapes[l.src])) * 4
+        links.append({"src": l.src, "dst": l.dst, "bandwidth_mbps": float(l.bandwidth_mbps),
+                      "latency_ms": float(l.latency_ms), "bytes": nbytes,
+                      "predicted_ms": predicted.get("per_link", {}).get(f"{l.src}->{l.dst}")})
+    manifest = {"format": FORMAT, "run": os.path.abspath(run), "platforms": list(platforms), "batch": batch,
+                "kind": topo.kind, "topology": topofile.to_dict(topo), "order": order,
+                "root": topo.device_names[topo.root] if topo.kind == "mesh" else None,
+                "branches": [topo.device_names[b] for b in topo.branches],
+                "parts": manifest_parts, "links": links, "predicted_latency_ms": predicted,
+                "architecture": result.get("architecture")}
+    with open(os.path.join(out, MANIFEST), "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=2)
+    return manifest

@@ -1,0 +1,241 @@
+"""Framed messages over TCP with user-space pacing of a link to its bandwidth (Mbit/s) and latency (ms).
+
+Frame (little-endian): ``header | payload | trailer``.
+
+* header: magic ``b"JMSN"``, kind (u8: ARRAY, JSON, STOP), image id (i64), dtype code (u8), ndim (u8), the shape
+  (ndim x u32), payload length (u64);
+* payload: the array's bytes (C order) or UTF-8 JSON;
+* trailer: the sender's CLOCK_MONOTONIC times (f64 seconds) when it began and finished transmitting the payload.
+
+Pacing (``send_frame`` with a ``Pace``): the payload goes out in chunks of about ``CHUNK_S`` of link time; after
+each chunk the sender sleeps until ``t_start + bytes_sent * 8 / bandwidth``, an absolute target, so sleep overshoot
+does not accumulate; the transmission of n bytes therefore takes n * 8 / bandwidth (the payload is paced; the
+32-byte header and the trailer are framing). The link's fixed latency is applied by the receiver
+(``Receiver``): a message is released ``latency`` after the sender's recorded end of transmission, so a latency
+does not occupy the sender and back-to-back messages overlap on the link as on a real one. All processes run on
+one host and read the same CLOCK_MONOTONIC, so times from sender and receiver are comparable.
+"""
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import time
+from typing import NamedTuple
+
+import numpy as np
+
+MAGIC = b"JMSN"
+ARRAY, JSON, STOP = 0, 1, 2
+_HEAD = struct.Struct("<4sBqBB")
+_LEN = struct.Struct("<Q")
+_TRAILER = struct.Struct("<dd")
+DTYPES = ("float32", "float64", "int32", "uint8", "float16")
+CHUNK_S = 0.0005  # link time per paced chunk (s)
+
+
+def now() -> float:
+    """Seconds on CLOCK_MONOTONIC (one clock for every process on the host)."""
+    return time.clock_gettime(time.CLOCK_MONOTONIC)
+
+
+class LinkClosed(ConnectionError):
+    """The peer closed the connection (or sent something that is not a frame)."""
+
+
+class Pace(NamedTuple):
+    """A link's throttle: bandwidth in Mbit/s (None: unthrottled) and latency in ms."""
+
+    bandwidth_mbps: float | None = None
+    latency_ms: float = 0.0
+
+
+class Frame(NamedTuple):
+    """A received message: kind, image id, value (array / JSON object / None), sender's transmission start
+    and end, and the receiver's arrival time of the trailer (CLOCK_MONOTONIC seconds)."""
+
+    kind: int
+    image: int
+    value: object
+    tx_start: float
+    tx_end: float
+    arrival: float
+
+
+def sleep_until(t: float) -> None:
+    while True:
+        dt = t - now()
+        if dt <= 0:
+            return
+        time.sleep(dt)
+
+
+def _chunk(rate: float) -> int:
+    return max(256, int(rate * CHUNK_S))
+
+
+def _paced_send(sock: socket.socket, payload: memoryview, bandwidth_mbps: float | None, t0: float | None = None,
+                sent: int = 0) -> tuple:
+    """Sends ``payload[sent:]`` on the schedule t0 + bytes * 8 / bandwidth (t0: now, or when the first ``sent``
+    bytes went out); returns (t0, end of transmission)."""
+    t0 = now() if t0 is None else t0
+    if not bandwidth_mbps:
+        sock.sendall(payload[sent:])
+        return t0, now()
+    rate = bandwidth_mbps * 1e6 / 8.0  # bytes per second
+    chunk = _chunk(rate)
+    while True:
+        sleep_until(t0 + sent / rate)
+        if sent >= len(payload):
+            return t0, now()
+        part = payload[sent:sent + chunk]
+        sock.sendall(part)
+        sent += len(part)
+
+
+def _encode(kind: int, image: int, value) -> tuple:
+    """(header bytes with the payload length, payload memoryview) of a frame."""
+    if kind == ARRAY:
+        arr = np.ascontiguousarray(value)
+        if str(arr.dtype) not in DTYPES:
+            raise TypeError(f"cannot send dtype {arr.dtype}; expected one of {DTYPES}")
+        payload = memoryview(arr).cast("B")
+        head = _HEAD.pack(MAGIC, kind, image, DTYPES.index(str(arr.dtype)), arr.ndim)
+        head += struct.pack(f"<{arr.ndim}I", *arr.shape)
+    else:
+        payload = memoryview(json.dumps(value).encode() if kind == JSON else b"")
+        head = _HEAD.pack(MAGIC, kind, image, 0, 0)
+    return head + _LEN.pack(len(payload)), payload
+
+
+def send_frame(sock: socket.socket, kind: int, image: int = -1, value=None, pace: Pace = Pace()) -> tuple:
+    """Sends one frame, the payload paced to ``pace.bandwidth_mbps``; returns (tx_start, tx_end)."""
+    return finish_frame(sock, *start_frame(sock, kind, image, value, pace), pace if kind == ARRAY else Pace())
+
+
+def start_frame(sock: socket.socket, kind: int, image: int = -1, value=None, pace: Pace = Pace()) -> tuple:
+    """Sends a frame's header and the first paced chunk of its payload; returns (payload, t0, bytes sent) for
+    ``finish_frame``, which another thread may call (a device starts a transmission the moment its output is
+    ready and leaves the rest of the link time to its sender thread)."""
+    head, payload = _encode(kind, image, value)
+    sock.sendall(head)
+    t0 = now()
+    bw = pace.bandwidth_mbps if kind == ARRAY else None
+    first = min(len(payload), _chunk(bw * 1e6 / 8.0)) if bw else 0
+    if first:
+        sock.sendall(payload[:first])
+    return payload, t0, first
+
+
+def finish_frame(sock: socket.socket, payload, t0: float, sent: int, pace: Pace = Pace()) -> tuple:
+    """Sends the rest of a frame begun by ``start_frame`` on its schedule and the trailer; (tx_start, tx_end)."""
+    t0, t1 = _paced_send(sock, payload, pace.bandwidth_mbps, t0, sent)
+    sock.sendall(_TRAILER.pack(t0, t1))
+    return t0, t1
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytearray:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise LinkClosed("connection closed by the peer")
+        got += k
+    return buf
+
+
+def recv_frame(sock: socket.socket) -> Frame:
+    """Reads one frame (blocking); LinkClosed on EOF or a malformed frame."""
+    magic, kind, image, code, ndim = _HEAD.unpack(_recv_exact(sock, _HEAD.size))
+    if magic != MAGIC or kind not in (ARRAY, JSON, STOP) or code >= len(DTYPES):
+        raise LinkClosed("received bytes that are not a jmsnas frame")
+    shape = struct.unpack(f"<{ndim}I", _recv_exact(sock, 4 * ndim)) if ndim else ()
+    (length,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
+    payload = _recv_exact(sock, length) if length else bytearray()
+    t0, t1 = _TRAILER.unpack(_recv_exact(sock, _TRAILER.size))
+    arrival = now()
+    return Frame(kind, image, _decode(kind, code, shape, payload), t0, t1, arrival)
+
+
+class FrameBuffer:
+    """Incremental frame parsing for a non-blocking reader: ``feed(bytes)`` returns the frames it completes (their
+    arrival time is when their last byte was fed). Lets one thread serve several connections without blocking on
+    a frame that is still being paced over the link."""
+
+    def __init__(self):
+        self.buf = bytearray()
+
+    def feed(self, data: bytes) -> list:
+        self.buf += data
+        frames = []
+        while True:
+            fr = self._take()
+            if fr is None:
+                return frames
+            frames.append(fr)
+
+    def _take(self):
+        b = self.buf
+        if len(b) < _HEAD.size:
+            return None
+        magic, kind, image, code, ndim = _HEAD.unpack_from(b, 0)
+        if magic != MAGIC or kind not in (ARRAY, JSON, STOP) or code >= len(DTYPES):
+            raise LinkClosed("received bytes that are not a jmsnas frame")
+        at = _HEAD.size + 4 * ndim
+        if len(b) < at + _LEN.size:
+            return None
+        shape = struct.unpack_from(f"<{ndim}I", b, _HEAD.size) if ndim else ()
+        (length,) = _LEN.unpack_from(b, at)
+        at += _LEN.size
+        end = at + length + _TRAILER.size
+        if len(b) < end:
+            return None
+        payload = bytes(b[at:at + length])
+        t0, t1 = _TRAILER.unpack_from(b, at + length)
+        del b[:end]
+        return Frame(kind, image, _decode(kind, code, shape, payload), t0, t1, now())
+
+
+def _decode(kind: int, code: int, shape: tuple, payload):
+    if kind == ARRAY:
+        return np.frombuffer(payload, dtype=DTYPES[code]).reshape(shape)
+    if kind == JSON:
+        return json.loads(bytes(payload).decode())
+    return None
+
+
+def release_time(frame: Frame, latency_ms: float) -> float:
+    """When a message becomes available at the receiver: the sender's end of transmission plus the latency
+    (never before it arrived)."""
+    return max(frame.arrival, frame.tx_end + latency_ms / 1e3)
+
+
+def connect(port: int, timeout_s: float = 10.0) -> socket.socket:
+    """A TCP connection to 127.0.0.1:port, retried until ``timeout_s`` (the peer may still be starting)."""
+    deadline = now() + timeout_s
+    while True:
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
+            s.settimeout(None)
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return s
+        except OSError:
+            if now() > deadline:
+                raise
+            time.sleep(0.02)
+
+
+def listen(port: int = 0) -> socket.socket:
+    """A listening socket on 127.0.0.1:port (0: any free port); OSError (EADDRINUSE) if the port is taken."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port in TIME_WAIT is free; a listener is not
+    s.bind(("127.0.0.1", port))
+    s.listen(16)
+    return s
+
+
+def accept(server: socket.socket) -> socket.socket:
+    conn, _ = server.accept()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return conn

@@ -1,0 +1,54 @@
+"""Eq. (1)/(2) of paper 003 over the deployed parts: per-device compute terms and per-link terms, in ms.
+
+The same function evaluates the prediction (compute terms from the cost table or from a calibration, link terms
+from bytes, bandwidth and latency) and the measurement (every term measured in the pipeline), so the two can be
+compared term by term. Chain, eq. (1): T = sum_m tau^m + sum_links eps. Mesh, eq. (2): the chain part C (the
+devices before the root and from the aggregator on, with their links) plus the slowest root -> branch ->
+aggregator path, max_b (tau^r + eps_{r,b} + tau^b + eps_{b,agg}); as in ``jmsnas.cost.latency.mesh_latency``.
+"""
+from __future__ import annotations
+
+
+def link_name(src: str, dst: str) -> str:
+    return f"{src}->{dst}"
+
+
+def link_ms(nbytes: float, bandwidth_mbps: float, latency_ms: float = 0.0) -> float:
+    """eps = bytes * 8 / bandwidth + latency (ms; bandwidth in Mbit/s)."""
+    return nbytes * 8.0 / (bandwidth_mbps * 1e3) + latency_ms
+
+
+def total_ms(manifest: dict, device_ms: dict, link_terms: dict) -> float:
+    """Eq. (1) (chain) or (2) (mesh) from per-device and per-link ("a->b") terms in ms."""
+    order = manifest["order"]
+    if manifest["kind"] == "chain":
+        return sum(device_ms[d] for d in order) + sum(link_terms[link_name(a, b)] for a, b in zip(order, order[1:]))
+    root, branches = manifest["root"], manifest["branches"]
+    i_root, i_agg = order.index(root), order.index(root) + len(branches) + 1
+    pre, post = order[:i_root], order[i_agg:]
+    agg = post[0]
+    chain = sum(device_ms[d] for d in pre + post)
+    chain += sum(link_terms[link_name(a, b)] for a, b in zip(pre + [root], (pre + [root])[1:]))
+    chain += sum(link_terms[link_name(a, b)] for a, b in zip(post, post[1:]))
+    paths = [device_ms[root] + link_terms[link_name(root, b)] + device_ms[b] + link_terms[link_name(b, agg)]
+             for b in branches]
+    return chain + max(paths)
+
+
+def predicted_links(manifest: dict, bandwidth_scale: float = 1.0) -> dict:
+    """{"a->b": eps ms} for every link at ``bandwidth_scale`` x its bandwidth (bytes of float32 activations)."""
+    return {link_name(l["src"], l["dst"]): link_ms(l["bytes"], l["bandwidth_mbps"] * bandwidth_scale,
+                                                   l["latency_ms"]) for l in manifest["links"]}
+
+
+def predict(manifest: dict, compute_ms: dict, bandwidth_scale: float = 1.0) -> dict:
+    """{"total", "per_device", "per_link", "throughput_per_s", "bottleneck"}: eq. (1)/(2) and the pipelined rate
+    1000 / (the slowest stage: a device's compute or a link's transmission, bytes*8/bandwidth), images/s."""
+    links = predicted_links(manifest, bandwidth_scale)
+    stages = {d: compute_ms[d] for d in manifest["order"]}
+    for l in manifest["links"]:
+        stages[link_name(l["src"], l["dst"])] = link_ms(l["bytes"], l["bandwidth_mbps"] * bandwidth_scale)
+    bottleneck = max(stages, key=stages.get)
+    return {"total": total_ms(manifest, compute_ms, links), "per_device": dict(compute_ms), "per_link": links,
+            "throughput_per_s": 1e3 / stages[bottleneck] if stages[bottleneck] > 0 else float("inf"),
+            "bottleneck": bottleneck}

@@ -1,0 +1,87 @@
+"""Predicted vs measured: the text table and the plot of one or more pipeline runs (``pipeline.analyze`` output).
+
+Per setting, one row per term of eq. (1)/(2): every device's compute, every link, the hand-offs between them
+that the model has no term for (measured total - eq. (1)/(2) of the measured terms), and the total; then the
+throughput and every link's measured Mbit/s. The plot puts a predicted and a measured stacked bar side by side per
+setting (segments: devices, links, hand-offs), so the term that misses is the segment that differs.
+"""
+from __future__ import annotations
+
+import math
+
+from matplotlib.figure import Figure
+
+_COLORS = ("#2a9d8f", "#e9c46a", "#457b9d", "#f4a261", "#a8dadc", "#90be6d", "#bc6c25", "#cdb4db", "#6d597a",
+           "#b56576", "#355070", "#e56b6f", "#8d99ae", "#264653")
+
+
+def _label(a: dict) -> str:
+    s = a["settings"]
+    return f"bandwidth x{s['bandwidth_scale']:g}, compute {s['compute']}"
+
+
+def format_table(analyses: list, manifest: dict) -> str:
+    """The predicted-vs-measured table (ms, images/s, Mbit/s) of every analysed setting."""
+    eq = "eq. (1)" if manifest["kind"] == "chain" else "eq. (2)"
+    lines = []
+    for a in analyses:
+        p, m = a["predicted"], a.get("measured", {})
+        lines.append(f"{_label(a)}  ({a['settings']['images']} images)")
+        lines.append(f"  {'term':<24}{'predicted':>11}{'measured':>11}{'diff':>9}")
+        rows = [(d, p["per_device"][d], m.get("per_device", {}).get(d)) for d in manifest["order"]]
+        rows += [(k, v, m.get("per_link", {}).get(k)) for k, v in p["per_link"].items()]
+        for name, pv, mv in rows:
+            diff = "" if mv is None else f"{mv - pv:+9.3f}"
+            lines.append(f"  {name:<24}{pv:11.3f}{'' if mv is None else f'{mv:11.3f}'}{diff}")
+        if "total" in m:
+            lines.append(f"  {'hand-offs (no term)':<24}{'':>11}{m['overhead_ms']:11.3f}")
+            lines.append(f"  {'total, ' + eq + ' ms':<24}{p['total']:11.3f}{m['total']:11.3f}"
+                         f"{a['error_pct']:+8.1f}%   (p10 {m['total_p10']:.3f}, p90 {m['total_p90']:.3f})")
+        if "throughput_per_s" in m:
+            lines.append(f"  {'throughput, images/s':<24}{p['throughput_per_s']:11.1f}{m['throughput_per_s']:11.1f}"
+                         f"   (bottleneck: {p['bottleneck']})")
+        for l in manifest["links"]:
+            k = f"{l['src']}->{l['dst']}"
+            got = m.get("link_mbps", {}).get(k)
+            if got is not None and math.isfinite(got):
+                want = l["bandwidth_mbps"] * a["settings"]["bandwidth_scale"]
+                lines.append(f"  {'Mbit/s ' + k:<24}{want:11.2f}{got:11.2f}{100 * (got / want - 1):+8.1f}%")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def plot(analyses: list, manifest: dict, path: str) -> Figure:
+    """One panel per setting: a predicted and a measured stacked bar (devices, links, hand-offs); PNG at ``path``."""
+    terms = list(manifest["order"]) + [f"{l['src']}->{l['dst']}" for l in manifest["links"]]
+    colors = {t: _COLORS[i % len(_COLORS)] for i, t in enumerate(terms)}
+    colors["hand-offs"] = "#222222"
+    fig = Figure(figsize=(2.2 * len(analyses) + 2.2, 4.2))
+    eq = "eq. (1)" if manifest["kind"] == "chain" else "eq. (2)"
+    for k, a in enumerate(analyses):
+        ax = fig.add_subplot(1, len(analyses), k + 1)
+        for j, (what, src) in enumerate((("predicted", a["predicted"]), ("measured", a.get("measured", {})))):
+            if "per_device" not in src:
+                continue
+            vals = {**src["per_device"], **src["per_link"]}
+            names = terms + (["hand-offs"] if what == "measured" else [])
+            if what == "measured":
+                vals["hand-offs"] = max(0.0, src["overhead_ms"])
+            bottom = 0.0
+            for t in names:
+                ax.bar(j, vals[t], bottom=bottom, color=colors[t], edgecolor="white", linewidth=0.5,
+                       label=t if k == 0 and j == 1 else None)
+                bottom += vals[t]
+            ax.text(j, bottom, f"T={src['total']:.2f}", ha="center", va="bottom", fontsize=7)
+        ax.set_xticks([0, 1])
+        ax.set_xticklabels(["predicted", "measured"], fontsize=7)
+        ax.set_title(f"bandwidth x{a['settings']['bandwidth_scale']:g}", fontsize=8)
+        ax.tick_params(labelsize=7)
+        if k == 0:
+            ax.set_ylabel("ms per image (stacked terms; in a mesh the branches overlap)", fontsize=7)
+    fig.suptitle(f"{manifest['topology']['name']}: {eq} predicted vs measured, compute "
+                 f"{analyses[0]['settings']['compute']}", fontsize=9)
+    handles, names = fig.axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, fontsize=6, loc="center right")
+    fig.tight_layout(rect=(0, 0, 0.82, 0.95))
+    fig.savefig(path, dpi=120)
+    return fig

@@ -1,0 +1,141 @@
+"""Load and call an exported part with nothing but jax and numpy (this file imports no other jmsnas module).
+
+An export directory (``jmsnas export``) holds ``manifest.json`` and, per device, ``<device>.jaxexport`` (a
+serialized ``jax.export.Exported``: StableHLO for the platforms it was exported for, with its input and output
+shapes and dtypes) and ``<device>.npz`` (its weights, the program's leading arguments in the manifest's
+``weight_names`` order). The manifest records the SHA-256 of both files; a part whose bytes, program signature or
+weights do not match the manifest is refused with one ``DeployError`` line naming the device and the file::
+
+    from jmsnas.deploy.runtime import load_part
+    part = load_part("RUN/export", "sbs")
+    y = part(x)                     # x: float32[batch, H, W, C] as part.inputs[0]["shape"]
+
+This file can be copied next to an export directory and imported on a machine without jmsnas.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import NamedTuple
+
+import jax
+import numpy as np
+from jax import export as jax_export
+
+FORMAT = "jmsnas-deploy/1"
+MANIFEST = "manifest.json"
+
+
+class DeployError(RuntimeError):
+    """An export directory, part or pipeline that cannot be used; the message is one line naming the cause."""
+
+
+def sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def load_manifest(directory: str) -> dict:
+    """The export manifest; DeployError if it is missing, not JSON, of another format or lacks its parts."""
+    path = os.path.join(directory, MANIFEST)
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            manifest = json.load(f)
+    except OSError as e:
+        raise DeployError(f"cannot read {path}: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise DeployError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        got = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise DeployError(f"{path} has format {got!r}, expected {FORMAT!r}")
+    for key in ("parts", "links", "order", "kind"):
+        if key not in manifest:
+            raise DeployError(f"{path} lacks the key {key!r}")
+    missing = [d for d in manifest["order"] if d not in manifest["parts"]]
+    if missing:
+        raise DeployError(f"{path}: devices {missing} of the execution order have no part")
+    return manifest
+
+
+class Part(NamedTuple):
+    """A loaded part: ``part(*inputs)`` runs it on the default backend and returns a NumPy array.
+
+    inputs: [{"from": device or "image", "shape": [...], "dtype": "float32"}] in argument order;
+    output: {"shape": [...], "dtype": ...}; exported: the ``jax.export.Exported``; weights: its leading arguments.
+    """
+
+    device: str
+    inputs: list
+    output: dict
+    exported: object
+    weights: tuple
+    fn: object
+
+    def __call__(self, *xs):
+        return np.asarray(self.fn(self.weights, *xs))
+
+
+def _check_file(directory: str, device: str, entry: dict, key: str) -> str:
+    name = entry.get(key)
+    if not isinstance(name, str):
+        raise DeployError(f"manifest part {device!r} has no {key!r} file")
+    path = os.path.join(directory, name)
+    if not os.path.isfile(path):
+        raise DeployError(f"part {device!r}: file {path} is missing")
+    want = entry.get(key + "_sha256")
+    if want is not None and sha256(path) != want:
+        raise DeployError(f"part {device!r}: file {path} is corrupt or does not match the manifest "
+                          f"(SHA-256 differs from the recorded one)")
+    return path
+
+
+def _avals(shapes_dtypes) -> list:
+    return [(tuple(int(d) for d in s["shape"]), str(np.dtype(s["dtype"]))) for s in shapes_dtypes]
+
+
+def load_part(directory: str, device: str, manifest: dict | None = None) -> Part:
+    """Deserializes ``device``'s program and weights and checks them against the manifest (DeployError if not)."""
+    manifest = load_manifest(directory) if manifest is None else manifest
+    if device not in manifest["parts"]:
+        raise DeployError(f"no part for device {device!r} in {directory}; parts: {sorted(manifest['parts'])}")
+    entry = manifest["parts"][device]
+    prog_path = _check_file(directory, device, entry, "program")
+    w_path = _check_file(directory, device, entry, "weights")
+    try:
+        with open(prog_path, "rb") as f:
+            exported = jax_export.deserialize(bytearray(f.read()))
+    except Exception as e:  # flatbuffer / version errors have no common type
+        raise DeployError(f"part {device!r}: {prog_path} is not a jax.export program: {type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''}") from None
+    try:
+        with np.load(w_path, allow_pickle=False) as z:
+            stored = {k: z[k] for k in z.files}
+    except Exception as e:
+        raise DeployError(f"part {device!r}: {w_path} is not a readable .npz: {type(e).__name__}: {e}") from None
+    names = list(entry.get("weight_names", []))
+    if sorted(stored) != sorted(names):
+        extra, lacking = sorted(set(stored) - set(names)), sorted(set(names) - set(stored))
+        raise DeployError(f"part {device!r}: {w_path} does not match the manifest's weights "
+                          f"(extra {extra[:3]}, missing {lacking[:3]})")
+    weights = tuple(stored[k] for k in names)
+    want = [(tuple(w.shape), str(w.dtype)) for w in weights] + _avals(entry["inputs"])
+    got = [(tuple(int(d) for d in a.shape), str(a.dtype)) for a in exported.in_avals]
+    if want != got:
+        raise DeployError(f"part {device!r}: the program's arguments {got[len(weights):]} (after "
+                          f"{len(weights)} weights) do not match the manifest's inputs and weights "
+                          f"{want[len(weights):]}")
+    out = _avals([entry["output"]])
+    got_out = [(tuple(int(d) for d in a.shape), str(a.dtype)) for a in exported.out_avals]
+    if got_out != out:
+        raise DeployError(f"part {device!r}: the program returns {got_out}, the manifest says {out}")
+    platform = jax.default_backend()
+    platform = "cuda" if platform == "gpu" else platform
+    if platform not in exported.platforms:
+        raise DeployError(f"part {device!r} was exported for {list(exported.platforms)}, this backend is "
+                          f"{platform!r} (export again with --platforms {platform})")
+    fn = jax.jit(lambda w, *xs: exported.call(*w, *xs))
+    return Part(device, list(entry["inputs"]), dict(entry["output"]), exported, weights, fn)
