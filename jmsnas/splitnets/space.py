@@ -178,7 +178,7 @@ def validate_space(s: SplitSpace) -> None:
                          "and of equal length (one entry per phase)")
     for what, seq, ok in (("phase_strides", s.phase_strides, lambda v: v in (1, 2)),
                           ("kernels", s.kernels, lambda v: v in (3, 5, 7)),
-                          ("expands", s.expands, lambda v: isinstance(v, int) and v >= 1),
+                          ("expands", s.expands, lambda v: v in (3, 6)),
                           ("phase_channels", s.phase_channels, lambda v: isinstance(v, int) and v >= 2),
                           ("reductions", s.reductions, lambda v: isinstance(v, int) and not isinstance(v, bool))):
         if not seq or not all(ok(v) for v in seq):
