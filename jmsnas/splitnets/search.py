@@ -36,7 +36,7 @@ from jmsnas.splitnets.module import INITS
 from jmsnas.splitnets.space import SplitSpace
 from jmsnas.strategies.base import sample_valid
 
-DEFAULTS = dict(views=1, view_size=6, stem_channels=8, phase_channels=(16, 24, 32), phase_strides=(1, 2, 2),
+DEFAULTS = dict(views=1, view_size=12, stem_channels=8, phase_channels=(16, 24, 32), phase_strides=(2, 2, 2),
                 max_depth=3, kernels=(3, 5), expands=(3, 6), reductions=(2, 4, 8), split_kernel=1,
                 head_channels=64, init="geometric", extra_modules=0.5, topology=None, bus_mbps=1200.0,
                 sensor_memory_bytes=2e6)
