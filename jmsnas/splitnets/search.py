@@ -113,7 +113,9 @@ def validate(cfg) -> None:
     try:
         hardware(cfg)
         build_space(cfg, s.view_size, 1, 2)
-        VW.view_origins(max(s.view_size, 1) if cfg.dataset != "digits" else 8, s.view_size, v)
+        image = cfg.get("image_size") or (8 if cfg.dataset == "digits" else None)  # tfds: checked once loaded
+        if image is not None:
+            VW.view_origins(image, s.view_size, v)
     except ConfigError:
         raise
     except ValueError as err:
