@@ -15,6 +15,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.val_fraction = 0.15
     c.image_size = ml_collections.FieldReference(None, field_type=int)
     c.max_train = ml_collections.FieldReference(None, field_type=int)
+    c.max_eval = ml_collections.FieldReference(None, field_type=int)  # per validation and test split
     c.space = ml_collections.ConfigDict(dict(device_channels=(24, 32, 48, 64), device_strides=(1, 2, 1, 2),
                                              stem_channels=16, stem_stride=1, head_channels=128))
     c.cost = ml_collections.ConfigDict(dict(activation_bits=32))

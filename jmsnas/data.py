@@ -269,7 +269,8 @@ def _check_memory(name, builder, wanted, size) -> None:
         raise DatasetError(
             f"{name} with {counts[0]} train, {counts[1]} val and {counts[2]} test images would take "
             f"{need / 2**30:.1f} GiB as float32, more than half of this machine's {have / 2**30:.1f} GiB; "
-            f"pass max_train / max_eval (--max-train / --max-eval) or a smaller image_size"
+            f"cap it with --config.max_train=N / --config.max_eval=N (max_train / max_eval of jmsnas.data.load) "
+            f"or a smaller --config.image_size"
         )
 
 

@@ -17,11 +17,12 @@ import ml_collections
 import numpy as np
 from tqdm import tqdm
 
-from jmsnas import budget, data, gates as G, presets, report, supernet, train
+from jmsnas import budget, data, gates as G, presets, report, supernet, topofile, train
 from jmsnas.checkpoint import CheckpointError, Checkpointer
 from jmsnas.cost.latency import arch_latency, best_chain_assignment, breakdown_dict, expected_latency
 from jmsnas.cost.tables import CostTable, analytic_table
-from jmsnas.space import OP_NAMES, SearchSpace, build_space
+from jmsnas.space import OP_NAMES, SearchSpace, adapt_schedule, build_space
+from jmsnas.topology import Topology
 
 
 class ConfigError(ValueError):
@@ -35,8 +36,18 @@ def validate_config(cfg) -> None:
         raise ConfigError(f"t_const_ms must be a positive number of ms, got {t!r}")
     if cfg.dataset not in data.DATASETS:
         raise ConfigError(f"unknown dataset {cfg.dataset!r}; expected one of {list(data.DATASETS)}")
-    if cfg.topology not in presets.TOPOLOGIES:
-        raise ConfigError(f"unknown topology preset {cfg.topology!r}; expected one of {sorted(presets.TOPOLOGIES)}")
+    topo = resolve_topology(cfg)
+    if topo.kind == "star":
+        raise ConfigError(f"topology {cfg.topology!r} is a star of {len(topo.branches)} source devices (sensors); "
+                          "search and evolve need one source device (a chain or a mesh); split it with jmsnas split")
+    ds = cfg.space
+    try:  # the per-device schedule on this topology (shapes only; the data's sizes are not known yet)
+        channels, strides = adapt_schedule(topo, tuple(ds.device_channels), tuple(ds.device_strides))
+        build_space(topo, image_size=8, in_channels=1, num_classes=2, device_channels=channels,
+                    device_strides=strides, stem_channels=ds.stem_channels, stem_stride=ds.stem_stride,
+                    head_channels=ds.head_channels)
+    except ValueError as e:
+        raise ConfigError(f"space on topology {topo.name!r}: {e}") from None
     s = cfg.search
     for name in ("warmup_epochs", "epochs", "batch_size", "arch_every"):
         v = s[name]
@@ -51,8 +62,8 @@ def validate_config(cfg) -> None:
             raise ConfigError(f"{name}={bs} must be divisible by the number of devices ({n_dev})")
     if cfg.split not in train.SPLITS:
         raise ConfigError(f"unknown split {cfg.split!r}; expected one of {list(train.SPLITS)}")
-    if cfg.split == "searched" and cfg.topology not in ("chain",):
-        raise ConfigError(f"split 'searched' needs a chain topology, got {cfg.topology!r}")
+    if cfg.split == "searched" and topo.kind != "chain":
+        raise ConfigError(f"split 'searched' needs a chain topology, got {cfg.topology!r} ({topo.kind})")
     if s.gate_mode not in G.GATE_MODES:
         raise ConfigError(f"unknown search.gate_mode {s.gate_mode!r}; expected one of {list(G.GATE_MODES)}")
     if cfg.get("candidate_impl", "auto") not in supernet.CANDIDATE_IMPLS:
@@ -60,13 +71,31 @@ def validate_config(cfg) -> None:
                           f"{list(supernet.CANDIDATE_IMPLS)}")
 
 
+def resolve_topology(cfg) -> Topology:
+    """The topology ``cfg.topology`` names: a preset (``presets.TOPOLOGIES``) with ``cfg.layers_per_device``, or a
+    topology file (.yaml/.yml/.json, or a run's result.json) whose own layers_per_device wins."""
+    t, lpd = cfg.topology, cfg.get("layers_per_device")
+    if t in presets.TOPOLOGIES:
+        return presets.topology(t, lpd)
+    if topofile.is_file_name(t):
+        return topofile.load(t, lpd)
+    raise ConfigError(f"unknown topology {t!r}; expected a preset {sorted(presets.TOPOLOGIES)} or a topology "
+                      "file (.yaml, .yml or .json)")
+
+
 def build(cfg):
-    """(space, table) from the configuration."""
-    topo = presets.topology(cfg.topology, cfg.get("layers_per_device"))
+    """(space, table) from the configuration. A topology file's devices also go into ``cfg.topology_resolved``
+    (so the run's fingerprint covers the file's content); the space's per-device widths and strides are
+    resampled to the topology's devices when the config gives another number (``space.adapt_schedule``)."""
+    topo = resolve_topology(cfg)
+    if cfg.topology not in presets.TOPOLOGIES:
+        with cfg.unlocked():
+            cfg.topology_resolved = topofile.to_dict(topo)
     ds = cfg.space
+    channels, strides = adapt_schedule(topo, tuple(ds.device_channels), tuple(ds.device_strides))
     space = build_space(topo, image_size=cfg.image_size_resolved, in_channels=cfg.channels_resolved,
-                        num_classes=cfg.num_classes_resolved, device_channels=tuple(ds.device_channels),
-                        device_strides=tuple(ds.device_strides), stem_channels=ds.stem_channels,
+                        num_classes=cfg.num_classes_resolved, device_channels=channels,
+                        device_strides=strides, stem_channels=ds.stem_channels,
                         stem_stride=ds.stem_stride, head_channels=ds.head_channels)
     return space, make_table(space, cfg)
 
@@ -112,7 +141,7 @@ def _prepare_workdir(workdir: str, resume: bool) -> None:
 
 def load_data(cfg):
     ds = data.load(cfg.dataset, data_dir=cfg.get("data_dir"), val_fraction=cfg.val_fraction, seed=cfg.seed,
-                   image_size=cfg.get("image_size"), max_train=cfg.get("max_train"))
+                   image_size=cfg.get("image_size"), max_train=cfg.get("max_train"), max_eval=cfg.get("max_eval"))
     with cfg.unlocked():
         cfg.image_size_resolved = ds.image_size
         cfg.channels_resolved = ds.channels
@@ -265,7 +294,8 @@ def _finish(cfg, space, table, ds, mesh, rt, ops, assignment, fix, derived, hist
     names = space.topology.device_names
     params = jax.device_get(rt.params)
     result = {
-        "topology": space.topology.name, "t_const_ms": float(cfg.t_const_ms),
+        "topology": space.topology.name, "topology_spec": topofile.to_dict(space.topology),
+        "space": space_dict(space), "t_const_ms": float(cfg.t_const_ms),
         "architecture": [{"layer": s.index, "device": names[int(d)], "op": OP_NAMES[i]}
                          for s, i, d in zip(space.layers, ops, devices)],
         "split": cfg.split,
@@ -284,6 +314,15 @@ def _finish(cfg, space, table, ds, mesh, rt, ops, assignment, fix, derived, hist
     report.write_report(result, history, workdir)
     write_parts(space, params, jax.device_get(rt.bn), ops, os.path.join(workdir, "parts"), assignment)
     return result
+
+
+def space_dict(space: SearchSpace) -> dict:
+    """The arguments of ``build_space`` (besides the topology) that rebuild ``space``: what result.json records."""
+    firsts = [space.layers[space.layers_of(d)[0]] for d in range(space.topology.num_devices)]
+    return {"image_size": space.image_size, "in_channels": space.in_channels, "num_classes": space.num_classes,
+            "device_channels": [s.out_ch for s in firsts], "device_strides": [s.stride for s in firsts],
+            "stem_channels": space.stem_channels, "stem_stride": space.stem_stride,
+            "head_channels": space.head_channels}
 
 
 def _budget_note(fix, derived, t_const) -> str:

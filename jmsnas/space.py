@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from typing import NamedTuple, Sequence
 
 import jax.numpy as jnp
@@ -228,3 +229,54 @@ def op_memory_bytes(op: OpSpec, s: LayerSlot, bytes_per_elem: int = 4) -> float:
     mid = s.in_ch * op.expand
     acts = s.in_hw ** 2 * s.in_ch + s.in_hw ** 2 * mid * 2 + s.out_hw ** 2 * mid * 2 + s.out_hw ** 2 * s.out_ch
     return float(bytes_per_elem * (acts + op_params(op, s)))
+
+
+def device_stages(topology: Topology) -> tuple:
+    """int per device: its depth stage along the network (mesh branches share one stage, as do star sources)."""
+    stage = [0] * topology.num_devices
+    if topology.kind == "chain":
+        order = [[d] for d in topology.pre]
+    elif topology.kind == "mesh":
+        order = [[d] for d in topology.pre] + [[topology.root], list(topology.branches)] + [[d] for d in topology.post]
+    else:  # star: the sources, then the aggregator's chain
+        order = [list(topology.branches)] + [[d] for d in topology.post]
+    for s, devs in enumerate(order):
+        for d in devs:
+            stage[d] = s
+    return tuple(stage)
+
+
+def adapt_schedule(topology: Topology, device_channels: Sequence[int], device_strides: Sequence[int]) -> tuple:
+    """(channels, strides) with one entry per device of ``topology``, resampled from a template schedule.
+
+    Given one entry per device, the template is returned unchanged. Otherwise the template is read as a
+    schedule over depth: each device's stage (``device_stages``) is placed at the same relative depth in the
+    template; its width is interpolated linearly there and rounded, and each of the template's stride-2 steps is
+    kept at its relative depth (at most one per stage, so the total downsampling is the template's while there
+    are enough stages). E.g. (24, 32, 48, 64) / (1, 2, 1, 2) on a 3-device chain gives (24, 40, 64) / (1, 2, 2).
+    """
+    m = topology.num_devices
+    if len(device_channels) == m and len(device_strides) == m:
+        return tuple(device_channels), tuple(device_strides)
+    if not device_channels or len(device_channels) != len(device_strides):
+        raise ValueError(f"device_channels {list(device_channels)} and device_strides {list(device_strides)} must "
+                         "be non-empty and of equal length to serve as a template")
+    stages = device_stages(topology)
+    n_st, n_t = max(stages) + 1, len(device_channels)
+    pos = lambda s: s * (n_t - 1) / (n_st - 1) if n_st > 1 else 0.0
+    widths = []
+    for s in range(n_st):
+        j = pos(s)
+        lo, hi = int(math.floor(j)), int(math.ceil(j))
+        widths.append(max(1, int(math.floor(device_channels[lo] + (j - lo) * (device_channels[hi] - device_channels[lo])
+                                            + 0.5))))
+    taken = set()
+    for j, st in enumerate(device_strides):
+        if st != 2:
+            continue
+        want = int(math.floor(j * (n_st - 1) / (n_t - 1) + 0.5)) if n_t > 1 else 0
+        free = sorted((s for s in range(n_st) if s not in taken), key=lambda s: (abs(s - want), -s))
+        if free:
+            taken.add(free[0])
+    strides = [2 if s in taken else 1 for s in range(n_st)]
+    return tuple(widths[stages[d]] for d in range(m)), tuple(strides[stages[d]] for d in range(m))

@@ -2,7 +2,7 @@
 
 Units are in the field names: compute in GFLOP/s, memory in bytes, bandwidth in Mbit/s, latency in ms.
 
-Two topology kinds are supported:
+Three topology kinds are supported:
 
 * ``chain``: UE -> M-2 edge devices -> cloud (Fig. 2(a)); device m sends the output of its last layer d(m)
   to device m+1 over one link, eq. (1).
@@ -68,12 +68,31 @@ def transfer_ms(num_bytes, bandwidth_mbps, latency_ms=0.0):
     return num_bytes * 8.0 / (bandwidth_mbps * 1e3) + latency_ms
 
 
+class BusGroup(NamedTuple):
+    """Links that share one medium of ``bandwidth_mbps`` Mbit/s (e.g. SplitNets' 1.2 Gbit/s sensor bus).
+
+    Attributes:
+      name: unique bus name.
+      bandwidth_mbps: the bus capacity in Mbit/s, shared by all its links.
+      links: the links on the bus as ``(src, dst)`` device-name pairs, in file order.
+    """
+
+    name: str
+    bandwidth_mbps: float
+    links: tuple
+
+    def share_mbps(self) -> float:
+        """Mbit/s each link gets when all of the bus's links transmit at once (an equal share)."""
+        return self.bandwidth_mbps / len(self.links)
+
+
 class Topology(NamedTuple):
     """A validated device graph with its chain/mesh structure and the layers each device may run (D^m).
 
     Device indices follow ``devices``. ``pre`` are the chain devices before the root (mesh) or all devices
     (chain); ``root``/``branches``/``post`` are empty or -1 for a chain. ``post[0]`` is the aggregator.
-    ``link_index[(a, b)]`` gives the position of link a->b in ``links``.
+    A star has no ``pre`` and no root (-1); its ``branches`` are the source devices (sensors).
+    ``link_index(a, b)`` gives the position of link a->b in ``links``; ``buses`` the shared-bus groups.
     """
 
     name: str
@@ -85,6 +104,7 @@ class Topology(NamedTuple):
     root: int
     branches: tuple
     post: tuple
+    buses: tuple = ()
 
     @property
     def num_devices(self) -> int:
@@ -109,7 +129,14 @@ class Topology(NamedTuple):
         """Devices in execution order (mesh branches in their listed order)."""
         if self.kind == "chain":
             return self.pre
+        if self.kind == "star":
+            return self.branches + self.post
         return self.pre + (self.root,) + self.branches + self.post
+
+    def bus_of(self, link: int):
+        """The BusGroup that link number ``link`` belongs to, or None."""
+        pair = (self.links[link].src, self.links[link].dst)
+        return next((b for b in self.buses if pair in b.links), None)
 
 
 def _check_number(what: str, value, *, positive: bool = True, allow_zero: bool = False) -> None:
@@ -143,9 +170,29 @@ def _validate_link(l: LinkProfile, names: set) -> None:
     _check_number(f"link {l.src}->{l.dst} latency_ms", l.latency_ms, allow_zero=True)
 
 
+def _validate_buses(buses, pairs) -> tuple:
+    out, seen = [], {}
+    for b in buses:
+        b = BusGroup(b[0], b[1], tuple(tuple(p) for p in b[2]))
+        if not isinstance(b.name, str) or not b.name or b.name in {o.name for o in out}:
+            raise TopologyError(f"bus name must be a unique non-empty string, got {b.name!r}")
+        _check_number(f"bus {b.name!r} bandwidth_mbps", b.bandwidth_mbps)
+        if not b.links:
+            raise TopologyError(f"bus {b.name!r} has no links")
+        for p in b.links:
+            if p not in pairs:
+                raise TopologyError(f"bus {b.name!r} names link {'->'.join(map(str, p))} which is not a link of the "
+                                    f"topology; links: {['->'.join(q) for q in pairs]}")
+            if p in seen:
+                raise TopologyError(f"link {'->'.join(p)} is on two buses: {seen[p]!r} and {b.name!r}")
+            seen[p] = b.name
+        out.append(b)
+    return tuple(out)
+
+
 def make_topology(name: str, devices: Sequence[DeviceProfile], links: Sequence[LinkProfile],
-                  layers_per_device: Sequence[int]) -> Topology:
-    """Builds and validates a chain or mesh topology; the kind is inferred from the link graph."""
+                  layers_per_device: Sequence[int], buses: Sequence[BusGroup] = ()) -> Topology:
+    """Builds and validates a chain, mesh or star topology; the kind is inferred from the link graph."""
     devices, links = tuple(devices), tuple(links)
     if len(devices) < 1:
         raise TopologyError("a topology needs at least one device")
@@ -160,6 +207,7 @@ def make_topology(name: str, devices: Sequence[DeviceProfile], links: Sequence[L
     pairs = [(l.src, l.dst) for l in links]
     if len(set(pairs)) != len(pairs):
         raise TopologyError(f"duplicate links among {pairs}")
+    buses = _validate_buses(buses, pairs)
     lpd = tuple(layers_per_device)
     if len(lpd) != len(devices):
         raise TopologyError(f"layers_per_device has {len(lpd)} entries {list(lpd)} but there are "
@@ -185,17 +233,19 @@ def make_topology(name: str, devices: Sequence[DeviceProfile], links: Sequence[L
             raise TopologyError(f"topology {name!r} is not connected: components {parts}")
     sources = [n for n in names if g.in_degree(n) == 0]
     sinks = [n for n in names if g.out_degree(n) == 0]
-    if len(sources) != 1:
-        raise TopologyError(f"topology {name!r} needs exactly one source device (the UE), got {sources}")
     if len(sinks) != 1:
         raise TopologyError(f"topology {name!r} needs exactly one sink device (the cloud), got {sinks}")
     idx = {n: i for i, n in enumerate(names)}
     order = list(nx.topological_sort(g))
+    if len(sources) > 1:
+        return _star(name, g, devices, links, lpd, sources, idx, order, buses)
+    if len(sources) != 1:
+        raise TopologyError(f"topology {name!r} needs exactly one source device (the UE), got {sources}")
     forks = [n for n in names if g.out_degree(n) > 1]
     if not forks:
         if any(g.in_degree(n) > 1 for n in names):
             raise TopologyError(f"topology {name!r}: a device merges several inputs without a fork")
-        return Topology(name, "chain", devices, links, lpd, tuple(idx[n] for n in order), -1, (), ())
+        return Topology(name, "chain", devices, links, lpd, tuple(idx[n] for n in order), -1, (), (), buses)
     if len(forks) > 1:
         raise TopologyError(f"topology {name!r}: only one tree root may fork, got {forks}")
     root = forks[0]
@@ -217,7 +267,26 @@ def make_topology(name: str, devices: Sequence[DeviceProfile], links: Sequence[L
             if not g.has_edge(a, b):
                 raise TopologyError(f"topology {name!r}: chain devices {a!r} and {b!r} are not linked in order")
     return Topology(name, "mesh", devices, links, lpd, tuple(idx[n] for n in pre), idx[root],
-                    tuple(idx[b] for b in branches), tuple(idx[n] for n in post))
+                    tuple(idx[b] for b in branches), tuple(idx[n] for n in post), buses)
+
+
+def _star(name, g, devices, links, lpd, sources, idx, order, buses) -> Topology:
+    """Several sources that each send to one aggregator, then a chain (the caller checked: acyclic, one sink)."""
+    aggs = sorted({s for src in sources for s in g.successors(src)})
+    bad = [s for s in sources if g.out_degree(s) != 1]
+    if bad or len(aggs) != 1:
+        raise TopologyError(f"topology {name!r} has several sources {sources}: each must send to one common "
+                            f"aggregator (a star of sensors); offending: {bad or aggs}")
+    agg = aggs[0]
+    if g.in_degree(agg) != len(sources):
+        raise TopologyError(f"topology {name!r}: aggregator {agg!r} must receive exactly the sources {sources}")
+    post = [n for n in order if n not in sources]
+    for a, b in zip(post, post[1:]):
+        if not g.has_edge(a, b) or g.out_degree(a) != 1 or g.in_degree(b) != 1:
+            raise TopologyError(f"topology {name!r}: devices after aggregator {agg!r} must form a chain; "
+                                f"{a!r} and {b!r} are not linked in order")
+    return Topology(name, "star", devices, links, lpd, (), -1, tuple(sorted(idx[s] for s in sources)),
+                    tuple(idx[n] for n in post), buses)
 
 
 def chain(name: str, devices: Sequence[DeviceProfile], bandwidths_mbps: Sequence[float],
@@ -233,3 +302,16 @@ def chain(name: str, devices: Sequence[DeviceProfile], bandwidths_mbps: Sequence
     links = [LinkProfile(a.name, b.name, bw, la, w)
              for a, b, bw, la, w in zip(devices, devices[1:], bandwidths_mbps, lat, wl)]
     return make_topology(name, devices, links, layers_per_device)
+
+
+def load(path, layers_per_device=None) -> Topology:
+    """The Topology of a YAML/JSON topology file (format: ``jmsnas.topofile``, docs/topology.md). The file's
+    ``layers_per_device`` wins; ``layers_per_device`` is used only when the file has none."""
+    from jmsnas import topofile  # the file format lives one module over (it needs the device presets)
+    return topofile.load(path, layers_per_device)
+
+
+def dump(topology: Topology, path) -> None:
+    """Writes ``topology`` as a topology file (JSON for a .json path, YAML otherwise); ``load`` reads it back equal."""
+    from jmsnas import topofile
+    topofile.dump(topology, path)

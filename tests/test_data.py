@@ -1,6 +1,8 @@
 """Tests of jmsnas.data: the embedded digits splits, deterministic batching, and the tfds path (mocked)."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -269,8 +271,15 @@ def test_memory_guard_refuses_loads_larger_than_half_of_memory(monkeypatch):
     monkeypatch.setattr(data, "_physical_memory_bytes", lambda: 2 * need)
     data._check_memory("cifar10", builder, wanted, None)  # exactly half: accepted
     monkeypatch.setattr(data, "_physical_memory_bytes", lambda: 2 * need - 2)
-    with pytest.raises(DatasetError, match="850 train, 150 val and 500 test.*max_train / max_eval"):
+    with pytest.raises(DatasetError, match="850 train, 150 val and 500 test") as e:
         data._check_memory("cifar10", builder, wanted, None)
+    # the hint names overrides that exist: each is a key of the default config the command line accepts
+    from jmsnas.commands.search import apply_overrides
+    from jmsnas.configs import default_config
+    flags = re.findall(r"--config\.(\w+)", str(e.value))
+    assert sorted(flags) == ["image_size", "max_eval", "max_train"]
+    cfg = apply_overrides(default_config(), [f"--config.{f}=16" for f in flags])
+    assert [cfg[f] for f in flags] == [16, 16, 16]
     # resizing changes the estimate: 16x16 images need a quarter of the bytes
     data._check_memory("cifar10", builder, wanted, 16)
     # sizes unknown (not prepared or mocked): nothing to check

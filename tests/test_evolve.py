@@ -251,7 +251,7 @@ TINY = textwrap.dedent("""
                         bn_batch_size=32)
         return c
 """)
-SEARCH_KEYS = {"topology", "t_const_ms", "architecture", "split", "latency_ms", "accuracy", "params", "budget",
+SEARCH_KEYS = {"topology", "topology_spec", "space", "t_const_ms", "architecture", "split", "latency_ms", "accuracy", "params", "budget",
                "dataset", "seed"}
 
 

@@ -10,11 +10,9 @@ import pytest
 from jmsnas import cli
 from jmsnas.cost import lut
 
-REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "reference"
+REF = Path(__file__).resolve().parent / "data" / "reference"  # vendored, see tests/data/README.md
 PROXYLESS = REF / "proxylessnas"
 OFA = REF / "ofa_note10"
-needs_ref = pytest.mark.skipif(not (PROXYLESS / "mobile_trim.yaml").exists(),
-                               reason=f"reference tables not found under {REF} (see ../shared/reference/README.md)")
 
 
 def _config(name):
@@ -87,7 +85,6 @@ def test_load_rejects_bad_key_and_non_mapping(tmp_path):
 # ------------------------------------------------------------------------------------------- real tables
 
 
-@needs_ref
 def test_real_tables_load_and_keys_round_trip():
     t = lut.load_lut(PROXYLESS / "mobile_trim.yaml")
     assert (t.flavor, len(t.entries)) == ("proxyless", 72)
@@ -106,7 +103,6 @@ MOBILE_MISSING = (  # the 32-channel stage of proxyless_mobile; mobile_trim.yaml
 )
 
 
-@needs_ref
 def test_proxyless_mobile_lists_every_missing_key():
     t = lut.load_lut(PROXYLESS / "mobile_trim.yaml")
     with pytest.raises(lut.MissingKeysError) as e:
@@ -116,7 +112,6 @@ def test_proxyless_mobile_lists_every_missing_key():
     assert all(k in str(e.value) for _, k in MOBILE_MISSING)
 
 
-@needs_ref
 @pytest.mark.parametrize("name, n_missing, n_layers", [("cpu", 23, 23), ("gpu", 17, 17)])
 def test_proxyless_cpu_gpu_configs_use_widths_the_mobile_table_lacks(name, n_missing, n_layers):
     """The CPU/GPU nets start with a 40-channel stem and use widths (24->32/48/88/104/216/360 on CPU,
@@ -165,7 +160,6 @@ EXPECTED_24 = [  # written out by hand from the config (ZeroLayer blocks 3 and 4
 ]
 
 
-@needs_ref
 def test_proxyless_latency_sums_hand_listed_keys():
     t = lut.load_lut(PROXYLESS / "mobile_trim.yaml")
     res = lut.network_latency(t, lut.arch_layers(_mobile_with_24_channels()))
@@ -175,7 +169,6 @@ def test_proxyless_latency_sums_hand_listed_keys():
     assert res.total_ms == pytest.approx(sum(res.per_layer.values()), rel=1e-12)
 
 
-@needs_ref
 @pytest.mark.parametrize("r", [160, 176, 192, 208, 224])
 def test_ofa_space_covers_exactly_the_table(r):
     """All kernel/expand choices at full depth produce exactly the table's keys (so key building matches)."""
@@ -186,7 +179,6 @@ def test_ofa_space_covers_exactly_the_table(r):
     assert seen == set(t.entries)
 
 
-@needs_ref
 def test_ofa_spec_latency_and_odd_sizes():
     t = lut.load_lut(OFA / "176_lookup_table.yaml")
     spec = {"ks": [3, 5, 7, 3] * 5, "e": [3, 4, 6, 6] * 5, "d": [2, 3, 4, 2, 3], "r": 176}
@@ -211,7 +203,6 @@ def test_ofa_spec_rejects_bad_lists():
         lut.arch_layers({"layers": []})
 
 
-@needs_ref
 def test_flavor_mismatch_is_explained():
     t = lut.load_lut(OFA / "224_lookup_table.yaml")
     with pytest.raises(lut.MissingKeysError, match="ofa table but the architecture gives proxyless keys"):
@@ -221,7 +212,6 @@ def test_flavor_mismatch_is_explained():
 # ------------------------------------------------------------------------------------------------- CLI
 
 
-@needs_ref
 def test_cli_json(tmp_path, capsys):
     arch = tmp_path / "arch.json"
     arch.write_text(json.dumps({"ks": [7] * 20, "e": [6] * 20, "d": [4] * 5, "r": 224}))
@@ -234,7 +224,6 @@ def test_cli_json(tmp_path, capsys):
     assert len(out["per_layer"]) == 26
 
 
-@needs_ref
 def test_cli_text_and_errors(tmp_path, capsys):
     table = str(PROXYLESS / "mobile_trim.yaml")
     arch = tmp_path / "net.config"
@@ -279,7 +268,6 @@ def _ofa_net_config(spec):
             "classifier": {"in_features": 1536, "out_features": 1000}, "resolution": spec["r"]}
 
 
-@needs_ref
 def test_ofa_net_config_gives_the_same_keys_as_the_arch_spec():
     spec = {"ks": [3, 5, 7, 5] * 5, "e": [6, 3, 4, 4] * 5, "d": [4, 2, 3, 4, 2], "r": 208}
     from_spec = lut.arch_layers(spec)
@@ -290,9 +278,7 @@ def test_ofa_net_config_gives_the_same_keys_as_the_arch_spec():
 
 
 def test_net_config_errors_name_the_block():
-    cfg = _mobile_with_24_channels() if (PROXYLESS / "proxyless_mobile.config").exists() else None
-    if cfg is None:
-        pytest.skip(f"reference configs not found under {REF}")
+    cfg = _mobile_with_24_channels()
     del cfg["blocks"][6]["mobile_inverted_conv"]["kernel_size"]
     with pytest.raises(lut.LUTError, match=r"blocks\[6\] lacks field 'kernel_size'"):
         lut.arch_layers(cfg)

@@ -8,9 +8,7 @@ import pytest
 from jmsnas.cost import lut, regression as reg
 from jmsnas.space import OPS, LayerSlot, op_flops, op_index, op_memory_bytes
 
-REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "reference"
-needs_ref = pytest.mark.skipif(not (REF / "proxylessnas" / "mobile_trim.yaml").exists(),
-                               reason=f"reference tables not found under {REF} (see ../shared/reference/README.md)")
+REF = Path(__file__).resolve().parent / "data" / "reference"  # vendored, see tests/data/README.md
 
 
 def _random_features(rng, n):
@@ -45,7 +43,6 @@ def test_noisy_law_error_is_reported_on_held_out_rows():
     assert 0.02 < report.holdout_median_rel_error < 0.2  # the noise shows up, the law is still found
 
 
-@needs_ref
 def test_proxyless_table_held_out_error():
     t = lut.load_lut(REF / "proxylessnas" / "mobile_trim.yaml")
     model, report = reg.fit_lut(t, holdout_fraction=0.25, seed=0)
@@ -57,14 +54,12 @@ def test_proxyless_table_held_out_error():
     assert all(c >= 0 for c in model.coef)
 
 
-@needs_ref
 def test_ofa_table_held_out_error():
     t = lut.load_lut(REF / "ofa_note10" / "224_lookup_table.yaml")
     _, report = reg.fit_lut(t, holdout_fraction=0.25, seed=0)
     assert report.holdout_median_rel_error < 0.08 and report.holdout_within_10pct >= 0.7  # measured 3.7%, 88%
 
 
-@needs_ref
 def test_missing_keys_are_estimated_and_flagged():
     t = lut.load_lut(REF / "proxylessnas" / "mobile_trim.yaml")
     model, _ = reg.fit_lut(t, holdout_fraction=0.0)

@@ -17,10 +17,8 @@ from jmsnas.cost.latency import arch_latency
 from jmsnas.cost.tables import analytic_table, roofline_ms
 from jmsnas.space import IDENTITY, OP_NAMES, OPS, build_space, op_flops, op_index, op_memory_bytes
 
-REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "reference"
+REF = Path(__file__).resolve().parent / "data" / "reference"  # vendored, see tests/data/README.md
 MOBILE = REF / "proxylessnas" / "mobile_trim.yaml"
-needs_ref = pytest.mark.skipif(not MOBILE.exists(), reason=f"reference tables not found under {REF} "
-                                                           "(see ../shared/reference/README.md)")
 
 
 def _space():
@@ -181,7 +179,6 @@ def _proxyless_space():
                        stem_stride=2, head_channels=1280)
 
 
-@needs_ref
 def test_real_mobile_table_lists_missing_keys_or_fills_them():
     space = _proxyless_space()
     with pytest.raises(L.MissingKeysError) as e:

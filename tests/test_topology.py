@@ -203,9 +203,9 @@ def test_links_to_unknown_devices_and_self_loops_are_rejected():
 
 
 def test_malformed_meshes_are_rejected():
-    # two sources
-    with raises("exactly one source device (the UE), got ['a', 'b']"):
-        make_topology("t", devs("a", "b", "c"), [link("a", "c"), link("b", "c")], [1] * 3)
+    # two sources that do not send to one common aggregator (two sources into one device make a star)
+    with raises("has several sources ['a', 'b']: each must send to one common aggregator"):
+        make_topology("t", devs("a", "b", "c", "d"), [link("a", "c"), link("b", "d"), link("d", "c")], [1] * 4)
     # two sinks
     with raises("exactly one sink device (the cloud), got ['b', 'c']"):
         make_topology("t", devs("a", "b", "c"), [link("a", "b"), link("a", "c")], [1] * 3)
@@ -218,3 +218,38 @@ def test_malformed_meshes_are_rejected():
           link("c", "e"), link("d", "e")]
     with raises("only one tree root may fork, got ['r1', 'r2']"):
         make_topology("t", devs("r1", "a", "b", "r2", "c", "d", "e"), ls, [1] * 7)
+
+
+# ---------------------------------------------------------------- star (sensors) and shared buses
+
+def test_star_of_sensors_with_a_shared_bus():
+    from jmsnas.topology import BusGroup
+    ls = [link("s2", "agg", 300.0), link("s1", "agg", 300.0), link("agg", "cloud")]
+    bus = BusGroup("bus", 1200.0, (("s1", "agg"), ("s2", "agg")))
+    t = make_topology("hmd", devs("s1", "s2", "agg", "cloud"), ls, [1] * 4, buses=[bus])
+    assert t.kind == "star" and t.pre == () and t.root == -1
+    assert t.branches == (0, 1) and t.post == (2, 3) and t.path_order() == (0, 1, 2, 3)
+    assert t.buses == (bus,) and bus.share_mbps() == 600.0
+    assert t.bus_of(0) == bus and t.bus_of(1) == bus and t.bus_of(2) is None
+    # every sensor sends to the one aggregator, and the devices after it form a chain
+    with raises("each must send to one common aggregator"):
+        make_topology("t", devs("s1", "s2", "a", "b"), [link("s1", "a"), link("s1", "b"), link("s2", "a"),
+                                                        link("a", "b")], [1] * 4)
+    with raises("devices after aggregator 'agg' must form a chain"):
+        make_topology("t", devs("s1", "s2", "agg", "c1", "c2"),
+                      [link("s1", "agg"), link("s2", "agg"), link("agg", "c1"), link("agg", "c2"), link("c1", "c2")],
+                      [1] * 5)
+
+
+def test_buses_are_validated():
+    from jmsnas.topology import BusGroup
+    ds, ls = devs("a", "b", "c"), [link("a", "b"), link("b", "c")]
+    with raises("bus 'x' names link a->c which is not a link of the topology"):
+        make_topology("t", ds, ls, [1] * 3, buses=[BusGroup("x", 10.0, (("a", "c"),))])
+    with raises("bus 'x' bandwidth_mbps must be > 0, got -1.0"):
+        make_topology("t", ds, ls, [1] * 3, buses=[BusGroup("x", -1.0, (("a", "b"),))])
+    with raises("link a->b is on two buses: 'x' and 'y'"):
+        make_topology("t", ds, ls, [1] * 3, buses=[BusGroup("x", 10.0, (("a", "b"),)),
+                                                   BusGroup("y", 10.0, (("a", "b"),))])
+    with raises("bus 'x' has no links"):
+        make_topology("t", ds, ls, [1] * 3, buses=[BusGroup("x", 10.0, ())])

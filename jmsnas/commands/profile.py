@@ -4,7 +4,7 @@
                    [--warmup 3] [--quantile 0.5] [--calibrate 8] [--seed 0]
 
 ``--space`` is ``default`` (the main job's chain space on the embedded digits: 8x8x1 input, 10 classes),
-``mesh`` (its mesh variant), a JSON/YAML file {"topology": "chain"|"mesh", "layers_per_device": [...],
+``mesh`` (its mesh variant), a JSON/YAML file {"topology": "chain"|"mesh"|a topology file, "layers_per_device": [...],
 "image_size", "in_channels", "num_classes", "device_channels": [...], "device_strides": [...],
 ["stem_channels", "stem_stride", "head_channels"]} or a Python config file with ``get_config()`` (as under
 experiments/configs/; its dataset gives the input size). ``--method`` is explained in jmsnas/cost/profile.py.
@@ -21,8 +21,8 @@ import sys
 
 import yaml
 
-from jmsnas import presets
-from jmsnas.space import build_space
+from jmsnas import presets, topofile
+from jmsnas.space import adapt_schedule, build_space
 
 _FIELDS = ("topology", "layers_per_device", "image_size", "in_channels", "num_classes", "device_channels",
            "device_strides", "stem_channels", "stem_stride", "head_channels")
@@ -106,10 +106,15 @@ def space_from_arg(arg: str):
     else:
         d = _from_file(arg)
     lpd = d.get("layers_per_device")
-    topo = presets.topology(d.get("topology", "chain"), None if lpd is None else tuple(lpd))
+    t = d.get("topology", "chain")
+    if topofile.is_file_name(t):  # a topology file: its layers_per_device wins, the schedule adapts to its devices
+        topo = topofile.load(t, None if lpd is None else tuple(lpd))
+    else:
+        topo = presets.topology(t, None if lpd is None else tuple(lpd))
     kw = {k: d[k] for k in ("stem_channels", "stem_stride", "head_channels") if d.get(k) is not None}
+    channels, strides = adapt_schedule(topo, tuple(d["device_channels"]), tuple(d["device_strides"]))
     return build_space(topo, image_size=d["image_size"], in_channels=d["in_channels"], num_classes=d["num_classes"],
-                       device_channels=tuple(d["device_channels"]), device_strides=tuple(d["device_strides"]), **kw)
+                       device_channels=channels, device_strides=strides, **kw)
 
 
 def _fail(message: str) -> int:

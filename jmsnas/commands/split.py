@@ -2,10 +2,13 @@
 
     jmsnas split --model mobilenet_v2 --topology splitnets --act-bits 8 --weight-bits 8 [--bandwidth 300] [--json]
 
-``--model`` is a zoo name (``jmsnas.split.zoo.NAMES``) or a JSON network file {"name", "input_shape", "layers":
-[{"name", "kind", "macs", "params", "out_shape", "inputs"}]}. ``--topology`` is chain, mesh or splitnets;
+``--model`` is a zoo name (``jmsnas.split.zoo.NAMES``), a search run's ``RUN_DIR/result.json`` (its derived network
+with its shapes; ``--topology`` then defaults to the run's own) or a JSON network file {"name", "input_shape", "layers":
+[{"name", "kind", "macs", "params", "out_shape", "inputs"}]}. ``--topology`` is chain, mesh, splitnets or a topology
+file (.yaml/.yml/.json, docs/topology.md);
 ``--bandwidth`` gives one Mbit/s value for every link or one per link. Layer latencies come from the roofline
-model of each device. Methods: see ``jmsnas.split.compare``. ``--json`` prints {"model", "topology", "methods":
+model of each device. Methods: see ``jmsnas.split.compare``. ``--json`` prints {"model", "topology",
+"topology_spec" (the topology in the file format), "links_mbps", "methods":
 {method: {"latency_ms": {"total", "per_device", "per_link"}, "assignment", "ranges", "bytes_per_link",
 "peak_memory_bytes", "memory_limit_bytes", "memory_ok"} or {"error"}}}. Bad arguments print one
 ``jmsnas split: error: ...`` line to stderr and exit with 2.
@@ -15,15 +18,18 @@ from __future__ import annotations
 import json
 import sys
 
-from jmsnas.split import compare
+from jmsnas import topofile
+from jmsnas.split import compare, derived
 from jmsnas.topology import TopologyError
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("split", help="split a network over devices: baselines, Neurosurgeon, optimal splits",
                        description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True, help="zoo network name or JSON network file")
-    p.add_argument("--topology", required=True, help=f"topology preset: {', '.join(sorted(compare.TOPOLOGIES))}")
+    p.add_argument("--model", required=True, help="zoo network name, a search run's result.json or a JSON network file")
+    p.add_argument("--topology", default=None,
+                   help=f"topology preset ({', '.join(sorted(compare.TOPOLOGIES))}) or topology file (.yaml/.json); "
+                        "default with a result.json model: the run's topology")
     p.add_argument("--bandwidth", type=float, nargs="+", metavar="MBPS",
                    help="link bandwidth(s) in Mbit/s: one for all links or one per link")
     p.add_argument("--act-bits", type=int, default=32, help="activation bit width (default 32)")
@@ -33,6 +39,14 @@ def add_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON object instead of text")
 
 
+def _read_json(path: str):
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
 def _fail(message: str) -> int:
     print(f"jmsnas split: error: {' '.join(message.split())}", file=sys.stderr)
     return 2
@@ -40,7 +54,8 @@ def _fail(message: str) -> int:
 
 def _text(setup, results) -> str:
     topo, net = setup.topo, setup.net
-    links = ", ".join(f"{l.src}->{l.dst} {l.bandwidth_mbps:g} Mbit/s" for l in topo.links)
+    links = ", ".join(f"{l.src}->{l.dst} {l.bandwidth_mbps:g} Mbit/s" + (f" + {l.latency_ms:g} ms" if l.latency_ms else "")
+                      for l in topo.links)
     lines = [f"{net.name} ({len(net.layers)} layers) on {topo.name}: {links}"]
     for method, r in results.items():
         if isinstance(r, str):
@@ -62,13 +77,19 @@ def _text(setup, results) -> str:
 def run(args) -> int:
     try:
         net = compare.load_net(args.model)
-        topo = compare.topology(args.topology, args.bandwidth)
+        name = args.topology
+        if name is None:
+            if not derived.is_result(_read_json(args.model)):
+                raise ValueError("--topology is required (a preset or a topology file) unless --model is a search "
+                                 "run's result.json")
+            name = args.model  # the run's topology_spec
+        topo = compare.topology(name, args.bandwidth)
         setup = compare.make_setup(net, topo, act_bits=args.act_bits, weight_bits=args.weight_bits)
     except (ValueError, TopologyError) as e:
         return _fail(str(e))
     results = compare.run_all(setup, args.methods)
     if args.json:
-        print(json.dumps({"model": net.name, "topology": topo.name,
+        print(json.dumps({"model": net.name, "topology": topo.name, "topology_spec": topofile.to_dict(topo),
                           "links_mbps": {ln: l.bandwidth_mbps for ln, l in zip(topo.link_names, topo.links)},
                           "methods": {m: compare.result_json(r, setup) for m, r in results.items()}}, indent=2))
         return 0

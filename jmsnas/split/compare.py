@@ -14,7 +14,8 @@ Methods (all see the network's skip connections, so a cut sends every tensor liv
 * ``dag_min_cut``: optimal forward-only split of the DAG over every device (exact, memory not enforced).
 
 Zoo networks have no parallel device branches, so on the mesh preset these methods use the chain
-``pre + root + first branch device + post`` (``solvers.chain_path``); ``mesh.mesh_split`` needs a ``MeshNet``.
+``pre + root + first branch device + post`` (``solvers.chain_path``; on a star of sensors: the first sensor, then
+the aggregator's chain, each sensor's link at its share of a shared bus); ``mesh.mesh_split`` needs a ``MeshNet``.
 """
 from __future__ import annotations
 
@@ -24,11 +25,11 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from jmsnas import presets
+from jmsnas import presets, topofile
 from jmsnas.cost import roofline
 from jmsnas.cost.memory import peak_memory_bytes
 from jmsnas.graph import LayerSpec, NetSpec
-from jmsnas.split import dag, solvers, zoo
+from jmsnas.split import dag, derived, solvers, zoo
 from jmsnas.topology import LinkProfile, Topology, make_topology
 
 METHODS = ("edge_only", "cloud_only", "neurosurgeon", "neurosurgeon_mem", "chain_dp", "dag_min_cut")
@@ -46,10 +47,15 @@ TOPOLOGIES: dict = {"chain": presets.chain_preset, "mesh": presets.mesh_preset, 
 
 
 def topology(name: str, bandwidths_mbps=None) -> Topology:
-    """A topology preset; ``bandwidths_mbps``: one value for every link or one per link (in ``topo.links`` order)."""
-    if name not in TOPOLOGIES:
-        raise ValueError(f"unknown topology {name!r}; expected one of {sorted(TOPOLOGIES)}")
-    topo = TOPOLOGIES[name]()
+    """A topology preset or topology file (``jmsnas.topofile``); ``bandwidths_mbps``: one value for every link or
+    one per link (in ``topo.links`` order)."""
+    if name in TOPOLOGIES:
+        topo = TOPOLOGIES[name]()
+    elif topofile.is_file_name(name):
+        topo = topofile.load(name)
+    else:
+        raise ValueError(f"unknown topology {name!r}; expected a preset {sorted(TOPOLOGIES)} or a topology file "
+                         "(.yaml, .yml or .json)")
     if not bandwidths_mbps:
         return topo
     bws = list(bandwidths_mbps)
@@ -59,7 +65,7 @@ def topology(name: str, bandwidths_mbps=None) -> Topology:
         raise ValueError(f"--bandwidth needs 1 or {len(topo.links)} values (links {list(topo.link_names)}), "
                          f"got {len(bws)}: {bws}")
     links = [l._replace(bandwidth_mbps=float(bw)) for l, bw in zip(topo.links, bws)]
-    return make_topology(topo.name, topo.devices, links, topo.layers_per_device)
+    return make_topology(topo.name, topo.devices, links, topo.layers_per_device, topo.buses)
 
 
 def net_from_json(obj: dict, source: str = "<json>") -> NetSpec:
@@ -80,7 +86,8 @@ def net_from_json(obj: dict, source: str = "<json>") -> NetSpec:
 
 
 def load_net(name_or_path: str) -> NetSpec:
-    """A zoo network by name, else a JSON network file (see ``net_from_json``)."""
+    """A zoo network by name, else a JSON network file (see ``net_from_json``) or a search run's result.json (its
+    derived network, ``split.derived``)."""
     if name_or_path in zoo.NAMES:
         return zoo.get(name_or_path)
     try:
@@ -90,6 +97,8 @@ def load_net(name_or_path: str) -> NetSpec:
         raise ValueError(f"--model {name_or_path!r} is neither a zoo network {list(zoo.NAMES)} nor a file") from None
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"cannot read network file {name_or_path!r}: {e}") from None
+    if derived.is_result(obj):
+        return derived.from_result(obj, name_or_path)[0]
     return net_from_json(obj, name_or_path)
 
 

@@ -162,9 +162,12 @@ def _peak_of(peak: Callable, layers: tuple) -> float:
 # ----------------------------------------------------------------------------------------------- paths, cuts
 
 def chain_path(topo: Topology) -> tuple:
-    """Device indices in the order data flows through a chain (mesh: pre, root, first branch, post)."""
+    """Device indices in the order data flows through a chain (mesh: pre, root, first branch, post; star: the
+    first source, then the aggregator's chain)."""
     if topo.kind == "chain":
         return tuple(topo.pre)
+    if topo.kind == "star":
+        return (topo.branches[0],) + tuple(topo.post)
     return tuple(topo.pre) + (topo.root, topo.branches[0]) + tuple(topo.post)
 
 
