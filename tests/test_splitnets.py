@@ -24,6 +24,7 @@ from jmsnas.splitnets.space import SplitArch, SplitSpace
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SINGLE = os.path.join(ROOT, "experiments", "configs", "splitnets_single.py")
 MULTI = os.path.join(ROOT, "experiments", "configs", "splitnets_multiview.py")
+HMD_FILE = os.path.join(ROOT, "experiments", "topologies", "splitnets_hmd.yaml")
 
 
 def tiny_space(views=1, **kw):
@@ -156,6 +157,15 @@ def test_bus_sharing_latency_by_hand():
         H.cost(tiny_space(views=4), a, H.hmd(1))
 
 
+def test_hardware_from_the_hmd_topology_file():
+    from jmsnas.commands.search import apply_overrides, load_config
+
+    cfg = S.with_defaults(apply_overrides(load_config(MULTI), ["--config.splitnets.topology=" + HMD_FILE]))
+    hw = S.hardware(cfg)
+    assert (hw.num_sensors, hw.bus_mbps, hw.sensor_memory_bytes) == (4, 1200.0, 2 * 1024 ** 2)
+    assert hw.sensor.peak_gflops == 250 and hw.aggregator.peak_gflops == 2500
+
+
 def test_split_module_cuts_bus_bytes_against_no_module():
     sp = tiny_space(views=4)
     for p, m in sp.positions:
@@ -228,6 +238,7 @@ def _run(argv, capsys):
     ("--config.splitnets.reductions=[1,2]", "d = 8 must be smaller than c = 8"),
     ("--config.splitnets.sensor_memory_bytes=1000", "below the smallest sensor peak memory of this space, "),
     ("--config.t_const_ms=0.0000001", "below the smallest end-to-end latency reachable"),
+    ("--config.splitnets.topology=" + HMD_FILE, "splitnets.views=1 does not match topology"),
 ])
 def test_bad_inputs_are_one_line_and_write_nothing(tmp_path, capsys, override, expected):
     work = tmp_path / "w"

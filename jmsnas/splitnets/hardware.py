@@ -54,16 +54,21 @@ def hmd(num_sensors: int = 1, *, bus_mbps: float = roofline.SPLITNETS_BUS_MBPS,
 
 
 def from_topology(topo) -> HMD:
-    """The HMD of a topology with one shared bus: its sensors (the bus's senders), the aggregator (the bus's
-    receiver) and the bus bandwidth; the sensor memory limit is the sensors' ``memory_bytes``."""
+    """The HMD of a topology file's system (``jmsnas.topology.load``): its one shared bus (``buses``), whose
+    links' sources are the sensors and whose common destination is the aggregator. The sensor memory limit is the
+    sensors' ``memory_bytes``, the bus bandwidth the bus's ``bandwidth_mbps`` shared by its links."""
     buses = getattr(topo, "buses", ())
     if len(buses) != 1:
         raise TopologyError(f"topology {topo.name!r} must have exactly one shared bus (the sensors' bus), "
                             f"got {len(buses)}")
     bus = buses[0]
     names = topo.device_names
-    senders = [topo.devices[names.index(s)] for s in bus.senders]
-    recv = topo.devices[names.index(bus.receiver)]
+    receivers = sorted({dst for _, dst in bus.links})
+    if len(receivers) != 1:
+        raise TopologyError(f"bus {bus.name!r} of topology {topo.name!r} must lead to one aggregator, got "
+                            f"{receivers}")
+    senders = [topo.devices[names.index(src)] for src, _ in bus.links]
+    recv = topo.devices[names.index(receivers[0])]
     return HMD(senders[0], recv, float(bus.bandwidth_mbps), len(senders), float(senders[0].memory_bytes))
 
 
