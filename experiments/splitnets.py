@@ -86,12 +86,46 @@ def baselines(cfg, hw, space, ds, epochs: int) -> list:
     return rows
 
 
+def _us(ms) -> str:
+    return f"{ms * 1e3:.2f}"
+
+
+def markdown(summaries: dict) -> str:
+    """The tables of experiments/splitnets.md from the summaries of the V1 and V4 runs."""
+    out = ["| V | method | split (phase, m) | d / c | test acc. | T (us) | T_sen / T_comm / T_agg (us) | "
+           "bus bytes | sensor peak (bytes) | limits met |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for tag, summ in sorted(summaries.items()):
+        run = summ["runs"][tag]
+        for b in run["baselines"]:
+            ok = ("yes" if b["memory_ok"] and b["latency_ok"] else
+                  "no: " + ", ".join(w for w, f in (("memory", b["memory_ok"]), ("latency", b["latency_ok"])) if not f))
+            out.append(f"| {tag[1:]} | {b['method']} (fixed net, no module) | {tuple(b['position'])} | - | "
+                       f"{100 * b['test_acc']:.1f}% | {_us(b['total_ms'])} | {_us(b['sensor_ms'])} / "
+                       f"{_us(b['comm_ms'])} / {_us(b['aggregator_ms'])} | {b['bus_bytes']:.0f} | "
+                       f"{b['sensor_peak_bytes']:.0f} | {ok} |")
+        r = run["searched"]
+        sn, lat = r["splitnets"], r["latency_ms"]
+        out.append(f"| {tag[1:]} | searched SplitNet | ({sn['split_phase']}, {sn['blocks_on_sensor']} blocks on "
+                   f"sensor, {sn['blocks_on_aggregator']} on agg.) | {sn['d']} / {sn['c']} | "
+                   f"{100 * r['accuracy']['test']:.1f}% | {_us(lat['total'])} | {_us(lat['per_device']['sensor'])} / "
+                   f"{_us(lat['per_link']['sensor->aggregator'])} / {_us(lat['per_device']['aggregator'])} | "
+                   f"{sn['bus_bytes']:.0f} (no module: {sn['bus_bytes_without_module']:.0f}) | "
+                   f"{sn['sensor_peak_memory_bytes']:.0f} | {'yes' if r['budget']['met'] else 'no'} |")
+    return "\n".join(out)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--arg", default="", help="config variant ('tiny' for a smoke run)")
     ap.add_argument("--only", choices=("V1", "V4"), default=None, help="run one of the two systems")
+    ap.add_argument("--report", action="store_true", help="print the tables of summaryV1/V4.json in --out")
     args = ap.parse_args(argv)
+    if args.report:
+        summ = {t: json.load(open(os.path.join(args.out, f"summary{t}.json"))) for t in ("V1", "V4")
+                if os.path.exists(os.path.join(args.out, f"summary{t}.json"))}
+        print(markdown(summ))
+        return
     os.makedirs(args.out, exist_ok=True)
     summary, t_all = {"runs": {}}, time.time()
     for tag, name in (("V1", "splitnets_single"), ("V4", "splitnets_multiview")):
