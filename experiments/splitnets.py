@@ -115,6 +115,8 @@ def markdown(summaries: dict) -> str:
 
 
 def main(argv=None):
+    jax.config.update("jax_compilation_cache_dir", os.path.join("/tmp", "jmsnas_splitnets_jax_cache"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--arg", default="", help="config variant ('tiny' for a smoke run)")

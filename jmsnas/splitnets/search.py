@@ -233,10 +233,17 @@ def init_state(key, space: SplitSpace, lr: float, init_mode: str) -> TrainState:
     return TrainState(params, bn, optax.adam(lr).init(params), k_run, jnp.zeros((), jnp.int32))
 
 
-def population_accuracy(space: SplitSpace, params, pop, calib, x, y):
+def population_accuracy(space: SplitSpace, params, pop, calib, x, y, chunk: int = 8):
     """float32[P] accuracy of each architecture genes int32[P, G] on (x, y), BN recalibrated on calib
-    float32[K, B, V, H, W, C] per architecture (one jitted call, ``lax.map`` over the population)."""
-    return _pop_acc(space, params, jnp.asarray(pop, jnp.int32), calib, x, y)
+    float32[K, B, V, H, W, C] per architecture. The population is evaluated in chunks of ``chunk`` (the last one
+    padded), one jitted call per chunk (``lax.map`` over its architectures), so any P compiles once."""
+    pop = np.asarray(pop, np.int32)
+    n = pop.shape[0]
+    padded = np.concatenate([pop, np.repeat(pop[:1], -n % chunk, axis=0)]) if n % chunk else pop
+    calib = jnp.asarray(calib)
+    out = [np.asarray(_pop_acc(space, params, jnp.asarray(padded[i:i + chunk]), calib, x, y))
+           for i in range(0, len(padded), chunk)]
+    return np.concatenate(out)[:n]
 
 
 def _acc_one(space, params, genes, calib, x, y):
@@ -363,16 +370,17 @@ def evolution(cfg, space, params, costs: CostCache, calib, xv, yv, progress=True
 
 def train_fixed(cfg, space, ds, params, genes, epochs: int, *, pos=None, module="split", lr=None,
                 progress=True, desc="retrain"):
-    """Trains one network (genes fixed; ``pos``/``module`` as in ``net.apply_fixed``, None: the genes' split)
+    """Trains one network (genes fixed; ``pos``/``module`` as in ``net.apply_fixed``, None: the genes' split,
+    which computes what ``net.apply`` computes for these genes)
     from ``params`` for ``epochs``; returns (params, bn state with running statistics, history rows)."""
     s = cfg.search
     lr = cfg.retrain.lr if lr is None else lr
     tx = optax.adam(lr)
     genes = jnp.asarray(genes, jnp.int32)
 
+    pos = space.decode(genes).split if pos is None else pos  # static: only this network is compiled
+
     def fwd(p, st, x, train):
-        if pos is None:
-            return N.apply(space, p, st, genes, x, train=train)
         return N.apply_fixed(space, p, st, genes, x, train=train, pos=pos, module=module)
 
     @jax.jit
