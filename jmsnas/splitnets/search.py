@@ -33,7 +33,7 @@ from jmsnas.splitnets import hardware as H
 from jmsnas.splitnets import net as N
 from jmsnas.splitnets import views as VW
 from jmsnas.splitnets.module import INITS
-from jmsnas.splitnets.space import SplitSpace
+from jmsnas.splitnets.space import SplitArch, SplitSpace
 from jmsnas.strategies.base import sample_valid
 
 DEFAULTS = dict(views=1, view_size=12, stem_channels=8, phase_channels=(16, 24, 32), phase_strides=(2, 2, 2),
@@ -143,16 +143,11 @@ def reachable(space: SplitSpace, hw: H.HMD) -> Reachable:
         for p in range(space.num_phases):
             for m in range(1, depth[p] + 1):
                 for d in space.d_choices(p):
-                    c = H.cost(space, N_arch(ops, depth, (p, m), d), hw)
+                    c = H.cost(space, SplitArch(ops, depth, (p, m), d), hw)
                     best_t, best_m = min(best_t, c.total_ms), min(best_m, c.sensor_peak_bytes)
                     if c.sensor_peak_bytes <= hw.sensor_memory_bytes:
                         best_tm = min(best_tm, c.total_ms)
     return Reachable(best_t, best_m, None if not np.isfinite(best_tm) else best_tm)
-
-
-def N_arch(ops, depth, split, d):
-    from jmsnas.splitnets.space import SplitArch
-    return SplitArch(ops, depth, split, d)
 
 
 def check_limits(space: SplitSpace, hw: H.HMD, t_const_ms: float) -> Reachable:
@@ -327,7 +322,7 @@ def fallback(space: SplitSpace, costs: CostCache, t_const: float, mem: float) ->
         for p in range(space.num_phases):
             for m in range(1, depth[p] + 1):
                 for d in space.d_choices(p):
-                    g = space.encode(N_arch(ops, depth, (p, m), d))
+                    g = space.encode(SplitArch(ops, depth, (p, m), d))
                     c = costs(g)
                     if c.total_ms <= t_const + 1e-12 and c.sensor_peak_bytes <= mem and c.total_ms < best_t:
                         best, best_t = g, c.total_ms

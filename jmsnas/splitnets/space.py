@@ -22,7 +22,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-from jmsnas.space import OP_NAMES
 from jmsnas.splitnets.module import check_reduction
 
 
