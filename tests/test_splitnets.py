@@ -269,3 +269,31 @@ def test_evolve_cli_single_view_meets_both_limits(tmp_path, capsys):
     man = json.loads((work / "parts" / "manifest.json").read_text())
     sensor = np.load(work / "parts" / "sensor.npz")
     assert sensor["params/reduce"].shape[-1] == sn["d"] and man["split"]["d"] == sn["d"]
+
+
+@pytest.mark.parametrize("seed,quantile", [(0, 50), (2, 0.5)])
+def test_evolution_never_returns_a_network_over_either_limit(monkeypatch, seed, quantile):
+    """Evolution with a stand-in accuracy (a fixed hash of the genes, larger networks favoured) under limits at a
+    quantile of the space's latencies and memories; the tightest leaves only a few networks (fallback path)."""
+    from jmsnas.commands.search import apply_overrides, load_config
+    from jmsnas.strategies.base import sample_valid
+
+    sp = tiny_space(kernels=(3, 5), expands=(3, 6))
+    pop = np.asarray(sample_valid(jax.random.PRNGKey(9), jnp.asarray(sp.mask()), 400))
+    lat, mem = S.CostCache(sp, H.hmd(1)).arrays(pop)
+    limit = max(float(np.percentile(mem, quantile)), S.reachable(sp, H.hmd(1)).min_memory_bytes)
+    hw = H.hmd(1, sensor_memory_bytes=limit)
+    t_const = max(float(np.percentile(lat, quantile)), S.reachable(sp, hw).min_latency_within_memory_ms * 1.001)
+    S.check_limits(sp, hw, t_const)  # what the flow checks before it trains
+    cfg = S.with_defaults(apply_overrides(load_config(SINGLE + ":tiny"), [f"--config.seed={seed}",
+                                                                          f"--config.t_const_ms={t_const}"]))
+    cfg.evolve.population, cfg.evolve.generations = 16, 3
+    fake = lambda space, params, genes, calib, x, y: np.array(
+        [(hash(tuple(int(v) for v in g)) % 97) / 97 + 0.01 * float(np.sum(g)) for g in np.asarray(genes)])
+    monkeypatch.setattr(S, "population_accuracy", fake)
+    costs = S.CostCache(sp, hw)
+    genes, log, best = S.evolution(cfg, sp, None, costs, None, None, np.zeros(8), progress=False)
+    c = costs(genes)
+    assert c.total_ms <= t_const + 1e-12 and c.sensor_peak_bytes <= limit
+    if best is not None:
+        assert best["latency_ms"] <= t_const + 1e-12 and best["sensor_peak_bytes"] <= limit
