@@ -35,6 +35,6 @@ def run(args, extra=()) -> int:
         print(f"jmsnas {args.command}: error: {e}", file=sys.stderr)
         return 2
     print(report.format_summary(result))
-    print(f"\nwrote {os.path.join(args.workdir, 'result.json')}, evolution.json and plots, parts/ and "
-          "checkpoints/ there")
+    print(f"\nwrote {os.path.join(args.workdir, 'result.json')}, evolution.json and plots, parts/"
+          + ("" if result.get("flow") == "splitnets" else " and checkpoints/") + " there")
     return 0
