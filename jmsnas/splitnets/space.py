@@ -137,8 +137,8 @@ class SplitSpace:
     def decode(self, genes) -> SplitArch:
         """The architecture of a gene vector int[G] (the split offset clamped to the phase's depth)."""
         g = [int(v) for v in np.asarray(genes).reshape(-1)]
-        if len(g) != self.num_genes or not all(self.mask()[i, v] if 0 <= v < self.mask().shape[1] else False
-                                               for i, v in enumerate(g)):
+        mask = self.mask()
+        if len(g) != self.num_genes or not all(0 <= v < mask.shape[1] and mask[i, v] for i, v in enumerate(g)):
             raise ValueError(f"genes {g} are not a valid architecture of this space ({self.num_genes} genes, "
                              "values within SplitSpace.mask())")
         P, D = self.num_phases, self.max_depth
