@@ -165,9 +165,9 @@ def _mapping(where, field, value, allowed):
     return value
 
 
-def _list(where, field, value, limit):
-    if not isinstance(value, list) or not value:
-        where.fail(field, "must be a non-empty list", value)
+def _list(where, field, value, limit, empty_ok=False):
+    if not isinstance(value, list) or not (value or empty_ok):
+        where.fail(field, "must be a non-empty list" if not empty_ok else "must be a list", value)
     if len(value) > limit:
         where.fail(field, f"has more than {limit} entries", len(value))
     return value
@@ -244,7 +244,7 @@ def _buses(where, raw, names) -> list:
 def _links(where, raw, names, buses) -> list:
     on_bus = {p: (name, mbps / len(pairs)) for name, mbps, pairs in buses for p in pairs}
     out = []
-    for i, l in enumerate(_list(where, "links", raw, MAX_LINKS)):
+    for i, l in enumerate(_list(where, "links", raw, MAX_LINKS, empty_ok=True)):  # [] for a single device
         f = f"links[{i}]"
         l = _mapping(where, f, l, LINK_FIELDS)
         for req in ("src", "dst"):
@@ -361,7 +361,7 @@ def dump(topo: Topology, path) -> None:
             f.write(f"name: {json.dumps(d['name'])}\n")
             f.write(yaml.safe_dump({"devices": d["devices"]}, sort_keys=False, default_flow_style=False,
                                    width=1 << 16, allow_unicode=True))
-            f.write("links:\n" + "".join(f"  - {flow(l)}\n" for l in d["links"]))
+            f.write("links:" + "".join(f"\n  - {flow(l)}" for l in d["links"]) + ("\n" if d["links"] else " []\n"))
             f.write(f"layers_per_device: {flow(d['layers_per_device'])}\n")
             if "buses" in d:
                 f.write("buses:\n" + "".join(f"  - {flow(b)}\n" for b in d["buses"]))

@@ -159,7 +159,8 @@ def _one_line_exit_2(capsys, argv):
     return err
 
 
-@pytest.mark.parametrize("case", ["negative_bandwidth", "python_tag", "deep_nesting", "cycle"])
+@pytest.mark.parametrize("case", ["missing_field", "negative_bandwidth", "unknown_preset", "cycle",
+                                  "branch_without_aggregator", "python_tag", "deep_nesting"])
 def test_cli_bad_topology_file_exit_2(capsys, tmp_path, case):
     p = tmp_path / f"{case}.yaml"
     p.write_text(BAD[case][0])
@@ -295,3 +296,33 @@ def test_profile_space_file_may_name_a_topology_file(tmp_path):
     assert s.topology == topology.load(OWN)
     assert [(l.device, l.out_ch, l.stride) for l in s.layers] == [(0, 24, 1), (0, 24, 1), (1, 40, 2), (1, 40, 1),
                                                                   (2, 64, 2), (2, 64, 1)]
+
+
+# ---------------------------------------------------------------- round trip of random topologies
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+_pos = st.floats(min_value=1e-6, max_value=1e7, allow_nan=False, allow_infinity=False)
+
+
+@st.composite
+def _chains(draw):
+    n = draw(st.integers(1, 5))
+    devs = [DeviceProfile(f"d{i}", draw(_pos), draw(_pos), draw(_pos), draw(st.floats(1e-3, 1.0)),
+                          draw(st.floats(0.0, 10.0)), draw(st.text(max_size=8))) for i in range(n)]
+    lats = [draw(st.floats(0.0, 100.0)) for _ in range(n - 1)]
+    topo = topology.chain("r", devs, [draw(_pos) for _ in range(n - 1)], [draw(st.integers(1, 4)) for _ in range(n)],
+                          latencies_ms=lats, wireless=[draw(st.booleans()) for _ in range(n - 1)])
+    if n > 2 and draw(st.booleans()):
+        pairs = tuple((l.src, l.dst) for l in topo.links[:2])
+        topo = topology.make_topology("r", devs, topo.links, topo.layers_per_device,
+                                      [BusGroup("bus", draw(_pos), pairs)])
+    return topo
+
+
+@settings(max_examples=40, deadline=None)
+@given(_chains(), st.sampled_from(["yaml", "json"]))
+def test_random_topologies_round_trip(tmp_path_factory, topo, ext):
+    path = tmp_path_factory.mktemp("rt") / f"t.{ext}"
+    topology.dump(topo, path)
+    assert topology.load(path) == topo

@@ -52,7 +52,9 @@ def apply_overrides(cfg, overrides):
 def add_parser(sub) -> None:
     for name, help_ in (("search", "run JMSNAS end to end: search, budget repair, retrain, report"),
                         ("retrain", "continue or redo stage 2 of a run in --workdir (same as search --resume)")):
-        p = sub.add_parser(name, help=help_, epilog="Overrides: --config.KEY=VALUE, e.g. --config.t_const_ms=2.7")
+        p = sub.add_parser(name, help=help_, epilog="Overrides: --config.KEY=VALUE, e.g. --config.t_const_ms=2.7; "
+                                                     "--config.topology=FILE.yaml runs on your own devices "
+                                                     "(docs/topology.md)")
         p.add_argument("--config", default=None, help="config file (.py with get_config()); default: built-in chain")
         p.add_argument("--workdir", required=True, help="where checkpoints, result.json, plots and parts go")
         if name == "search":
