@@ -25,11 +25,16 @@ def run(args, extra=()) -> int:
     from jmsnas.topology import TopologyError
     try:
         cfg = apply_overrides(evolve.with_defaults(load_config(args.config)), extra)
-        result = evolve.evolve(cfg, args.workdir, resume=args.resume, progress=not args.no_progress)
+        if "splitnets" in cfg:  # SplitNets' system (jmsnas.splitnets.search): split module, views, shared bus
+            from jmsnas.splitnets import search as splitnets_search
+            flow = splitnets_search.evolve
+        else:
+            flow = evolve.evolve
+        result = flow(cfg, args.workdir, resume=args.resume, progress=not args.no_progress)
     except (ValueError, CheckpointError, DatasetError, TopologyError) as e:
         print(f"jmsnas {args.command}: error: {e}", file=sys.stderr)
         return 2
     print(report.format_summary(result))
-    print(f"\nwrote {os.path.join(args.workdir, 'result.json')}, evolution.json and plots, parts/ and "
-          "checkpoints/ there")
+    print(f"\nwrote {os.path.join(args.workdir, 'result.json')}, evolution.json and plots, parts/"
+          + ("" if result.get("flow") == "splitnets" else " and checkpoints/") + " there")
     return 0

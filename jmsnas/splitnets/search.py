@@ -1,0 +1,556 @@
+"""SplitNets' search (paper 000, section 3.2) as ``jmsnas evolve`` runs it for a config with a ``splitnets`` block.
+
+Stage 1 trains the split-aware supernet with the sandwich rule: every step adds the gradients of the largest
+network, the smallest and ``evolve.num_random`` uniformly sampled ones (single view: each random one also carries,
+with probability ``splitnets.extra_modules``, extra reduce/recover pairs in the other phases, Appendix D) and makes
+one Adam step. Stage 2 is evolution (``strategies.make("evolution")``, 512 x 20 by default) with the supernet as
+the accuracy predictor (BN recalibrated per network) and two HARD constraints: end-to-end latency <= T_const and
+sensor peak memory <= the sensor's memory; a network that breaks either has fitness -inf and is never kept, and
+accuracy (ties: lower latency) ranks the others. Before anything is trained the limits are checked against the
+smallest values the space can reach (``reachable``): a limit no network meets is an error naming that value. The
+winner is retrained (weights inherited) and written as result.json (with the split position, d, the bytes on the
+bus and the sensor peak memory), history.json, evolution.json, the report plots and parts/ (sensor, aggregator).
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import time
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from tqdm import tqdm
+
+from jmsnas import data, pipeline, report, strategies
+from jmsnas.objectives import cross_entropy, l2_norm_sq
+from jmsnas.pipeline import ConfigError
+from jmsnas.splitnets import hardware as H
+from jmsnas.splitnets import net as N
+from jmsnas.splitnets import views as VW
+from jmsnas.splitnets.module import INITS
+from jmsnas.splitnets.space import SplitArch, SplitSpace
+from jmsnas.strategies.base import sample_valid
+
+DEFAULTS = dict(views=1, view_size=12, stem_channels=8, phase_channels=(16, 24, 32), phase_strides=(2, 2, 2),
+                max_depth=3, kernels=(3, 5), expands=(3, 6), reductions=(2, 4, 8), split_kernel=1,
+                head_channels=64, init="geometric", extra_modules=0.5, topology=None, bus_mbps=1200.0,
+                sensor_memory_bytes=2e6)
+
+
+# ----------------------------------------------------------------------------------------------- configuration
+
+def with_defaults(cfg) -> ml_collections.ConfigDict:
+    """A copy of ``cfg`` whose ``splitnets`` block holds every setting of ``DEFAULTS`` (and ``evolve`` filled)."""
+    from jmsnas import evolve as EV
+    cfg = EV.with_defaults(ml_collections.ConfigDict(cfg.to_dict()))
+    given = cfg.splitnets.to_dict()
+    unknown = sorted(set(given) - set(DEFAULTS))
+    if unknown:
+        raise ConfigError(f"unknown splitnets settings {unknown}; expected some of {sorted(DEFAULTS)}")
+    with cfg.unlocked():
+        cfg.splitnets = ml_collections.ConfigDict({**DEFAULTS, **given}, type_safe=False)
+    return cfg
+
+
+def hardware(cfg) -> H.HMD:
+    """The HMD of the config: a topology file with one shared bus (``splitnets.topology``), else SplitNets' HMD
+    numbers with one sensor per view. The topology's sensors must match the view count."""
+    s = cfg.splitnets
+    if s.topology:
+        from jmsnas import topology as T
+        if not hasattr(T, "load"):
+            raise ConfigError("splitnets.topology needs topology files (jmsnas.topology.load)")
+        hw = H.from_topology(T.load(s.topology))
+        if hw.num_sensors != s.views:
+            raise ConfigError(f"splitnets.views={s.views} does not match topology {s.topology!r}, whose bus has "
+                              f"{hw.num_sensors} sensors (one view per sensor)")
+        return hw
+    return H.hmd(s.views, bus_mbps=s.bus_mbps, sensor_memory_bytes=s.sensor_memory_bytes)
+
+
+def build_space(cfg, image_size: int, channels: int, classes: int) -> SplitSpace:
+    s = cfg.splitnets
+    return SplitSpace(image_size=s.view_size, in_channels=channels, num_classes=classes, views=s.views,
+                      stem_channels=s.stem_channels, phase_channels=tuple(s.phase_channels),
+                      phase_strides=tuple(s.phase_strides), max_depth=s.max_depth, kernels=tuple(s.kernels),
+                      expands=tuple(s.expands), reductions=tuple(s.reductions), split_kernel=s.split_kernel,
+                      head_channels=s.head_channels)
+
+
+def validate(cfg) -> None:
+    """Checks every setting before anything is read or written; ConfigError names the bad value."""
+    from jmsnas import evolve as EV
+    s = cfg.splitnets
+    v = s.views
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ConfigError(f"splitnets.views must be an integer >= 1 (one view per sensor), got {v!r}")
+    if s.init not in INITS:
+        raise ConfigError(f"unknown splitnets.init {s.init!r}; expected one of {list(INITS)}")
+    if not isinstance(s.extra_modules, (int, float)) or not 0 <= s.extra_modules <= 1:
+        raise ConfigError(f"splitnets.extra_modules must be a probability in [0, 1], got {s.extra_modules!r}")
+    t = cfg.t_const_ms
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not np.isfinite(t) or t <= 0:
+        raise ConfigError(f"t_const_ms must be a positive number of ms, got {t!r}")
+    if cfg.dataset not in data.DATASETS:
+        raise ConfigError(f"unknown dataset {cfg.dataset!r}; expected one of {list(data.DATASETS)}")
+    e = cfg.evolve
+    for name, lo in EV._INTS.items():
+        x = e[name]
+        if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < lo:
+            raise ConfigError(f"evolve.{name} must be an integer >= {lo}, got {x!r}")
+    for name in ("batch_size",):
+        x = cfg.search[name]
+        if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+            raise ConfigError(f"search.{name} must be a positive integer, got {x!r}")
+    r = cfg.retrain.epochs
+    if isinstance(r, bool) or not isinstance(r, int) or r < 0:
+        raise ConfigError(f"retrain.epochs must be an integer >= 0, got {r!r}")
+    try:
+        hardware(cfg)
+        build_space(cfg, s.view_size, 1, 2)
+        image = cfg.get("image_size") or (8 if cfg.dataset == "digits" else None)  # tfds: checked once loaded
+        if image is not None:
+            VW.view_origins(image, s.view_size, v)
+    except ConfigError:
+        raise
+    except ValueError as err:
+        raise ConfigError(f"splitnets: {err}") from None
+
+
+# ----------------------------------------------------------------------------------------------- costs
+
+class Reachable(NamedTuple):
+    """The smallest latency (ms) and sensor peak memory (bytes) of any network of the space, and the smallest
+    latency among networks within the memory limit (None when none is)."""
+
+    min_latency_ms: float
+    min_memory_bytes: float
+    min_latency_within_memory_ms: float | None
+
+
+def reachable(space: SplitSpace, hw: H.HMD) -> Reachable:
+    """Exact minima by enumeration of the structure (depths, split position, d) with the smallest op everywhere:
+    a smaller kernel or expansion never adds MACs, parameters or activations, so it never raises either cost."""
+    o = space.decode(space.extreme(False)).ops[0][0]
+    ops = tuple((o,) * space.max_depth for _ in range(space.num_phases))
+    best_t, best_m, best_tm = np.inf, np.inf, np.inf
+    for depth in itertools.product(range(1, space.max_depth + 1), repeat=space.num_phases):
+        for p in range(space.num_phases):
+            for m in range(1, depth[p] + 1):
+                for d in space.d_choices(p):
+                    c = H.cost(space, SplitArch(ops, depth, (p, m), d), hw)
+                    best_t, best_m = min(best_t, c.total_ms), min(best_m, c.sensor_peak_bytes)
+                    if c.sensor_peak_bytes <= hw.sensor_memory_bytes:
+                        best_tm = min(best_tm, c.total_ms)
+    return Reachable(best_t, best_m, None if not np.isfinite(best_tm) else best_tm)
+
+
+def check_limits(space: SplitSpace, hw: H.HMD, t_const_ms: float) -> Reachable:
+    """Raises ConfigError when no network of the space meets the memory limit, the latency limit, or both."""
+    r = reachable(space, hw)
+    if r.min_memory_bytes > hw.sensor_memory_bytes:
+        raise ConfigError(f"sensor memory limit {hw.sensor_memory_bytes:.0f} bytes is below the smallest sensor "
+                          f"peak memory of this space, {r.min_memory_bytes:.0f} bytes")
+    if r.min_latency_within_memory_ms > t_const_ms:
+        raise ConfigError(f"t_const_ms={t_const_ms:.6g} ms is below the smallest end-to-end latency reachable "
+                          f"within the sensor memory limit, {r.min_latency_within_memory_ms:.6g} ms")
+    return r
+
+
+class CostCache:
+    """Costs of architectures by their decoded form (many genes decode to the same network)."""
+
+    def __init__(self, space: SplitSpace, hw: H.HMD):
+        self.space, self.hw, self.memo = space, hw, {}
+
+    def __call__(self, genes) -> H.Cost:
+        a = self.space.decode(genes)
+        if a not in self.memo:
+            self.memo[a] = H.cost(self.space, a, self.hw)
+        return self.memo[a]
+
+    def arrays(self, pop) -> tuple:
+        cs = [self(g) for g in np.asarray(pop)]
+        return (np.array([c.total_ms for c in cs]), np.array([c.sensor_peak_bytes for c in cs]))
+
+
+# ----------------------------------------------------------------------------------------------- stage 1
+
+class TrainState(NamedTuple):
+    params: dict
+    bn: dict
+    opt: tuple
+    key: jnp.ndarray
+    step: jnp.ndarray
+
+
+def sandwich_step(space: SplitSpace, lr: float, lambda1: float, num_random: int, extra_prob: float):
+    """Pure ``(state, x, y) -> (state, metrics)``: largest + smallest + ``num_random`` random networks, summed
+    gradients, one Adam step. x float32[B, V, H, W, C], y int32[B]."""
+    tx = optax.adam(lr)
+    mask = jnp.asarray(space.mask())
+    big, small = jnp.asarray(space.extreme(True)), jnp.asarray(space.extreme(False))
+    P = space.num_phases
+
+    def loss_fn(p, bn, genes, extras, x, y):
+        logits, bn = N.apply(space, p, bn, genes, x, train=True, extras=extras)
+        return cross_entropy(logits, y), (bn, jnp.mean((jnp.argmax(logits, -1) == y).astype(jnp.float32)))
+
+    def step(st: TrainState, x, y):
+        key, k1, k2 = jax.random.split(st.key, 3)
+        genes = jnp.concatenate([big[None], small[None], sample_valid(k1, mask, num_random)]).astype(jnp.int32)
+        extras = jax.random.bernoulli(k2, extra_prob, (genes.shape[0], P)).astype(jnp.float32)
+        extras = extras.at[:2].set(0.0)
+
+        def body(carry, ge):
+            grads, bn = carry
+            (ce, (bn, acc)), g = jax.value_and_grad(loss_fn, has_aux=True)(st.params, bn, ge[0], ge[1], x, y)
+            return (jax.tree_util.tree_map(jnp.add, grads, g), bn), (ce, acc)
+
+        zeros = jax.tree_util.tree_map(jnp.zeros_like, st.params)
+        (grads, bn), (ce, acc) = jax.lax.scan(body, (zeros, st.bn), (genes, extras))
+        grads = jax.tree_util.tree_map(jnp.add, grads, jax.grad(lambda p: lambda1 * l2_norm_sq(p))(st.params))
+        updates, opt = tx.update(grads, st.opt, st.params)
+        st = TrainState(optax.apply_updates(st.params, updates), bn, opt, key, st.step + 1)
+        return st, {"loss": jnp.mean(ce), "acc": jnp.mean(acc), "loss_largest": ce[0], "loss_smallest": ce[1]}
+
+    return step
+
+
+def init_state(key, space: SplitSpace, lr: float, init_mode: str) -> TrainState:
+    k_init, k_run = jax.random.split(key)
+    params, bn = N.init(k_init, space, init_mode)
+    return TrainState(params, bn, optax.adam(lr).init(params), k_run, jnp.zeros((), jnp.int32))
+
+
+def population_accuracy(space: SplitSpace, params, pop, calib, x, y, chunk: int = 8):
+    """float32[P] accuracy of each architecture genes int32[P, G] on (x, y), BN recalibrated on calib
+    float32[K, B, V, H, W, C] per architecture. The population is evaluated in chunks of ``chunk`` (the last one
+    padded), one jitted call per chunk (``lax.map`` over its architectures), so any P compiles once."""
+    pop = np.asarray(pop, np.int32)
+    n = pop.shape[0]
+    padded = np.concatenate([pop, np.repeat(pop[:1], -n % chunk, axis=0)]) if n % chunk else pop
+    calib = jnp.asarray(calib)
+    out = [np.asarray(_pop_acc(space, params, jnp.asarray(padded[i:i + chunk]), calib, x, y))
+           for i in range(0, len(padded), chunk)]
+    return np.concatenate(out)[:n]
+
+
+def _acc_one(space, params, genes, calib, x, y):
+    fwd = lambda p, st, xx, train: N.apply(space, p, st, genes, xx, train=train)
+    state = N.recalibrate(fwd, params, _zero_state(space, params), calib)
+    logits, _ = fwd(params, state, x, False)
+    return jnp.mean((jnp.argmax(logits, -1) == y).astype(jnp.float32))
+
+
+def _zero_state(space, params):
+    """A BN state pytree of the right shapes (zeros), read off the parameters."""
+    def side(blocks):
+        return tuple({n: {"mean": jnp.zeros_like(b[n]["scale"]), "var": jnp.zeros_like(b[n]["scale"])}
+                      for n in ("bn1", "bn2", "bn3")} for b in blocks)
+    st = {"stem": {"bn": {"mean": jnp.zeros_like(params["stem"]["bn"]["scale"]),
+                          "var": jnp.zeros_like(params["stem"]["bn"]["scale"])}},
+          "sensor": side(params["sensor"]),
+          "head": {"bn": {"mean": jnp.zeros_like(params["head"]["bn"]["scale"]),
+                          "var": jnp.zeros_like(params["head"]["bn"]["scale"])}}}
+    if "aggregator" in params:
+        st["aggregator"] = side(params["aggregator"])
+    return st
+
+
+_pop_acc = jax.jit(lambda space, params, pop, calib, x, y: jax.lax.map(
+    lambda g: _acc_one(space, params, g, calib, x, y), pop), static_argnums=0)
+
+
+def train_supernet(cfg, space, ds, init_mode: str, progress: bool = True, log=None):
+    """Stage 1; returns (state, history rows, seconds)."""
+    e, s = cfg.evolve, cfg.search
+    step = jax.jit(sandwich_step(space, s.weight_lr, s.lambda1, e.num_random, float(cfg.splitnets.extra_modules)
+                                 if space.views == 1 else 0.0), donate_argnums=0)
+    st = init_state(jax.random.PRNGKey(cfg.seed), space, s.weight_lr, init_mode)
+    nb = data.num_batches(ds.train, s.batch_size)
+    calib, xv, yv = _eval_data(cfg, ds)
+    history, t0 = [], time.time()
+    bar = tqdm(total=e.epochs * nb, disable=not progress, desc="supernet", unit="step")
+    for epoch in range(e.epochs):
+        losses = []
+        for x, y in data.epoch_batches(ds.train, s.batch_size, seed=cfg.seed, epoch=epoch):
+            st, m = step(st, x, y)
+            losses.append(float(m["loss"]))
+            bar.update(1)
+        accs = np.asarray(population_accuracy(space, st.params, np.stack([space.extreme(True),
+                                                                          space.extreme(False)]), calib, xv, yv))
+        history.append({"epoch": epoch, "stage": "search", "train_loss": float(np.mean(losses)),
+                        "train_acc": float(m["acc"]), "val_acc": float(accs[0]), "val_acc_smallest": float(accs[1]),
+                        "loss_std_within_epoch": float(np.std(losses)), "expected_latency_ms": None,
+                        "derived_latency_ms": None})
+        if log:
+            log(history[-1])
+    bar.close()
+    return st, history, time.time() - t0
+
+
+def _eval_data(cfg, ds):
+    e = cfg.evolve
+    n = min(e.fitness_examples, len(ds.val.labels))
+    batches = data.epoch_batches(ds.train, min(e.bn_batch_size, len(ds.train.labels)), seed=cfg.seed + 3, epoch=0)
+    calib = np.stack([next(batches)[0] for _ in range(max(1, e.bn_batches))])
+    return calib, ds.val.images[:n], ds.val.labels[:n]
+
+
+# ----------------------------------------------------------------------------------------------- stage 2
+
+def feasible_population(key, space, costs: CostCache, t_const, mem, size: int, tries: int = 32) -> np.ndarray:
+    """int32[size, G]: uniform draws, those meeting both limits first (rejection sampling)."""
+    cand = np.asarray(sample_valid(key, jnp.asarray(space.mask()), size * tries))
+    lat, peak = costs.arrays(cand)
+    ok = (lat <= t_const + 1e-12) & (peak <= mem)
+    return cand[np.argsort(~ok, kind="stable")[:size]]
+
+
+def fallback(space: SplitSpace, costs: CostCache, t_const: float, mem: float) -> np.ndarray:
+    """The genes of the fastest smallest-op network meeting both limits (exists after ``check_limits``)."""
+    o = space.decode(space.extreme(False)).ops[0][0]
+    ops = tuple((o,) * space.max_depth for _ in range(space.num_phases))
+    best, best_t = None, np.inf
+    for depth in itertools.product(range(1, space.max_depth + 1), repeat=space.num_phases):
+        for p in range(space.num_phases):
+            for m in range(1, depth[p] + 1):
+                for d in space.d_choices(p):
+                    g = space.encode(SplitArch(ops, depth, (p, m), d))
+                    c = costs(g)
+                    if c.total_ms <= t_const + 1e-12 and c.sensor_peak_bytes <= mem and c.total_ms < best_t:
+                        best, best_t = g, c.total_ms
+    return best
+
+
+def evolution(cfg, space, params, costs: CostCache, calib, xv, yv, progress=True):
+    """Stage 2. Returns (winner genes int32[G], per-generation log, best record)."""
+    e, t_const, mem = cfg.evolve, float(cfg.t_const_ms), costs.hw.sensor_memory_bytes
+    strat = strategies.make("evolution", mask=space.mask(), population=e.population, parent_ratio=e.parent_ratio,
+                            mutation_prob=e.mutation_prob, mutation_ratio=e.mutation_ratio)
+    key = jax.random.PRNGKey(cfg.seed + 4)
+    k0, kp = jax.random.split(key)
+    es = strat.init(k0)
+    es = es._replace(population=jnp.asarray(feasible_population(kp, space, costs, t_const, mem, e.population)))
+    ask, tell = jax.jit(strat.ask), jax.jit(strat.tell)
+    log, best = [], None
+    for gen in tqdm(range(e.generations), disable=not progress, desc="evolution", unit="gen"):
+        ka, kt = jax.random.split(jax.random.fold_in(key, gen + 1))
+        archs, es = ask(ka, es)
+        pop = np.asarray(archs.ops)
+        lat, peak = costs.arrays(pop)
+        ok = (lat <= t_const + 1e-12) & (peak <= mem)
+        acc = np.asarray(population_accuracy(space, params, pop, calib, xv, yv), np.float64)
+        fit = np.where(ok, acc - lat / t_const / (2 * len(yv)), -np.inf)
+        es, _ = tell(kt, archs, jnp.asarray(fit, jnp.float32), es)
+        i = int(np.argmax(fit))
+        if ok[i] and (best is None or fit[i] > best["fitness"]):
+            best = {"genes": pop[i].tolist(), "accuracy": float(acc[i]), "latency_ms": float(lat[i]),
+                    "sensor_peak_bytes": float(peak[i]), "fitness": float(fit[i])}
+        log.append({"generation": gen, "feasible_fraction": float(ok.mean()),
+                    "best_accuracy": float(acc[ok].max()) if ok.any() else None, "mean_accuracy": float(acc.mean()),
+                    "best_so_far_accuracy": None if best is None else best["accuracy"],
+                    "max_latency_ms": float(lat.max()), "max_sensor_peak_bytes": float(peak.max())})
+    winner = np.asarray(best["genes"], np.int32) if best else fallback(space, costs, t_const, mem)
+    return winner, log, best
+
+
+# ----------------------------------------------------------------------------------------------- retrain
+
+def train_fixed(cfg, space, ds, params, genes, epochs: int, *, pos=None, module="split", lr=None,
+                progress=True, desc="retrain"):
+    """Trains one network (genes fixed; ``pos``/``module`` as in ``net.apply_fixed``, None: the genes' split,
+    which computes what ``net.apply`` computes for these genes)
+    from ``params`` for ``epochs``; returns (params, bn state with running statistics, history rows)."""
+    s = cfg.search
+    lr = cfg.retrain.lr if lr is None else lr
+    tx = optax.adam(lr)
+    genes = jnp.asarray(genes, jnp.int32)
+
+    pos = space.decode(genes).split if pos is None else pos  # static: only this network is compiled
+
+    def fwd(p, st, x, train):
+        return N.apply_fixed(space, p, st, genes, x, train=train, pos=pos, module=module)
+
+    @jax.jit
+    def step(p, st, opt, x, y):
+        def loss(p):
+            logits, st2 = fwd(p, st, x, True)
+            return cross_entropy(logits, y) + s.lambda1 * l2_norm_sq(p), st2
+        (l, st2), g = jax.value_and_grad(loss, has_aux=True)(p)
+        up, opt = tx.update(g, opt, p)
+        return optax.apply_updates(p, up), st2, opt, l
+
+    calib, _, _ = _eval_data(cfg, ds)
+    st = N.recalibrate(lambda p, b, x, t: fwd(p, b, x, t), params, _zero_state(space, params), jnp.asarray(calib))
+    opt, hist = tx.init(params), []
+    evaluate = jax.jit(lambda p, st, x: jnp.argmax(fwd(p, st, x, False)[0], -1))
+    for epoch in range(epochs):
+        for x, y in tqdm(data.epoch_batches(ds.train, s.batch_size, seed=cfg.seed + 2, epoch=epoch),
+                         disable=not progress, desc=f"{desc} {epoch}", total=data.num_batches(ds.train, s.batch_size)):
+            params, st, opt, l = step(params, st, opt, x, y)
+        hist.append({"epoch": epoch, "stage": "retrain", "train_loss": float(l), "train_acc": None,
+                     "val_acc": accuracy(evaluate, params, st, ds.val), "expected_latency_ms": None,
+                     "derived_latency_ms": None})
+    return params, st, hist, evaluate
+
+
+def accuracy(evaluate, params, st, split: data.Split, batch: int = 256) -> float:
+    right = sum(int(np.sum(np.asarray(evaluate(params, st, x)) == y)) for x, y in data.eval_batches(split, batch))
+    return right / len(split.labels)
+
+
+# ----------------------------------------------------------------------------------------------- outputs
+
+def compact_parts(space: SplitSpace, params, bn, genes) -> dict:
+    """Per-device parameters of one network: ``sensor`` (stem, on-sensor blocks cut to their kernel and
+    expansion, Conv-Reduce cut to d outputs) and ``aggregator`` (recover/fuse cut to the d channels of each view,
+    on-aggregator blocks, head), each {"layers": [...], "params": ..., "bn": ...}."""
+    a = space.decode(genes)
+    p_s, m_s = a.split
+    out = {dev: {"layers": [], "params": {"blocks": {}}, "bn": {"blocks": {}}} for dev in ("sensor", "aggregator")}
+    out["sensor"]["params"]["stem"], out["sensor"]["bn"]["stem"] = params["stem"], bn["stem"]
+    for p in range(space.num_phases):
+        for j in range(a.depth[p]):
+            dev = "sensor" if (p, j) < (p_s, m_s) else "aggregator"
+            side = "sensor" if space.shared or dev == "sensor" else "aggregator"
+            i = p * space.max_depth + j
+            k, e = space.op_choices[a.ops[p][j]]
+            c_in = space.slot(p, j)[0]
+            mid, lo = c_in * e, (space.kmax - k) // 2
+            w, st = params[side][i], bn[side][i]
+            q = {"expand": w["expand"][:, :mid], "dw": w["dw"][lo:lo + k, lo:lo + k, :mid],
+                 "project": w["project"][:mid], "bn3": w["bn3"]}
+            q.update({n: {kk: v[:mid] for kk, v in w[n].items()} for n in ("bn1", "bn2")})
+            sq = {"bn1": {kk: v[:mid] for kk, v in st["bn1"].items()},
+                  "bn2": {kk: v[:mid] for kk, v in st["bn2"].items()}, "bn3": st["bn3"]}
+            out[dev]["layers"].append({"phase": p, "slot": j, "op": space.op_name(p, j, a.ops[p][j])})
+            out[dev]["params"]["blocks"][f"{p}.{j}"], out[dev]["bn"]["blocks"][f"{p}.{j}"] = q, sq
+    mod, dm = params["modules"][p_s], space.d_max(p_s)
+    out["sensor"]["params"]["reduce"] = mod["reduce"][..., :a.d]
+    if space.views == 1:
+        out["aggregator"]["params"]["recover"] = mod["recover"][:, :, :a.d]
+    else:
+        rows = np.concatenate([np.arange(a.d) + v * dm for v in range(space.views)])
+        out["aggregator"]["params"]["fuse"] = mod["fuse"][:, :, rows]
+    out["aggregator"]["params"]["head"], out["aggregator"]["bn"]["head"] = params["head"], bn["head"]
+    return out
+
+
+def write_parts(space, params, bn, genes, directory: str) -> dict:
+    """``sensor.npz`` and ``aggregator.npz`` (weights and BN statistics) and ``manifest.json``."""
+    os.makedirs(directory, exist_ok=True)
+    a = space.decode(genes)
+    parts = compact_parts(space, jax.device_get(params), jax.device_get(bn), genes)
+    s_hw, c = space.phase_hw(a.split[0]), space.phase_channels[a.split[0]]
+    shapes = {"sensor": ([space.image_size, space.image_size, space.in_channels], [s_hw, s_hw, a.d]),
+              "aggregator": ([space.views, s_hw, s_hw, a.d], [space.num_classes])}
+    manifest = {"views": space.views, "split": {"phase": a.split[0], "m": a.split[1], "d": a.d, "c": c},
+                "devices": {}}
+    for dev, part in parts.items():
+        flat = {}
+        for prefix in ("params", "bn"):
+            for path, leaf in jax.tree_util.tree_flatten_with_path(part[prefix])[0]:
+                flat[prefix + "/" + "/".join(str(getattr(k, "key", k)) for k in path)] = np.asarray(leaf)
+        np.savez(os.path.join(directory, f"{dev}.npz"), **flat)
+        manifest["devices"][dev] = {"layers": part["layers"], "file": f"{dev}.npz", "input_shape": shapes[dev][0],
+                                    "output_shape": shapes[dev][1]}
+    with open(os.path.join(directory, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=2)
+    return manifest
+
+
+def describe(space: SplitSpace, genes, cost: H.Cost) -> dict:
+    """The ``splitnets`` block of result.json: where the split is and what it costs."""
+    a = space.decode(genes)
+    p, m = a.split
+    before = sum(a.depth[:p]) + m
+    return {"views": space.views, "split_phase": p, "blocks_on_sensor": before,
+            "blocks_on_aggregator": sum(a.depth) - before, "depth": list(a.depth), "d": a.d,
+            "c": space.phase_channels[p], "feature_shape": [space.phase_hw(p), space.phase_hw(p), a.d],
+            "bytes_per_sensor": cost.bytes_per_sensor, "bus_bytes": cost.bus_bytes,
+            "bus_bytes_without_module": float(space.phase_hw(p) ** 2 * space.phase_channels[p] * space.views),
+            "sensor_peak_memory_bytes": cost.sensor_peak_bytes, "genes": [int(g) for g in genes]}
+
+
+def result_dict(cfg, space, hw, genes, cost: H.Cost, val_acc, test_acc, n_params, ds_name, note) -> dict:
+    a = space.decode(genes)
+    arch = []
+    for p in range(space.num_phases):
+        for j in range(a.depth[p]):
+            arch.append({"layer": len(arch), "device": "sensor" if (p, j) < a.split else "aggregator",
+                         "op": space.op_name(p, j, a.ops[p][j])})
+    met_t = cost.total_ms <= cfg.t_const_ms + 1e-12
+    met_m = cost.sensor_peak_bytes <= hw.sensor_memory_bytes
+    return {"topology": cfg.splitnets.topology or f"hmd_{space.views}_sensors", "t_const_ms": float(cfg.t_const_ms),
+            "architecture": arch, "split": "searched",
+            "latency_ms": {"total": cost.total_ms, "per_device": {"sensor": cost.sensor_ms,
+                                                                  "aggregator": cost.aggregator_ms},
+                           "per_link": {"sensor->aggregator": cost.comm_ms}},
+            "accuracy": {"val": val_acc, "test": test_acc}, "params": n_params,
+            "budget": {"met": bool(met_t and met_m), "repaired": False, "min_reachable_ms": None, "note": note},
+            "memory": {"sensor_peak_bytes": cost.sensor_peak_bytes, "limit_bytes": hw.sensor_memory_bytes,
+                       "met": bool(met_m)},
+            "splitnets": describe(space, genes, cost), "dataset": ds_name, "seed": cfg.seed, "flow": "splitnets"}
+
+
+# ----------------------------------------------------------------------------------------------- the flow
+
+def prepare(cfg):
+    """(cfg with defaults, hardware, space, data) after every check; raises ConfigError before any write."""
+    cfg = with_defaults(cfg)
+    validate(cfg)
+    hw = hardware(cfg)
+    ds = VW.load(cfg.dataset, views=cfg.splitnets.views, view_size=cfg.splitnets.view_size,
+                 data_dir=cfg.get("data_dir"), val_fraction=cfg.val_fraction, seed=cfg.seed,
+                 image_size=cfg.get("image_size"), max_train=cfg.get("max_train"))
+    space = build_space(cfg, ds.image_size, ds.channels, ds.num_classes)
+    check_limits(space, hw, float(cfg.t_const_ms))
+    return cfg, hw, space, ds
+
+
+def evolve(cfg, workdir: str, *, resume: bool = False, progress: bool = True) -> dict:
+    """Stage 1, stage 2, retrain; writes result.json, history.json, evolution.json, plots and parts/."""
+    if resume:
+        raise ConfigError("--resume is not supported by the SplitNets flow; start it in a new workdir")
+    cfg, hw, space, ds = prepare(cfg)
+    pipeline._prepare_workdir(workdir, False)
+    t0 = time.time()
+    st, history, t_super = train_supernet(cfg, space, ds, cfg.splitnets.init, progress)
+    calib, xv, yv = _eval_data(cfg, ds)
+    costs = CostCache(space, hw)
+    t1 = time.time()
+    genes, log, best = evolution(cfg, space, st.params, costs, jnp.asarray(calib), xv, yv, progress)
+    t_evo = time.time() - t1
+    note = ("the evolution's best network meets both hard limits (latency and sensor memory)" if best else
+            "no evolved candidate met both limits; the fastest smallest-op network within them is used")
+    params, bn, hist2, evaluate = train_fixed(cfg, space, ds, st.params, genes, cfg.retrain.epochs,
+                                              progress=progress)
+    history += hist2
+    cost = costs(genes)
+    n_params = sum(int(np.size(v)) for part in compact_parts(space, params, bn, genes).values()
+                   for v in jax.tree_util.tree_leaves(part["params"]))
+    result = result_dict(cfg, space, hw, genes, cost, accuracy(evaluate, params, bn, ds.val),
+                         accuracy(evaluate, params, bn, ds.test), n_params, ds.name, note)
+    result["evolution"] = {"population": cfg.evolve.population, "generations": cfg.evolve.generations,
+                           "supernet_val_acc": None if best is None else best["accuracy"]}
+    result["seconds"] = {"supernet": t_super, "evolution": t_evo, "total": time.time() - t0}
+    for h in history:
+        h["derived_latency_ms"] = cost.total_ms
+    with open(os.path.join(workdir, "result.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    with open(os.path.join(workdir, "history.json"), "w") as f:
+        json.dump(history, f, indent=2)
+    with open(os.path.join(workdir, "evolution.json"), "w") as f:
+        json.dump({"generations": log, "best": best, "winner": [int(g) for g in genes]}, f, indent=2)
+    report.write_report(result, [{k: h[k] for k in ("epoch", "stage", "train_loss", "train_acc", "val_acc",
+                                                    "expected_latency_ms", "derived_latency_ms")}
+                                 for h in history], workdir)
+    write_parts(space, params, bn, genes, os.path.join(workdir, "parts"))
+    return result
