@@ -270,6 +270,15 @@ def prepare(cfg, workdir: str, resume: bool):
 def search(cfg, workdir: str, *, resume: bool = False, progress: bool = True) -> dict:
     """Runs the rounds, fine-tunes, writes result.json, history.json, the plots and checkpoints; returns result."""
     run, cfg = prepare(cfg, workdir, resume)
+    before = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", bool(cfg.get("fast_compile", False)) or before)
+    try:
+        return _search(cfg, run, workdir, resume, progress)
+    finally:
+        jax.config.update("jax_disable_most_optimizations", before)
+
+
+def _search(cfg, run, workdir, resume, progress) -> dict:
     fp = pipeline.fingerprint(cfg)
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints", "separable"))
     state, history, start = run.init_state(), [], 0
