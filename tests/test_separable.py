@@ -283,3 +283,12 @@ def test_cli_run_outputs_and_resume(tmp_path, capsys):
     # a second run into the same workdir refuses without touching it
     assert cli.main(["separable", "--config", f"{cfg_file}:tiny", "--workdir", str(wd), "--no-progress"]) == 2
     assert "already holds a run" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("stride, size", [(1, 8), (2, 8), (2, 7)])
+def test_grouped_conv_equals_xla_grouped_convolution(stride, size):
+    h = jax.random.normal(jax.random.PRNGKey(0), (2, size, size, 6))
+    w = jax.random.normal(jax.random.PRNGKey(1), (3, 3, 2, 6))
+    want = jax.lax.conv_general_dilated(h, w, (stride, stride), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                        feature_group_count=3)
+    np.testing.assert_allclose(net.grouped_conv3x3(h, w, stride, 3), want, rtol=1e-5, atol=1e-5)

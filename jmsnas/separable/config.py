@@ -28,13 +28,13 @@ def default_config() -> ml_collections.ConfigDict:
                                                bandwidth_mbps=300.0, link_latency_ms=0.0, input_device=0))
     c.cluster.num_devices = ml_collections.FieldReference(None, field_type=int)
     c.search = ml_collections.ConfigDict(dict(
-        rounds=5, net_steps=30, decisions_per_step=1, batch_size=64, lr=3e-3, ctrl_steps=8, population=8,
-        ctrl_lr=3.5e-3, hidden=100, entropy_coef=1e-3, comm_cost=0.0, final_samples=8, finetune_steps=40,
+        rounds=4, net_steps=25, decisions_per_step=1, batch_size=64, lr=3e-3, ctrl_steps=6, population=8,
+        ctrl_lr=0.02, hidden=100, entropy_coef=1e-3, comm_cost=0.0, final_samples=8, finetune_steps=30,
         finetune_lr=1e-3))
     c.reference = True  # also train the non-separated network for the same number of steps
     c.eval_batch_size = 256
-    # compile without XLA's optimisation passes: these networks are tiny and compilation dominates a run on CPU
-    c.fast_compile = True
+    # True: compile without XLA's optimisation passes (about 1.3x faster compiles, 2.5x slower steps on CPU)
+    c.fast_compile = False
     return c
 
 

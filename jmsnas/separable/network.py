@@ -5,9 +5,8 @@ Layout (per group g = 0..G-1, every group on its own node):
 * stem: one 3x3 convolution (``stem_channels``) computed once on the input node; its output is replicated to the G
   groups (Table 1's "concatenate G duplications": the first transmission, a broadcast).
 * blocks: ResNeXt bottlenecks, one per group: 1x1 conv M -> P*d, ReLU, 3x3 grouped conv with P = C/G paths of
-  width d (the stride of the block), ReLU, 1x1 conv P*d -> M', scaled by a learned gain initialised to 0 (so an
-  untrained block is the identity and no normalisation layer is needed), plus the shortcut (a 1x1 projection when
-  the shape changes). eq. (2): ``X_i^l = X_i^{l-1} + T_i(X_i^{l-1}) + D_i^l``.
+  width d (the stride of the block), ReLU, 1x1 conv P*d -> M', scaled by a learned scalar gain (initialised to 1;
+  no normalisation layer: the networks are shallow), plus the shortcut (a 1x1 projection when the shape changes). eq. (2): ``X_i^l = X_i^{l-1} + T_i(X_i^{l-1}) + D_i^l``.
 * transmissions (eq. (3)), with staleness alpha: the blocks form windows of alpha blocks; in window s each node
   sends ``F(X)`` of the output of the window's first block to ``perm_s[i]`` and the receiver adds what it gets to
   the output of the window's last block (alpha = 1: the same block, synchronous; alpha = 2: the features are one
@@ -130,19 +129,19 @@ def make_spec(*, num_groups: int, image_size: int, in_channels: int, num_classes
 # --------------------------------------------------------------------------------------------------- params
 
 def _block_shapes(b: BlockShape) -> dict:
-    """name -> (shape, fan_in) of one group's block (fan_in 0: initialised to zero)."""
+    """name -> (shape, fan_in) of one group's block (fan_in 0: zeros, -1: ones)."""
     mid = b.paths * b.width
     p = {"w1": ((b.cin, mid), b.cin), "b1": ((mid,), 0), "w2": ((3, 3, b.width, mid), 9 * b.width),
-         "b2": ((mid,), 0), "w3": ((mid, b.cout), mid), "b3": ((b.cout,), 0), "gain": ((), 0)}
+         "b2": ((mid,), 0), "w3": ((mid, b.cout), mid), "b3": ((b.cout,), 0), "gain": ((), -1)}
     if b.stride != 1 or b.cin != b.cout:
         p["wp"] = ((b.cin, b.cout), b.cin)
     return p
 
 
 def param_shapes(spec: NetSpec) -> dict:
-    """The params tree as name -> (shape, std) (std 0: zeros; He-normal std sqrt(2 / fan_in) for convs)."""
+    """The params tree as name -> (shape, std) (std 0: zeros, -1: ones; He-normal std sqrt(2 / fan_in) for convs)."""
     g = spec.num_groups
-    he = lambda shape, fan: (shape, float(np.sqrt(2.0 / fan)) if fan else 0.0)
+    he = lambda shape, fan: (shape, float(np.sqrt(2.0 / fan)) if fan > 0 else float(fan))
     c_last = spec.blocks[-1].cout
     return {"stem": {"w": he((3, 3, spec.in_channels, spec.stem_channels), 9 * spec.in_channels),
                      "b": ((spec.stem_channels,), 0.0)},
@@ -154,7 +153,7 @@ def param_shapes(spec: NetSpec) -> dict:
 def init(key: jax.Array, spec: NetSpec) -> dict:
     """Params: stem (shared, on the input node), blocks (each leaf with a leading group axis G), head.
 
-    Convolutions are He-normal, biases and the residual gains zero. All normals come from one draw of
+    Convolutions are He-normal, biases zero, the residual gains one. All normals come from one draw of
     ``jax.random.normal(key, [total])`` cut into the leaves (one small program: a per-leaf draw under jit takes
     XLA:CPU tens of seconds to compile)."""
     leaves, tree = jax.tree_util.tree_flatten(param_shapes(spec), is_leaf=lambda x: isinstance(x, tuple)
@@ -163,7 +162,8 @@ def init(key: jax.Array, spec: NetSpec) -> dict:
     flat = jax.random.normal(key, (sum(sizes),), jnp.float32)
     out, off = [], 0
     for (shape, std), n in zip(leaves, sizes):
-        out.append(jnp.reshape(flat[off:off + n], shape) * std)
+        # std 0: zeros; std -1: ones (the residual gains)
+        out.append(jnp.ones(shape) if std < 0 else jnp.reshape(flat[off:off + n], shape) * std)
         off += n
     return jax.tree_util.tree_unflatten(tree, out)
 
@@ -176,12 +176,33 @@ def stem_apply(p: dict, x: jnp.ndarray) -> jnp.ndarray:
     return jax.nn.relu(y + p["b"])
 
 
+def grouped_conv3x3(h: jnp.ndarray, w: jnp.ndarray, stride: int, paths: int) -> jnp.ndarray:
+    """3x3 SAME convolution with ``paths`` groups as a sum of 9 shifted batched matmuls (XLA:CPU runs grouped
+    convolutions very slowly; this is the same operator as ``lax.conv_general_dilated(..., feature_group_count=
+    paths)`` with an HWIO kernel).
+
+    h float32 [B, s, s, paths * width_in]; w [3, 3, width_in, paths * width_out] -> [B, s', s', paths * width_out].
+    """
+    b, size, _, c = h.shape
+    win, wout = w.shape[2], w.shape[3] // paths
+    out = -(-size // stride)
+    pad_total = max((out - 1) * stride + 3 - size, 0)
+    lo = pad_total // 2
+    hp = jnp.pad(h, ((0, 0), (lo, pad_total - lo), (lo, pad_total - lo), (0, 0))).reshape(
+        b, size + pad_total, size + pad_total, paths, win)
+    wk = w.reshape(3, 3, win, paths, wout)
+    acc = 0.0
+    for dy in range(3):
+        for dx in range(3):
+            tap = hp[:, dy:dy + (out - 1) * stride + 1:stride, dx:dx + (out - 1) * stride + 1:stride]
+            acc = acc + jnp.einsum("byxpi,ipo->byxpo", tap, wk[dy, dx])
+    return acc.reshape(b, out, out, paths * wout)
+
+
 def block_apply(p: dict, x: jnp.ndarray, b: BlockShape) -> jnp.ndarray:
     """One group's bottleneck: float32 [B, s_in, s_in, cin] -> [B, s_out, s_out, cout] (no received features)."""
     h = jax.nn.relu(x @ p["w1"] + p["b1"])
-    h = jax.lax.conv_general_dilated(h, p["w2"], (b.stride, b.stride), "SAME",
-                                     dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=b.paths)
-    h = jax.nn.relu(h + p["b2"])
+    h = jax.nn.relu(grouped_conv3x3(h, p["w2"], b.stride, b.paths) + p["b2"])
     y = h @ p["w3"] + p["b3"]
     sc = x[:, ::b.stride, ::b.stride, :]
     if "wp" in p:
