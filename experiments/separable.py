@@ -31,14 +31,16 @@ def _config(arg):
     return mod.get_config(arg)
 
 
-def run_variant(name, runs):
-    wd = os.path.join(runs, name)
+def run_variant(name, runs, seed=0):
+    wd = os.path.join(runs, name if seed == 0 else f"{name}_seed{seed}")
     if os.path.isfile(os.path.join(wd, "result.json")):
         with open(os.path.join(wd, "result.json")) as f:
             res = json.load(f)
     else:
         t0 = time.time()
-        res = search.search(_config(name), wd, progress=False)
+        cfg = _config(name)
+        cfg.seed = seed
+        res = search.search(cfg, wd, progress=False)
         res["wall_s"] = time.time() - t0
         with open(os.path.join(wd, "result.json"), "w") as f:
             json.dump(res, f, indent=2)
@@ -107,8 +109,12 @@ def main():
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--runs", default="runs/separable")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--seeds", default="0", help="comma-separated seeds; the table shows each run")
     a = ap.parse_args()
-    results = {v: run_variant(v, a.runs) for v in a.variants.split(",")}
+    results = {}
+    for seed in (int(x) for x in a.seeds.split(",")):
+        for v in a.variants.split(","):
+            results[v if seed == 0 else f"{v}_seed{seed}"] = run_variant(v, a.runs, seed)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "separable_table5.md"), "w") as f:
         f.write(table(results) + "\n\n" + decisions(results) + "\n")
