@@ -58,21 +58,32 @@ def label(res):
     return s
 
 
+def steps_ratio(res, arm) -> float:
+    """Bytes of the transmission steps only (the stem broadcast, the same in both, left out) relative to the
+    non-separated network's all-reduces."""
+    c = res[arm]["cost"]
+    steps = sum(s["bytes"] for s in c["steps"])
+    bcast = c["bytes_per_image"] - steps
+    return steps / (c["reference_bytes"] - bcast)
+
+
 def table(results) -> str:
-    lines = ["| method | test acc. (controller) | comm. (controller) | test acc. (random) | comm. (random) | "
-             "mean val. reward controller / random | latency ms (overlap / sync) | wall s |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| run | method | test acc. (controller) | comm. (controller) | comm. excl. stem broadcast | "
+             "test acc. (random) | comm. (random) | last-round mean val. reward controller / random | "
+             "latency ms (overlap / sync) | wall s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     seen_ref = set()
     for name, (res, _) in results.items():
         g = res["network"]["G"]
         if g not in seen_ref and "reference" in res:
             seen_ref.add(g)
-            lines.append(f"| ResNeXt, non-separated, ring all-reduce over G={g} (run {name}) | "
-                         f"{100 * res['reference']['test_acc']:.2f}% | 100.00% | | | | | |")
+            lines.append(f"| {name} | ResNeXt, non-separated, ring all-reduce over G={g} | "
+                         f"{100 * res['reference']['test_acc']:.2f}% | 100.00% | 100.00% | | | | | |")
         c, r, rs = res["controller"], res["random"], res["reward_summary"]
-        lines.append(f"| {label(res)} | {100 * c['test_acc']:.2f}% | {100 * c['cost']['bytes_ratio']:.2f}% | "
+        lines.append(f"| {name} | {label(res)} | {100 * c['test_acc']:.2f}% | {100 * c['cost']['bytes_ratio']:.2f}% | "
+                     f"{100 * steps_ratio(res, 'controller'):.2f}% | "
                      f"{100 * r['test_acc']:.2f}% | {100 * r['cost']['bytes_ratio']:.2f}% | "
-                     f"{rs['controller']['mean_reward']:.4f} / {rs['random']['mean_reward']:.4f} | "
+                     f"{rs['controller']['last_round_mean_reward']:.3f} / {rs['random']['last_round_mean_reward']:.3f} | "
                      f"{c['cost']['latency_ms']:.2f} / {c['cost']['synchronous_ms']:.2f} | "
                      f"{res.get('wall_s', float('nan')):.0f} |")
     return "\n".join(lines)
@@ -89,17 +100,22 @@ def decisions(results) -> str:
 
 def fig4(results, path):
     names = list(results)
-    fig = Figure(figsize=(4 * len(names), 3.4), layout="constrained")
-    axes = np.atleast_1d(fig.subplots(1, len(names), sharey=True))
+    cols = min(3, len(names))
+    rows = -(-len(names) // cols)
+    fig = Figure(figsize=(4.2 * cols, 3.2 * rows), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(rows, cols, sharey=True)).reshape(-1)
+    for ax in axes[len(names):]:
+        ax.set_visible(False)
     for ax, name in zip(axes, names):
         res, hist = results[name]
         for arm, color in (("controller", "#1f77b4"), ("random", "#ff7f0e")):
             r = np.array([v for h in hist for v in h[arm]["rewards"]])
             ax.plot(np.arange(1, r.size + 1), 100 * r, color=color, lw=1,
                     label="LSTM controller" if arm == "controller" else "random sampler")
-        ax.set_title(label(res).replace("Sep-ResNeXt ", ""), fontsize=8)
+        ax.set_title(f"{name}: " + label(res).replace("Sep-ResNeXt ", ""), fontsize=8)
         ax.set_xlabel("controller step")
-    axes[0].set_ylabel("mean validation accuracy (%)")
+    for i in range(0, len(names), cols):
+        axes[i].set_ylabel("mean validation accuracy (%)")
     axes[0].legend(fontsize=7, loc="lower right")
     fig.savefig(path, dpi=110, format="png")
 
