@@ -240,6 +240,7 @@ def test_bad_decisions_and_cluster():
     ("--config.cluster.num_devices=3", "G=4 does not match topology 'cluster3' with 3 devices"),
     ("--config.net.alpha=0", "alpha (staleness factor) must be an integer >= 1, got 0"),
     ("--config.net.num_levels=0", "K (sparsity levels) must be an integer >= 1, got 0"),
+    ("--config.decisions=[[1,0,3,2],[0,0,1,3]]", "decision at step 1 [0, 0, 1, 3] is not a permutation of 0..3"),
 ])
 def test_cli_bad_input_one_line_exit_2_and_no_workdir(tmp_path, capsys, override, needle):
     wd = tmp_path / "run"
@@ -255,7 +256,8 @@ def test_cli_run_outputs_and_resume(tmp_path, capsys):
     """The tiny config end to end through the CLI; then a run resumed from its first round ends the same."""
     cfg_file = os.path.join(os.path.dirname(__file__), "..", "experiments", "configs", "separable.py")
     wd = tmp_path / "run"
-    assert cli.main(["separable", "--config", f"{cfg_file}:g4a2k3f16:tiny", "--workdir", str(wd),
+    given = "--config.decisions=[[1,0,3,2],[0,1,2,3]]"
+    assert cli.main(["separable", "--config", f"{cfg_file}:g4a2k3f16:tiny", "--workdir", str(wd), given,
                      "--no-progress"]) == 0
     assert "controller" in capsys.readouterr().out
     res = json.loads((wd / "result.json").read_text())
@@ -269,12 +271,15 @@ def test_cli_run_outputs_and_resume(tmp_path, capsys):
         assert c["latency_ms"] <= c["synchronous_ms"] and set(c["compute_ms"]) == {f"node{i}" for i in range(4)}
         assert 0 <= res[arm]["test_acc"] <= 1
     assert len(json.loads((wd / "history.json").read_text())) == 2
+    # the given decisions: stem broadcast 3 x 8x8x8 float32 + step 0: 4 senders x 64 px x 8 ch x 2 B
+    assert res["given"]["decisions"]["perm_ids"] == [7, 0]
+    assert res["given"]["cost"]["bytes_per_image"] == 3 * 64 * 8 * 4 + 4 * 64 * 8 * 2
     # resume: drop the last round's checkpoint, continue from round 1
     ck = wd / "checkpoints" / "separable"
     shutil.rmtree(ck / "2")
     os.remove(wd / "result.json")
     assert cli.main(["separable", "--config", f"{cfg_file}:g4a2k3f16:tiny", "--workdir", str(wd), "--resume",
-                     "--no-progress"]) == 0
+                     given, "--no-progress"]) == 0
     again = json.loads((wd / "result.json").read_text())
     for arm in ("controller", "random"):
         assert again[arm]["decisions"] == res[arm]["decisions"]

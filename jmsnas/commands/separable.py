@@ -28,6 +28,11 @@ def summary(result) -> str:
                      f"test acc {100 * a['test_acc']:.2f}%, {c['bytes_per_image']} B/image "
                      f"({100 * c['bytes_ratio']:.1f}% of non-separated), latency {c['latency_ms']:.3f} ms "
                      f"(synchronous {c['synchronous_ms']:.3f} ms)")
+    if "given" in result:
+        g, c = result["given"], result["given"]["cost"]
+        lines.append(f"  given decisions {g['decisions']['perm_ids']} levels {g['decisions']['levels']} (controller's "
+                     f"weights): test acc {100 * g['test_acc']:.2f}%, {c['bytes_per_image']} B/image, latency "
+                     f"{c['latency_ms']:.3f} ms (synchronous {c['synchronous_ms']:.3f} ms)")
     if "reference" in result:
         lines.append(f"  non-separated: test acc {100 * result['reference']['test_acc']:.2f}%, "
                      f"{result['reference']['bytes_per_image']} B/image (ring all-reduce)")

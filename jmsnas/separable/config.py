@@ -31,6 +31,10 @@ def default_config() -> ml_collections.ConfigDict:
         rounds=4, net_steps=25, decisions_per_step=1, batch_size=64, lr=3e-3, ctrl_steps=6, population=8,
         ctrl_lr=0.02, hidden=100, entropy_coef=1e-3, comm_cost=0.0, final_samples=8, finetune_steps=30,
         finetune_lr=1e-3))
+    # a decision sequence to report as well (S permutations, Table 3 reading: entry i = destination of node i),
+    # e.g. ((1, 0, 3, 2), (0, 1, 2, 3)); levels: S sparsity levels (None: 100 %)
+    c.decisions = ml_collections.FieldReference(None, field_type=tuple)
+    c.levels = ml_collections.FieldReference(None, field_type=tuple)
     c.reference = True  # also train the non-separated network for the same number of steps
     c.eval_batch_size = 256
     # True: compile without XLA's optimisation passes (about 1.3x faster compiles, 2.5x slower steps on CPU)

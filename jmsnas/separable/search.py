@@ -241,6 +241,14 @@ class Run:
                 "val_acc": float(self.acc(params, np.asarray(st["best_tokens"])[None])[0]),
                 "test_acc": float(self.acc(params, np.asarray(st["best_tokens"])[None], self.ds.test)[0]),
                 "cost": cost.evaluate(self.spec, self.topo, pid, lv, self.cfg.cluster.input_device)}
+        if self.cfg.get("decisions") is not None:  # the user's decision sequence, on the controller arm's weights
+            pid, lv = dec.from_permutations(self.space, self.cfg.decisions, self.cfg.get("levels"))
+            toks = self.space.encode(pid[None], lv[None])
+            best = state["arms"]["controller"]["best_params"]
+            out["given"] = {"decisions": {"perm_ids": pid.tolist(), "levels": lv.tolist()},
+                            "val_acc": float(self.acc(best, toks)[0]),
+                            "test_acc": float(self.acc(best, toks, self.ds.test)[0]),
+                            "cost": cost.evaluate(self.spec, self.topo, pid, lv, self.cfg.cluster.input_device)}
         if self.cfg.reference:
             ref, opt_state = state["ref"]["params"], jax.jit(self.ref_opt.init)(state["ref"]["params"])
             for t in range(s.finetune_steps):
@@ -262,6 +270,8 @@ def prepare(cfg, workdir: str, resume: bool):
     spec = build_spec(cfg, ds)
     topo = build_cluster(cfg)
     cost.check_cluster(spec, topo, cfg.cluster.input_device)
+    if cfg.get("decisions") is not None:
+        dec.from_permutations(spec.decision_space(), cfg.decisions, cfg.get("levels"))
     data.num_batches(ds.train, cfg.search.batch_size)  # batch size fits the split
     pipeline._prepare_workdir(workdir, resume)
     return Run(cfg, ds, spec, build_spec(cfg, ds, reference=True), topo), cfg
