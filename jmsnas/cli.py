@@ -16,6 +16,7 @@ COMMANDS = {
     "modularize": "modular", "load": "modular", "finetune": "modular",
     "autosplit": "autosplit",
     "export": "deploy", "pipeline": "deploy",
+    "separable": "separable",
 }
 
 
@@ -33,9 +34,9 @@ def main(argv=None) -> int:
     for mod in {id(m): m for m in mods.values()}.values():  # a module may serve several sub-commands
         mod.add_parser(sub)
     args, extra = parser.parse_known_args(argv)
-    if extra and args.command not in ("search", "retrain", "evolve"):
+    if extra and args.command not in ("search", "retrain", "evolve", "separable"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    if args.command in ("search", "retrain", "evolve"):
+    if args.command in ("search", "retrain", "evolve", "separable"):
         return mods[args.command].run(args, extra)
     return mods[args.command].run(args)
 

@@ -127,7 +127,7 @@ class Topology(NamedTuple):
 
     def path_order(self) -> tuple:
         """Devices in execution order (mesh branches in their listed order)."""
-        if self.kind == "chain":
+        if self.kind in ("chain", "cluster"):
             return self.pre
         if self.kind == "star":
             return self.branches + self.post
@@ -315,3 +315,27 @@ def dump(topology: Topology, path) -> None:
     """Writes ``topology`` as a topology file (JSON for a .json path, YAML otherwise); ``load`` reads it back equal."""
     from jmsnas import topofile
     topofile.dump(topology, path)
+
+
+def cluster(name: str, devices: Sequence[DeviceProfile], links: Sequence[LinkProfile]) -> Topology:
+    """A fully connected cluster of G >= 2 peers (kind ``"cluster"``, the separable networks of paper 004): every
+    ordered pair of devices has a link, so any node can send to any other. Cycles are the point here, which is why
+    this is not a chain or mesh of ``make_topology``. ``pre`` lists the devices in order; one layer slot each."""
+    devices, links = tuple(devices), tuple(links)
+    if len(devices) < 2:
+        raise TopologyError(f"a cluster needs at least 2 devices, got {len(devices)}")
+    for d in devices:
+        _validate_device(d)
+    names = [d.name for d in devices]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise TopologyError(f"duplicate device names: {dup}")
+    for l in links:
+        _validate_link(l, set(names))
+    pairs = [(l.src, l.dst) for l in links]
+    if len(set(pairs)) != len(pairs):
+        raise TopologyError(f"duplicate links among {pairs}")
+    missing = [f"{a}->{b}" for a in names for b in names if a != b and (a, b) not in pairs]
+    if missing:
+        raise TopologyError(f"cluster {name!r} must link every ordered pair of devices; missing links {missing}")
+    return Topology(name, "cluster", devices, links, (1,) * len(devices), tuple(range(len(devices))), -1, (), ())

@@ -1,0 +1,83 @@
+"""The separable-network run's configuration (ml_collections) and its validation."""
+from __future__ import annotations
+
+import ml_collections
+
+from jmsnas import data
+
+
+class SeparableConfigError(ValueError):
+    """A configuration value of the separable run that cannot be used; the message names it."""
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """G = 4 nodes, alpha = 2, a 2-stage Sep-ResNeXt on the embedded digits, Raspberry Pi 3B+ class devices."""
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+    c.dataset = "digits"
+    c.data_dir = ml_collections.FieldReference(None, field_type=str)
+    c.val_fraction = 0.15
+    c.max_train = ml_collections.FieldReference(None, field_type=int)
+    c.net = ml_collections.ConfigDict(dict(
+        num_groups=4, stem_channels=16, stage_channels=(16, 32), stage_blocks=(2, 2), stage_strides=(1, 2),
+        cardinality=8, path_width=4, alpha=2, num_levels=1, p_min=50.0, float16=False, output_group=0))
+    # the cluster: one device per group, links between all of them. Paper 004, section 4.6: a Raspberry Pi 3B+
+    # computes 1.7e8 FLOP/s and sends at 300 Mbit/s. num_devices None = G; peak_gflops and bandwidth_mbps take a
+    # number (all the same) or a list (per device / a G x G matrix, diagonal ignored).
+    c.cluster = ml_collections.ConfigDict(dict(num_devices=None, peak_gflops=0.17, efficiency=1.0,
+                                               bandwidth_mbps=300.0, link_latency_ms=0.0, input_device=0))
+    c.cluster.num_devices = ml_collections.FieldReference(None, field_type=int)
+    c.search = ml_collections.ConfigDict(dict(
+        rounds=4, net_steps=25, decisions_per_step=1, batch_size=64, lr=3e-3, ctrl_steps=6, population=8,
+        ctrl_lr=0.02, hidden=100, entropy_coef=1e-3, comm_cost=0.0, final_samples=8, finetune_steps=30,
+        finetune_lr=1e-3))
+    # a decision sequence to report as well (S permutations, Table 3 reading: entry i = destination of node i),
+    # e.g. ((1, 0, 3, 2), (0, 1, 2, 3)); levels: S sparsity levels (None: 100 %)
+    c.decisions = ml_collections.FieldReference(None, field_type=tuple)
+    c.levels = ml_collections.FieldReference(None, field_type=tuple)
+    c.reference = True  # also train the non-separated network for the same number of steps
+    c.eval_batch_size = 256
+    # True: compile without XLA's optimisation passes (about 1.3x faster compiles, 2.5x slower steps on CPU)
+    c.fast_compile = False
+    return c
+
+
+def tiny(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """A few steps of everything (tests, smoke runs)."""
+    c.max_train = 256
+    c.net.stem_channels, c.net.stage_channels, c.net.path_width = 8, (8, 8), 2
+    s = c.search
+    s.rounds, s.net_steps, s.ctrl_steps, s.population, s.final_samples, s.finetune_steps = 2, 3, 2, 4, 4, 2
+    s.batch_size, s.hidden = 32, 16
+    return c
+
+
+_POS_INT = ("rounds", "net_steps", "decisions_per_step", "batch_size", "ctrl_steps", "population", "hidden",
+            "final_samples")
+
+
+def _num(x) -> bool:
+    return not isinstance(x, bool) and isinstance(x, (int, float))
+
+
+def validate(cfg) -> None:
+    """Checks the values that would fail deep inside a run, before anything is loaded or written."""
+    if cfg.dataset not in data.DATASETS:
+        raise SeparableConfigError(f"unknown dataset {cfg.dataset!r}; expected one of {list(data.DATASETS)}")
+    s = cfg.search
+    for name in _POS_INT:
+        v = s[name]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise SeparableConfigError(f"search.{name} must be a positive integer, got {v!r}")
+    if isinstance(s.finetune_steps, bool) or not isinstance(s.finetune_steps, int) or s.finetune_steps < 0:
+        raise SeparableConfigError(f"search.finetune_steps must be a non-negative integer, got {s.finetune_steps!r}")
+    for name in ("lr", "ctrl_lr", "finetune_lr"):
+        if not _num(s[name]) or not s[name] > 0:
+            raise SeparableConfigError(f"search.{name} must be a positive number, got {s[name]!r}")
+    for name in ("entropy_coef", "comm_cost"):
+        if not _num(s[name]) or not s[name] >= 0:
+            raise SeparableConfigError(f"search.{name} must be a number >= 0, got {s[name]!r}")
+    cl = cfg.cluster
+    for name in ("efficiency", "link_latency_ms"):
+        if not _num(cl[name]):
+            raise SeparableConfigError(f"cluster.{name} must be a number, got {cl[name]!r}")

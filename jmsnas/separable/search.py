@@ -1,0 +1,339 @@
+"""The separable-network run (paper 004, section 3.2, Fig. 2): alternate training the network on sampled
+decisions (eq. (9), Monte Carlo over ``decisions_per_step`` samples) and training the controller on validation
+accuracy (minus ``comm_cost`` x transmitted bytes relative to the non-separated network); each round ends by
+sampling ``final_samples`` decisions and keeping the best one with its weights; then fine-tune the best.
+
+The random sampler of section 4.5 runs in the same run as a second arm: the same initial network, the same
+batches, the same number of network, reward and sample evaluations, decisions drawn uniformly. Optionally the
+non-separated network (``reference``) is trained for the same number of steps.
+
+Every round ends with a checkpoint (both arms, the reference, the history); ``resume=True`` continues from the
+latest one. Keys and batches are pure functions of (seed, round, step), so a resumed run ends as an uninterrupted
+one does.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from tqdm import tqdm
+
+from jmsnas import data, pipeline
+from jmsnas.checkpoint import Checkpointer
+from jmsnas.separable import config as sconfig, cost, decisions as dec, network as net, plots
+from jmsnas.separable.controller import ask_many, make_controller, make_random
+from jmsnas.strategies.base import Strategy
+from jmsnas.topology import DeviceProfile, LinkProfile, TopologyError, cluster
+
+ARMS = ("controller", "random")
+
+
+# ------------------------------------------------------------------------------------------------- building
+
+def build_spec(cfg, ds, reference: bool = False) -> net.NetSpec:
+    n = cfg.net
+    return net.make_spec(num_groups=n.num_groups, image_size=ds.image_size, in_channels=ds.channels,
+                         num_classes=ds.num_classes, stem_channels=n.stem_channels, stage_channels=n.stage_channels,
+                         stage_blocks=n.stage_blocks, stage_strides=n.stage_strides, cardinality=n.cardinality,
+                         path_width=n.path_width, alpha=n.alpha, num_levels=n.num_levels, p_min=n.p_min,
+                         float16=n.float16, output_group=n.output_group, reference=reference)
+
+
+def _per(name: str, value, count: int) -> list:
+    if isinstance(value, (list, tuple)):
+        if len(value) != count:
+            raise TopologyError(f"cluster.{name} lists {len(value)} values {list(value)}, expected {count} "
+                                "(one per device)")
+        return list(value)
+    return [value] * count
+
+
+def build_cluster(cfg):
+    """The cluster topology of the config: ``num_devices`` (default G) devices, a link between every pair."""
+    c = cfg.cluster
+    m = cfg.net.num_groups if c.num_devices is None else c.num_devices
+    if isinstance(m, bool) or not isinstance(m, int) or m < 2:
+        raise TopologyError(f"cluster.num_devices must be an integer >= 2, got {m!r}")
+    gflops = _per("peak_gflops", c.peak_gflops, m)
+    devices = [DeviceProfile(f"node{i}", gflops[i], 1e9, efficiency=c.efficiency,
+                             note="Raspberry Pi 3B+ class (paper 004, section 4.6)") for i in range(m)]
+    bw = c.bandwidth_mbps
+    rows = _per("bandwidth_mbps", bw, m) if isinstance(bw, (list, tuple)) else [[bw] * m] * m
+    links = []
+    for i in range(m):
+        row = _per(f"bandwidth_mbps[{i}]", rows[i], m) if isinstance(rows[i], (list, tuple)) else [rows[i]] * m
+        links += [LinkProfile(f"node{i}", f"node{j}", row[j], c.link_latency_ms) for j in range(m) if j != i]
+    return cluster(f"cluster{m}", devices, links)
+
+
+# ----------------------------------------------------------------------------------------- jitted functions
+
+def make_fns(spec: net.NetSpec):
+    """(opt, step, correct) for ``spec``: Adam with the learning rate as an argument of ``step`` (one compiled
+    program for training and fine-tuning); decisions are int32[M, S] (None for the reference network)."""
+    opt = optax.inject_hyperparams(optax.adam)(learning_rate=1e-3)
+
+    def losses(params, x, y, pids, lvls):
+        logits = net.apply(spec, params, x, pids, lvls)
+        ce = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+        return ce, jnp.mean(jnp.argmax(logits, -1) == y)
+
+    def loss_fn(params, x, y, pids, lvls):
+        if pids is None:
+            return losses(params, x, y, None, None)
+        ce, acc = jax.vmap(lambda p, l: losses(params, x, y, p, l))(pids, lvls)
+        return ce.mean(), acc.mean()
+
+    @jax.jit
+    def step(params, opt_state, lr, x, y, pids, lvls):
+        (loss, acc), g = jax.value_and_grad(loss_fn, has_aux=True)(params, x, y, pids, lvls)
+        opt_state.hyperparams["learning_rate"] = lr
+        upd, opt_state = opt.update(g, opt_state, params)
+        return optax.apply_updates(params, upd), opt_state, loss, acc
+
+    @jax.jit
+    def correct(params, x, y, valid, pids, lvls):
+        """float32[P] correct predictions among the ``valid`` rows of the batch for each decision sequence."""
+        hit = lambda p, l: jnp.sum((jnp.argmax(net.apply(spec, params, x, p, l), -1) == y) * valid)
+        if pids is None:
+            return hit(None, None)[None]
+        return jax.vmap(hit)(pids, lvls)
+
+    return opt, step, correct
+
+
+def accuracy(correct, params, split: data.Split, batch: int, pids=None, lvls=None) -> np.ndarray:
+    """float64[P] accuracy of each decision sequence on a whole split (batches padded to ``batch`` rows, so one
+    compiled program serves every split)."""
+    hits = 0
+    for x, y in data.eval_batches(split, batch):
+        n = y.shape[0]
+        valid = (np.arange(batch) < n).astype(np.float32)
+        x = np.concatenate([x, np.zeros((batch - n,) + x.shape[1:], x.dtype)])
+        y = np.concatenate([y, np.zeros((batch - n,), y.dtype)])
+        hits = hits + np.asarray(correct(params, x, y, valid, pids, lvls))
+    return hits / split.labels.shape[0]
+
+
+def _batch(ds, cfg, step: int):
+    nb = data.num_batches(ds.train, cfg.search.batch_size)
+    return next(data.epoch_batches(ds.train, cfg.search.batch_size, seed=cfg.seed, epoch=step // nb, start=step % nb))
+
+
+# ---------------------------------------------------------------------------------------------------- the run
+
+class Run:
+    """Everything fixed for one run: data, specs, cluster, strategies, jitted functions."""
+
+    def __init__(self, cfg, ds, spec, ref_spec, topo):
+        s = cfg.search
+        self.cfg, self.ds, self.spec, self.ref_spec, self.topo = cfg, ds, spec, ref_spec, topo
+        self.space = spec.decision_space()
+        strategies = {"controller": make_controller(self.space, population=s.population, learning_rate=s.ctrl_lr,
+                                                    hidden=s.hidden, entropy_coef=s.entropy_coef),
+                      "random": make_random(self.space, population=s.population)}
+        # jitted: eager ask/tell would compile every small op of the policy update separately
+        self.strategies = {a: Strategy(*(jax.jit(f) for f in st)) for a, st in strategies.items()}
+        self.opt, self.step, self.correct = make_fns(spec)
+        self.ref_opt, self.ref_step, self.ref_correct = make_fns(ref_spec)
+        self.lr, self.ft_lr = jnp.float32(s.lr), jnp.float32(s.finetune_lr)
+        self.ref_bytes = cost.reference_bytes(spec)
+
+    def init_state(self) -> dict:
+        key = jax.random.PRNGKey(self.cfg.seed)
+        k_net, k_ctrl, k_ref = jax.random.split(key, 3)
+        params = net.init(k_net, self.spec)  # the same initial network for both arms
+        tokens = self.space.mask().shape[0]
+        arms = {a: {"params": params, "opt": jax.jit(self.opt.init)(params), "strategy": self.strategies[a].init(k_ctrl),
+                    "best_params": params, "best_acc": jnp.asarray(-1.0, jnp.float32),
+                    "best_tokens": jnp.zeros((tokens,), jnp.int32)} for a in ARMS}
+        ref = net.init(k_ref, self.ref_spec)
+        return {"arms": arms, "ref": {"params": ref, "opt": jax.jit(self.ref_opt.init)(ref)}}
+
+    def decode(self, tokens):
+        p, l = self.space.decode(np.asarray(tokens))
+        return jnp.asarray(p), jnp.asarray(l)
+
+    def ratio(self, tokens) -> np.ndarray:
+        p, l = self.space.decode(np.asarray(tokens))
+        return np.array([cost.bytes_per_image(self.spec, a, b) for a, b in zip(p, l)]) / self.ref_bytes
+
+    def acc(self, params, tokens, split=None) -> np.ndarray:
+        """float64[n] accuracy of n decision sequences (tokens int[n, T]) on ``split`` (default val), evaluated
+        in chunks of the population size P (one compiled program)."""
+        split = self.ds.val if split is None else split
+        tokens, pop = np.asarray(tokens), self.cfg.search.population
+        out = []
+        for i in range(0, tokens.shape[0], pop):
+            chunk = tokens[i:i + pop]
+            padded = np.concatenate([chunk, np.repeat(chunk[-1:], pop - chunk.shape[0], 0)])
+            p, l = self.decode(padded)
+            out.append(accuracy(self.correct, params, split, self.cfg.eval_batch_size, p, l)[:chunk.shape[0]])
+        return np.concatenate(out)
+
+    def round(self, state: dict, r: int) -> tuple[dict, dict]:
+        """One round for both arms and the reference; returns (state, history entry)."""
+        s = self.cfg.search
+        key = jax.random.fold_in(jax.random.PRNGKey(self.cfg.seed + 1), r)
+        entry = {"round": r}
+        for arm in ARMS:
+            st, strat = dict(state["arms"][arm]), self.strategies[arm]
+            k_net, k_ctrl, k_samp = jax.random.split(key, 3)
+            losses = []
+            for t in range(s.net_steps):
+                x, y = _batch(self.ds, self.cfg, r * s.net_steps + t)
+                toks = ask_many(strat, jax.random.fold_in(k_net, t), st["strategy"],
+                                -(-s.decisions_per_step // s.population))[:s.decisions_per_step]
+                p, l = self.decode(toks)
+                st["params"], st["opt"], loss, _ = self.step(st["params"], st["opt"], self.lr, x, y, p, l)
+                losses.append(float(loss))
+            rewards = []
+            for t in range(s.ctrl_steps):
+                ka, kt = jax.random.split(jax.random.fold_in(k_ctrl, t))
+                archs, st["strategy"] = strat.ask(ka, st["strategy"])
+                acc = self.acc(st["params"], archs.ops)
+                reward = acc - s.comm_cost * self.ratio(archs.ops)
+                st["strategy"], _ = strat.tell(kt, archs, jnp.asarray(reward, jnp.float32), st["strategy"])
+                rewards.append(float(np.mean(reward)))
+            toks = ask_many(strat, k_samp, st["strategy"], -(-s.final_samples // s.population))[:s.final_samples]
+            acc = self.acc(st["params"], toks)
+            i = int(np.argmax(acc))
+            if acc[i] > float(st["best_acc"]):
+                st["best_acc"], st["best_tokens"] = jnp.asarray(acc[i], jnp.float32), jnp.asarray(toks[i])
+                st["best_params"] = st["params"]
+            entry[arm] = {"train_loss": float(np.mean(losses)), "rewards": rewards,
+                          "sample_acc": acc.tolist(), "sample_bytes_ratio": self.ratio(toks).tolist(),
+                          "best_acc": float(st["best_acc"])}
+            state["arms"][arm] = st
+        if self.cfg.reference:
+            ref = dict(state["ref"])
+            for t in range(s.net_steps):
+                x, y = _batch(self.ds, self.cfg, r * s.net_steps + t)
+                ref["params"], ref["opt"], _, _ = self.ref_step(ref["params"], ref["opt"], self.lr, x, y, None, None)
+            state["ref"] = ref
+        return state, entry
+
+    def finish(self, state: dict) -> dict:
+        """Fine-tune the best decision of each arm (and the reference) and measure test accuracy and costs."""
+        s, out = self.cfg.search, {}
+        first = s.rounds * s.net_steps
+        for arm in ARMS:
+            st = state["arms"][arm]
+            params, opt_state = st["best_params"], jax.jit(self.opt.init)(st["best_params"])
+            p, l = self.decode(np.asarray(st["best_tokens"])[None])
+            for t in range(s.finetune_steps):
+                x, y = _batch(self.ds, self.cfg, first + t)
+                params, opt_state, _, _ = self.step(params, opt_state, self.ft_lr, x, y, p, l)
+            pid, lv = np.asarray(p[0]), np.asarray(l[0])
+            table = dec.permutation_table(self.spec.num_groups)
+            out[arm] = {
+                "decisions": {"perm_ids": pid.tolist(), "permutations": table[pid].tolist(), "levels": lv.tolist(),
+                              "send_percent": [float(dec.send_fraction(int(v), self.spec.num_levels,
+                                                                       self.spec.p_min) * 100) for v in lv],
+                              "intensive": [dec.is_intensive(table[i]) for i in pid]},
+                "search_val_acc": float(st["best_acc"]),
+                "val_acc": float(self.acc(params, np.asarray(st["best_tokens"])[None])[0]),
+                "test_acc": float(self.acc(params, np.asarray(st["best_tokens"])[None], self.ds.test)[0]),
+                "cost": cost.evaluate(self.spec, self.topo, pid, lv, self.cfg.cluster.input_device)}
+        if self.cfg.get("decisions") is not None:  # the user's decision sequence, on the controller arm's weights
+            pid, lv = dec.from_permutations(self.space, self.cfg.decisions, self.cfg.get("levels"))
+            toks = self.space.encode(pid[None], lv[None])
+            best = state["arms"]["controller"]["best_params"]
+            out["given"] = {"decisions": {"perm_ids": pid.tolist(), "levels": lv.tolist()},
+                            "val_acc": float(self.acc(best, toks)[0]),
+                            "test_acc": float(self.acc(best, toks, self.ds.test)[0]),
+                            "cost": cost.evaluate(self.spec, self.topo, pid, lv, self.cfg.cluster.input_device)}
+        if self.cfg.reference:
+            ref, opt_state = state["ref"]["params"], jax.jit(self.ref_opt.init)(state["ref"]["params"])
+            for t in range(s.finetune_steps):
+                x, y = _batch(self.ds, self.cfg, first + t)
+                ref, opt_state, _, _ = self.ref_step(ref, opt_state, self.ft_lr, x, y, None, None)
+            out["reference"] = {
+                "test_acc": float(accuracy(self.ref_correct, ref, self.ds.test, self.cfg.eval_batch_size)[0]),
+                "val_acc": float(accuracy(self.ref_correct, ref, self.ds.val, self.cfg.eval_batch_size)[0]),
+                "bytes_per_image": self.ref_bytes, "num_params": net.num_params(ref)}
+        return out
+
+
+def prepare(cfg, workdir: str, resume: bool):
+    """Validates everything and builds the run before the workdir is touched; returns (Run, cfg)."""
+    cfg = sconfig.default_config() if cfg is None else ml_collections.ConfigDict(cfg.to_dict())
+    sconfig.validate(cfg)
+    ds = data.load(cfg.dataset, data_dir=cfg.get("data_dir"), val_fraction=cfg.val_fraction, seed=cfg.seed,
+                   max_train=cfg.get("max_train"))
+    spec = build_spec(cfg, ds)
+    topo = build_cluster(cfg)
+    cost.check_cluster(spec, topo, cfg.cluster.input_device)
+    if cfg.get("decisions") is not None:
+        dec.from_permutations(spec.decision_space(), cfg.decisions, cfg.get("levels"))
+    data.num_batches(ds.train, cfg.search.batch_size)  # batch size fits the split
+    pipeline._prepare_workdir(workdir, resume)
+    return Run(cfg, ds, spec, build_spec(cfg, ds, reference=True), topo), cfg
+
+
+def search(cfg, workdir: str, *, resume: bool = False, progress: bool = True) -> dict:
+    """Runs the rounds, fine-tunes, writes result.json, history.json, the plots and checkpoints; returns result."""
+    run, cfg = prepare(cfg, workdir, resume)
+    before = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", bool(cfg.get("fast_compile", False)) or before)
+    try:
+        return _search(cfg, run, workdir, resume, progress)
+    finally:
+        jax.config.update("jax_disable_most_optimizations", before)
+
+
+def _search(cfg, run, workdir, resume, progress) -> dict:
+    fp = pipeline.fingerprint(cfg)
+    ckpt = Checkpointer(os.path.join(workdir, "checkpoints", "separable"))
+    state, history, start = run.init_state(), [], 0
+    if resume:
+        state, meta = ckpt.restore(state, expect_meta={"fingerprint": fp})
+        history, start = meta["history"], int(meta["round"])
+    for r in tqdm(range(start, cfg.search.rounds), initial=start, total=cfg.search.rounds, disable=not progress,
+                  desc="separable rounds"):
+        state, entry = run.round(state, r)
+        history.append(entry)
+        ckpt.save(r + 1, state, {"round": r + 1, "history": history, "fingerprint": fp})
+    ckpt.close()
+    out = run.finish(state)
+    result = _result(cfg, run, out, history)
+    with open(os.path.join(workdir, "result.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    with open(os.path.join(workdir, "history.json"), "w") as f:
+        json.dump(history, f, indent=2)
+    result["plots"] = plots.write(result, history, workdir)
+    with open(os.path.join(workdir, "result.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    return result
+
+
+def reward_summary(history) -> dict:
+    """Mean validation reward per arm over all controller steps and over the last round's steps."""
+    out = {}
+    for arm in ARMS:
+        allr = [v for h in history for v in h[arm]["rewards"]]
+        out[arm] = {"mean_reward": float(np.mean(allr)), "last_round_mean_reward": float(np.mean(history[-1][arm]
+                                                                                               ["rewards"])),
+                    "last_round_mean_sample_acc": float(np.mean(history[-1][arm]["sample_acc"]))}
+    return out
+
+
+def _result(cfg, run: Run, out: dict, history) -> dict:
+    spec, s = run.spec, cfg.search
+    evals = s.rounds * (s.ctrl_steps * s.population + s.final_samples)
+    return {"flow": "separable", "config": cfg.to_dict(),
+            "network": {"G": spec.num_groups, "alpha": spec.alpha, "K": spec.num_levels, "p_min": spec.p_min,
+                        "float16": spec.float16, "blocks": spec.num_blocks, "steps": spec.num_steps,
+                        "search_space_size": float(math.factorial(spec.num_groups) ** spec.num_steps
+                                                   * spec.num_levels ** spec.num_steps),
+                        "num_params": net.num_params(jax.eval_shape(lambda k: net.init(k, spec), jax.random.PRNGKey(0)))},
+            "topology": {"name": run.topo.name, "devices": list(run.topo.device_names),
+                         "links": list(run.topo.link_names), "input_device": cfg.cluster.input_device,
+                         "output_device": run.topo.device_names[spec.output_group]},
+            "decision_evaluations_per_arm": evals, "reward_summary": reward_summary(history), **out}
