@@ -41,6 +41,10 @@ def validate_config(cfg) -> None:
     if topo.kind == "star":
         raise ConfigError(f"topology {cfg.topology!r} is a star of {len(topo.branches)} source devices (sensors); "
                           "search and evolve need one source device (a chain or a mesh); split it with jmsnas split")
+    if topo.kind == "cluster":
+        raise ConfigError(f"topology {cfg.topology!r} links every pair of its {topo.num_devices} devices (a cluster); "
+                          "search and evolve need a chain or a mesh; a cluster runs separable networks "
+                          "(jmsnas separable --config.cluster.topology=FILE)")
     ds = cfg.space
     try:  # the per-device schedule on this topology (shapes only; the data's sizes are not known yet)
         channels, strides = adapt_schedule(topo, tuple(ds.device_channels), tuple(ds.device_strides))

@@ -36,7 +36,8 @@ import re
 
 import yaml
 
-from jmsnas.topology import BusGroup, DeviceProfile, LinkProfile, Topology, TopologyError, make_topology
+from jmsnas.topology import (BusGroup, DeviceProfile, LinkProfile, Topology, TopologyError, cluster,
+                             make_topology)
 
 MAX_BYTES = 1 << 20  # a topology file is a few kB; 1 MiB is far beyond any real one
 MAX_DEPTH = 32  # nesting of lists/mappings; the format needs 4
@@ -313,6 +314,12 @@ def from_dict(obj: dict, source: str = "<topology>", layers_per_device=None) -> 
     buses = _buses(where, obj["buses"], set(names)) if obj.get("buses") is not None else []
     links = _links(where, obj["links"], set(names), buses)
     layers = _layers(where, obj.get("layers_per_device"), names, layers_per_device)
+    pairs = {(l.src, l.dst) for l in links}
+    if len(names) >= 2 and not buses and all((a, b) in pairs for a in names for b in names if a != b):
+        try:  # every ordered pair linked: a cluster of peers (separable networks, paper 004), one slot each
+            return cluster(name, devices, links)
+        except TopologyError as e:
+            raise TopologyError(" ".join(f"{source}: links: {e}".split())) from None
     try:
         return make_topology(name, devices, links, layers, [BusGroup(n, m, tuple(p)) for n, m, p in buses])
     except TopologyError as e:

@@ -241,10 +241,13 @@ def test_bad_decisions_and_cluster():
     ("--config.net.alpha=0", "alpha (staleness factor) must be an integer >= 1, got 0"),
     ("--config.net.num_levels=0", "K (sparsity levels) must be an integer >= 1, got 0"),
     ("--config.decisions=[[1,0,3,2],[0,0,1,3]]", "decision at step 1 [0, 0, 1, 3] is not a permutation of 0..3"),
+    ("--config.cluster.topology=experiments/topologies/paper_chain.yaml", "is a 'chain' topology; a separable"),
+    ("--config.net.num_groups=2 --config.cluster.topology=experiments/topologies/pi_cluster4.yaml",
+     "G=2 does not match topology 'pi_cluster4' with 4 devices"),
 ])
 def test_cli_bad_input_one_line_exit_2_and_no_workdir(tmp_path, capsys, override, needle):
     wd = tmp_path / "run"
-    assert cli.main(["separable", "--workdir", str(wd), override]) == 2
+    assert cli.main(["separable", "--workdir", str(wd), *override.split()]) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1
     assert not wd.exists()
@@ -297,3 +300,20 @@ def test_grouped_conv_equals_xla_grouped_convolution(stride, size):
     want = jax.lax.conv_general_dilated(h, w, (stride, stride), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"),
                                         feature_group_count=3)
     np.testing.assert_allclose(net.grouped_conv3x3(h, w, stride, 3), want, rtol=1e-5, atol=1e-5)
+
+
+def test_cluster_from_a_topology_file_equals_the_config_numbers():
+    """experiments/topologies/pi_cluster4.yaml describes the default cluster (4 Pi-class nodes, 300 Mbit/s between
+    every pair): loading it gives a 'cluster' with the same devices and links as the config's numbers."""
+    from jmsnas.separable.config import default_config
+    from jmsnas.separable.search import build_cluster
+    cfg = default_config()
+    from_numbers = build_cluster(cfg)
+    cfg.cluster.topology = os.path.join(os.path.dirname(__file__), "..", "experiments", "topologies",
+                                        "pi_cluster4.yaml")
+    from_file = build_cluster(cfg)
+    assert from_file.kind == "cluster" and from_file.device_names == from_numbers.device_names
+    assert [(d.peak_gflops, d.efficiency) for d in from_file.devices] == \
+        [(d.peak_gflops, d.efficiency) for d in from_numbers.devices]
+    assert sorted((l.src, l.dst, l.bandwidth_mbps, l.latency_ms) for l in from_file.links) == \
+        sorted((l.src, l.dst, l.bandwidth_mbps, l.latency_ms) for l in from_numbers.links)

@@ -27,6 +27,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.cluster = ml_collections.ConfigDict(dict(num_devices=None, peak_gflops=0.17, efficiency=1.0,
                                                bandwidth_mbps=300.0, link_latency_ms=0.0, input_device=0))
     c.cluster.num_devices = ml_collections.FieldReference(None, field_type=int)
+    # or a topology file (docs/topology.md) linking every ordered pair of its G devices, e.g.
+    # experiments/topologies/pi_cluster4.yaml; it replaces the numbers above
+    c.cluster.topology = ml_collections.FieldReference(None, field_type=str)
     c.search = ml_collections.ConfigDict(dict(
         rounds=4, net_steps=25, decisions_per_step=1, batch_size=64, lr=3e-3, ctrl_steps=6, population=8,
         ctrl_lr=0.02, hidden=100, entropy_coef=1e-3, comm_cost=0.0, final_samples=8, finetune_steps=30,

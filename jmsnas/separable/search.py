@@ -55,8 +55,16 @@ def _per(name: str, value, count: int) -> list:
 
 
 def build_cluster(cfg):
-    """The cluster topology of the config: ``num_devices`` (default G) devices, a link between every pair."""
+    """The cluster topology of the config: the file ``cluster.topology`` if given, else ``num_devices`` (default G)
+    devices from the config's numbers with a link between every ordered pair."""
     c = cfg.cluster
+    if c.get("topology"):  # a topology file whose links join every ordered pair of devices
+        from jmsnas.topology import load
+        topo = load(c.topology)
+        if topo.kind != "cluster":
+            raise TopologyError(f"cluster.topology {c.topology!r} is a {topo.kind!r} topology; a separable network "
+                                f"needs a link between every ordered pair of its devices")
+        return topo
     m = cfg.net.num_groups if c.num_devices is None else c.num_devices
     if isinstance(m, bool) or not isinstance(m, int) or m < 2:
         raise TopologyError(f"cluster.num_devices must be an integer >= 2, got {m!r}")
