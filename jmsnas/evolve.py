@@ -33,7 +33,7 @@ import numpy as np
 import optax
 from tqdm import tqdm
 
-from jmsnas import budget, data, pipeline, strategies, supernet, train
+from jmsnas import budget, data, pipeline, runcheck, safeio, strategies, supernet, train
 from jmsnas.checkpoint import Checkpointer
 from jmsnas.cost.latency import arch_latency, latency, searched_latency
 from jmsnas.evaluate import evaluate_population
@@ -347,10 +347,13 @@ def evolve(cfg: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
     history.json, evolution.json, the plots, parts/ and checkpoints/ into ``workdir``; returns the result dict."""
     cfg = with_defaults(ml_collections.ConfigDict(cfg.to_dict()))
     validate(cfg)
-    pipeline._prepare_workdir(workdir, resume)
+    stored = runcheck.plain(cfg)
+    runcheck.check_workdir(workdir, resume, stored, "evolve")
     ds = pipeline.load_data(cfg)
     fd = fitness_data(cfg, ds)
     space, table = pipeline.build(cfg)
+    pipeline.check_run(cfg, space, ds, cfg.search.batch_size, 2 + cfg.evolve.num_random)
+    runcheck.claim_workdir(workdir, resume, stored, "evolve")
     e = cfg.evolve
     mesh = train.data_mesh()
     fp = pipeline.fingerprint(cfg)
@@ -366,7 +369,7 @@ def evolve(cfg: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
                "fitness_examples": len(fd.y),
                "bn_recalibration_examples": 0 if fd.bn is None else int(fd.bn.shape[0] * fd.bn.shape[1]),
                "supernet_val_acc": best["accuracy"] if best and list(ops) == best["ops"] else None}
-    with open(os.path.join(workdir, "evolution.json"), "w") as f:
+    with pipeline.output_errors(workdir), safeio.atomic_write(os.path.join(workdir, "evolution.json")) as f:
         json.dump({"generations": log, "best": best, "most_accurate": top, "winner": list(ops), "summary": summary},
                   f, indent=2)
     return pipeline._finish(cfg, space, table, ds, mesh, rt, ops, assignment, fix, None, history, workdir,

@@ -7,6 +7,7 @@ a resumed run ends with the same architecture as an uninterrupted one.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -17,19 +18,17 @@ import ml_collections
 import numpy as np
 from tqdm import tqdm
 
-from jmsnas import budget, data, gates as G, presets, report, supernet, train
+from jmsnas import budget, data, gates as G, presets, report, runcheck, safeio, supernet, train
 from jmsnas.checkpoint import CheckpointError, Checkpointer
 from jmsnas.cost.latency import arch_latency, best_chain_assignment, breakdown_dict, expected_latency
 from jmsnas.cost.tables import CostTable, analytic_table
+from jmsnas.runcheck import ConfigError
 from jmsnas.space import OP_NAMES, SearchSpace, build_space
-
-
-class ConfigError(ValueError):
-    """A configuration value that cannot be used; the message names it."""
 
 
 def validate_config(cfg) -> None:
     """Checks the values that would otherwise fail deep inside a run (before anything is loaded or written)."""
+    runcheck.check_values(cfg)
     t = cfg.t_const_ms
     if isinstance(t, bool) or not isinstance(t, (int, float)) or not np.isfinite(t) or t <= 0:
         raise ConfigError(f"t_const_ms must be a positive number of ms, got {t!r}")
@@ -93,21 +92,18 @@ def _hparams(cfg) -> train.SearchHParams:
                                s.gate_mode, s.tau0, s.tau_min, s.tau_decay, cfg.split)
 
 
-def _prepare_workdir(workdir: str, resume: bool) -> None:
-    try:
-        os.makedirs(workdir, exist_ok=True)
-        probe = os.path.join(workdir, ".write_test")
-        with open(probe, "w") as f:
-            f.write("ok")
-        os.remove(probe)
-    except OSError as e:
-        raise ConfigError(f"workdir {workdir!r} is not writable: {e.strerror or e}") from None
-    ckpt = os.path.join(workdir, "checkpoints")
-    if not resume and os.path.isdir(ckpt) and os.listdir(ckpt):
-        raise ConfigError(f"workdir {workdir!r} already holds a run; pass --resume to continue it or choose "
-                          "another workdir (nothing was changed)")
-    if resume and not (os.path.isdir(ckpt) and os.listdir(ckpt)):
-        raise ConfigError(f"--resume given but workdir {workdir!r} has no checkpoint")
+def check_run(cfg, space: SearchSpace, ds, batch_size: int, paths: int) -> None:
+    """What would fail after the workdir is prepared: batch sizes against the splits, one step's memory."""
+    for name, split in (("train", ds.train), ("val", ds.val)):
+        if batch_size > split.labels.shape[0]:
+            raise ConfigError(f"search.batch_size={batch_size} is larger than the {name} split "
+                              f"({split.labels.shape[0]} examples): an epoch would have no batch")
+    runcheck.check_memory(space, batch_size, paths, f"image_size={space.image_size}")
+
+
+def _gate_paths(cfg) -> int:
+    """Candidates one layer computes per step: 2 for two-path gates, all 13 for the others."""
+    return 2 if cfg.search.gate_mode == "two_path" else len(OP_NAMES)
 
 
 def load_data(cfg):
@@ -123,10 +119,13 @@ def load_data(cfg):
 def search(cfg: ml_collections.ConfigDict, workdir: str, *, resume: bool = False, progress: bool = True) -> dict:
     """Runs both stages and writes result.json, plots, per-device parts and checkpoints into ``workdir``."""
     validate_config(cfg)
-    _prepare_workdir(workdir, resume)
+    stored = runcheck.plain(cfg)
+    runcheck.check_workdir(workdir, resume, stored, "search")
     cfg = ml_collections.ConfigDict(cfg.to_dict())
     ds = load_data(cfg)
     space, table = build(cfg)
+    check_run(cfg, space, ds, cfg.search.batch_size, _gate_paths(cfg))
+    runcheck.claim_workdir(workdir, resume, stored, "search")
     mesh = train.data_mesh()
     fp = fingerprint(cfg)
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints", "search"))
@@ -277,13 +276,27 @@ def _finish(cfg, space, table, ds, mesh, rt, ops, assignment, fix, derived, hist
         "dataset": ds.name, "seed": cfg.seed,
         **(extra or {}),
     }
-    with open(os.path.join(workdir, "result.json"), "w") as f:
-        json.dump(result, f, indent=2)
-    with open(os.path.join(workdir, "history.json"), "w") as f:
-        json.dump(history, f, indent=2)
-    report.write_report(result, history, workdir)
-    write_parts(space, params, jax.device_get(rt.bn), ops, os.path.join(workdir, "parts"), assignment)
+    with output_errors(workdir):
+        with safeio.atomic_write(os.path.join(workdir, "result.json")) as f:
+            json.dump(result, f, indent=2)
+        with safeio.atomic_write(os.path.join(workdir, "history.json")) as f:
+            json.dump(history, f, indent=2)
+        report.write_report(result, history, workdir)
+        write_parts(space, params, jax.device_get(rt.bn), ops, os.path.join(workdir, "parts"), assignment)
     return result
+
+
+@contextlib.contextmanager
+def output_errors(workdir: str):
+    """An OSError while writing the outputs becomes one ConfigError line; the checkpoints stay, so the same
+    command with --resume writes them once the workdir is writable again."""
+    try:
+        yield
+    except OSError as e:
+        where = e.filename or workdir
+        raise ConfigError(f"cannot write the run's outputs to {where!r}: {e.strerror or e}; the checkpoints are "
+                          f"kept: fix that and rerun the same command with --resume (or `jmsnas retrain --workdir "
+                          f"{workdir}`)") from None
 
 
 def _budget_note(fix, derived, t_const) -> str:
@@ -308,12 +321,13 @@ def write_parts(space: SearchSpace, params, bn, ops, directory: str, assignment=
             for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
                 flat[prefix + "/" + "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)] = \
                     np.asarray(leaf)
-        np.savez(os.path.join(directory, f"{dev}.npz"), **flat)
+        with safeio.atomic_write(os.path.join(directory, f"{dev}.npz"), "wb") as f:
+            np.savez(f, **flat)
         layers = part["layers"]
         manifest["devices"][dev] = {"layers": layers, "ops": part["ops"], "file": f"{dev}.npz",
                                     "input_shape": _io_shape(space, layers, first=True),
                                     "output_shape": _io_shape(space, layers, first=False)}
-    with open(os.path.join(directory, "manifest.json"), "w") as f:
+    with safeio.atomic_write(os.path.join(directory, "manifest.json")) as f:
         json.dump(manifest, f, indent=2)
     return manifest
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 import os
 import sys
 
-from jmsnas.commands.search import apply_overrides, load_config
+from jmsnas import safeio
+from jmsnas.commands.search import run_config
 
 
 def add_parser(sub) -> None:
@@ -24,10 +25,10 @@ def run(args, extra=()) -> int:
     from jmsnas.data import DatasetError
     from jmsnas.topology import TopologyError
     try:
-        cfg = apply_overrides(evolve.with_defaults(load_config(args.config)), extra)
+        cfg = run_config(args, extra, evolve.with_defaults)
         result = evolve.evolve(cfg, args.workdir, resume=args.resume, progress=not args.no_progress)
     except (ValueError, CheckpointError, DatasetError, TopologyError) as e:
-        print(f"jmsnas {args.command}: error: {e}", file=sys.stderr)
+        print(f"jmsnas {args.command}: error: {safeio.clip(e, 600)}", file=sys.stderr)
         return 2
     print(report.format_summary(result))
     print(f"\nwrote {os.path.join(args.workdir, 'result.json')}, evolution.json and plots, parts/ and "
