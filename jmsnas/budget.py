@@ -65,6 +65,9 @@ def repair(space: SearchSpace, table: CostTable, alpha, derived_ops, t_const_ms:
     ``assignment`` (chain only) fixes another layer->device split than D^m (e.g. a searched one).
     """
     derived_ops = np.asarray(derived_ops, np.int32)
+    if not np.all(np.isfinite(np.asarray(alpha))):
+        raise ValueError("alpha holds NaN or inf: the architecture probabilities are undefined, so no repair can "
+                         "be chosen (expected finite architecture parameters)")
     mask = space.mask()
     logp = np.log(np.maximum(np.asarray(probabilities(alpha, mask), np.float64), 1e-30))
     cost = -logp

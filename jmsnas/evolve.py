@@ -293,7 +293,8 @@ def _evolution(cfg, space, table, st, fd, strategy, ckpt, fp, resume, progress):
                                                                 e.population)))
     gen, log, best, top = 0, [], None, None
     if resume and ckpt.latest_step() is not None:
-        es, meta = ckpt.restore(jax.device_get(es), expect_meta={"fingerprint": fp})
+        es, meta = ckpt.restore(jax.device_get(es), expect_meta={"fingerprint": fp},
+                                meta_types={"generation": "count", "log": list})
         gen, log, best, top = meta["generation"], meta["log"], meta["best"], meta["most_accurate"]
     bar = tqdm(total=e.generations, initial=gen, disable=not progress, desc="evolution", unit="gen")
     while gen < e.generations:

@@ -130,6 +130,7 @@ def search(cfg: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
     fp = fingerprint(cfg)
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints", "search"))
     st, pos, history = _stage1(cfg, space, table, ds, mesh, ckpt, fp, resume, progress)
+    check_alpha(st.alpha)
     derived = np.asarray(G.derive(st.alpha, space.mask()))
     assignment = _assignment(cfg, space, table, derived)
     fix = budget.repair(space, table, st.alpha, derived, float(cfg.t_const_ms), assignment)
@@ -157,11 +158,24 @@ def search_steps(cfg, space: SearchSpace, table: CostTable):
     return train.make_search_steps(space, table, _hparams(cfg), cfg.dw_impl, cfg.get("candidate_impl", "auto"))
 
 
+META_TYPES = {"epoch": "count", "batch": "count", "history": list}  # what a training checkpoint's meta holds
+
+
+def check_alpha(alpha, what: str = "the search") -> None:
+    """ConfigError when the architecture parameters hold NaN or inf (a diverged search or a damaged state):
+    no architecture can be derived from them."""
+    a = np.asarray(alpha)
+    if not np.all(np.isfinite(a)):
+        raise ConfigError(f"the architecture parameters alpha hold {int((~np.isfinite(a)).sum())} NaN/inf value(s) "
+                          f"after {what}: training diverged; lower search.weight_lr / search.arch_lr or "
+                          f"search.lambda2, or start again")
+
+
 def restore_progress(ckpt: Checkpointer, state, fp: str, resume: bool):
     """(state, epoch, batch, history): from the latest checkpoint when resuming one (its fingerprint must be
     ``fp``), else ``state`` at the start."""
     if resume and ckpt.latest_step() is not None:
-        state, meta = ckpt.restore(jax.device_get(state), expect_meta={"fingerprint": fp})
+        state, meta = ckpt.restore(jax.device_get(state), expect_meta={"fingerprint": fp}, meta_types=META_TYPES)
         return state, meta["epoch"], meta["batch"], meta["history"]
     return state, 0, 0, []
 
@@ -219,7 +233,8 @@ def _stage2(cfg, space, ds, mesh, st, ops, workdir, fp, resume, progress, histor
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints", "retrain"))
     epoch, start = 0, 0
     if resume and ckpt.latest_step() is not None:
-        rt, meta = ckpt.restore(jax.device_get(rt), expect_meta={"fingerprint": fp, "ops": list(ops)})
+        rt, meta = ckpt.restore(jax.device_get(rt), expect_meta={"fingerprint": fp, "ops": list(ops)},
+                                meta_types=META_TYPES)
         epoch, start, history = meta["epoch"], meta["batch"], meta["history"]
     rt = train.replicate(rt, mesh)
     train_step, eval_step = train.make_retrain_steps(space, ops, r.lr, cfg.search.lambda1, cfg.dw_impl)
