@@ -68,6 +68,7 @@ class _DropOrbaxNoise(logging.Filter):
 @contextlib.contextmanager
 def _quiet_orbax():
     """Install :class:`_DropOrbaxNoise` on the absl and asyncio loggers for the duration of the block."""
+    _drop_closed_loop_tracebacks()
     noise = _DropOrbaxNoise()
     loggers = [logging.getLogger("absl"), logging.getLogger("asyncio")]
     for lg in loggers:
@@ -203,19 +204,20 @@ def _verify_digests(step_dir: str, where: str) -> None:
 
 
 def _drop_closed_loop_tracebacks() -> None:
-    """After a failed orbax read, tensorstore completes the sibling reads on asyncio loops orbax has closed and
-    prints 'RuntimeError: Event loop is closed' through sys.excepthook once per read; drop those (only those)."""
-    previous = sys.excepthook
+    """When an orbax read fails, tensorstore completes the sibling reads on an asyncio loop orbax has already
+    closed; each completion reports 'RuntimeError: Event loop is closed' through sys.unraisablehook (a bare
+    traceback, 5-7 of them around the one-line error). Installed before every read: drops those, and only those."""
+    previous = sys.unraisablehook
     if getattr(previous, "_jmsnas_filter", False):
         return
 
-    def hook(kind, value, tb):
-        if kind is RuntimeError and str(value) == "Event loop is closed":
+    def hook(unraisable):
+        if isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == "Event loop is closed":
             return
-        previous(kind, value, tb)
+        previous(unraisable)
 
     hook._jmsnas_filter = True
-    sys.excepthook = hook
+    sys.unraisablehook = hook
 
 
 def _check_meta_types(meta: dict, types: dict, where: str) -> None:
@@ -333,7 +335,6 @@ class Checkpointer:
             with _quiet_orbax():
                 state = self._manager.restore(step, args=args)[_STATE]
         except Exception as exc:
-            _drop_closed_loop_tracebacks()
             raise CheckpointError(f"{where} is corrupt or unreadable: {_one_line(exc)}") from None
         return state, meta
 
@@ -343,7 +344,6 @@ class Checkpointer:
             with _quiet_orbax():
                 meta = self._manager.restore(step, args=args)[_META]
         except Exception as exc:
-            _drop_closed_loop_tracebacks()
             raise CheckpointError(f"{where} is corrupt or unreadable (meta): {_one_line(exc)}") from None
         if not isinstance(meta, dict):
             raise CheckpointError(f"{where} is corrupt: meta is a {type(meta).__name__}, expected a dict")
@@ -358,7 +358,6 @@ class Checkpointer:
                 raise ValueError("no array metadata")
             return leaf_specs(tree)
         except Exception as exc:
-            _drop_closed_loop_tracebacks()
             raise CheckpointError(f"{where} is corrupt or unreadable (array metadata): "
                                   f"{_one_line(exc)}") from None
 

@@ -80,7 +80,7 @@ def check_values(cfg) -> None:
 
 # ------------------------------------------------------------------------------------------ resources
 
-def _memory_limit_bytes() -> tuple[int | None, str]:
+def memory_limit_bytes() -> tuple[int | None, str]:
     """The memory a run may use: physical memory, or a smaller address-space limit (ulimit -v)."""
     limit, what = None, ""
     try:
@@ -111,7 +111,7 @@ def step_memory_bytes(space, batch: int, paths: int) -> int:
 def check_memory(space, batch: int, paths: int, what: str) -> None:
     """ConfigError when one training step's estimated memory exceeds what this process may use."""
     need = step_memory_bytes(space, batch, paths)
-    limit, source = _memory_limit_bytes()
+    limit, source = memory_limit_bytes()
     if limit is not None and need > limit:
         raise ConfigError(f"{what} needs about {need / 2**30:.1f} GiB for one training step (estimate, batch "
                           f"{batch}), more than the {limit / 2**30:.1f} GiB {source}; use a smaller image_size or "

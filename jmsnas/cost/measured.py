@@ -230,9 +230,10 @@ def table_from_dict(d, source: str = "<dict>") -> MeasuredTable:
         raise ProfileError("latency table entry slots: expected a non-empty list")
     table = MeasuredTable(dict(d["device"]), dict(d["settings"]), dict(d["space"]),
                           tuple(_read_slot(s, n) for n, s in enumerate(slots)), call, arg_ms, stem, head, network)
-    if table.fixed_ms < 0:
+    if call.median_ms + stem.median_ms + network["offset_ms"] < 0:
         raise ProfileError(f"latency table entry network.offset_ms: {network['offset_ms']} makes the per-network "
-                           f"terms (call + stem + head + offset) negative ({table.fixed_ms:.4f} ms)")
+                           f"term call + stem + offset negative "
+                           f"({call.median_ms + stem.median_ms + network['offset_ms']:.4f} ms); expected >= 0")
     return table
 
 

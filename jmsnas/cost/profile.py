@@ -38,6 +38,7 @@ import gc
 import os
 import platform
 import time
+import warnings
 from typing import Sequence
 
 import jax
@@ -346,7 +347,7 @@ def _calibrated(parts, per_rep, settings, nets, raw, q) -> MeasuredTable:
     if not archs:
         return table
     offset = float(np.median([q(raw[g][0]) - predict_arch_ms(table, a) for a, g in zip(archs, groups)]))
-    return table._replace(network=dict(table.network, offset_ms=max(offset, -table.fixed_ms)))
+    return _with_offset(table, offset)
 
 
 def _in_network(parts, base, reps_slots, standalone, settings, nets, raw, q) -> MeasuredTable:
@@ -370,7 +371,20 @@ def _in_network(parts, base, reps_slots, standalone, settings, nets, raw, q) -> 
                                                   "networks": len(base_groups) + len(variant_groups),
                                                   "offset_ms": 0.0})
     offset = t_base - predict_arch_ms(table, base)
-    return table._replace(network=dict(table.network, offset_ms=max(offset, -table.fixed_ms)))
+    return _with_offset(table, offset)
+
+
+def _with_offset(table: MeasuredTable, offset: float) -> MeasuredTable:
+    """``table`` with the network offset ``offset`` ms, clamped (with a warning) so that call + stem + offset,
+    the per-network term a cost table adds to the stem, is >= 0: under load a noisy base network can make the
+    fitted offset more negative than that, and a latency table must never hold a negative latency."""
+    low = -(table.call.median_ms + table.stem.median_ms)
+    if not np.isfinite(offset) or offset < low:
+        warnings.warn(f"network offset {offset:.4f} ms clamped to {low:.4f} ms (-(call + stem)): the timings were "
+                      "noisy; profile again on a quieter machine or with a lower --quantile", RuntimeWarning,
+                      stacklevel=3)
+        offset = low
+    return table._replace(network=dict(table.network, offset_ms=float(offset)))
 
 
 def _iqr(samples) -> float:
