@@ -385,3 +385,27 @@ def test_short_never_expands_a_billion_laughs():
     import yaml
     obj = yaml.safe_load(LAUGHS)
     assert len(safeio.short(obj)) <= 120
+
+
+# ------------------------------------------------------------------------------------------ profiler under load
+
+@pytest.mark.parametrize("offset", [-2.2571, float("nan")])  # -2.26 ms: a fit seen under a load average of 21
+def test_noisy_network_offset_never_makes_a_latency_negative(tmp_path, offset):
+    from jmsnas import presets
+    from jmsnas.cost import build as B
+    from jmsnas.cost import profile as P
+    from jmsnas.space import build_space
+    sp = build_space(presets.chain_preset((1, 1, 1, 1)), image_size=4, in_channels=1, num_classes=3,
+                     device_channels=(8, 12, 12, 16), device_strides=(1, 2, 1, 1), stem_channels=8, head_channels=16)
+    slots = tuple({"index": s.index, "shape": P.slot_shape(s),
+                   "ops": {n: P.Timing(0.01, 0.0, 5) for n, m in zip(P.OP_NAMES, sp.mask()[s.index])
+                           if m and n != "identity"}} for s in sp.layers)
+    t = P.MeasuredTable({"backend": "cpu"}, {"reps": 5}, P.space_summary(sp), slots, P.Timing(0.04, 0, 5), 0.001,
+                        P.Timing(0.02, 0, 5), P.Timing(0.03, 0, 5), {"method": "in-network", "networks": 4,
+                                                                      "offset_ms": 0.0})
+    with pytest.warns(RuntimeWarning, match="clamped"):
+        t = P._with_offset(t, offset)
+    assert t.network["offset_ms"] == pytest.approx(-0.06)
+    P.write_table(t, tmp_path / "ue.yaml")  # the writer's own check accepts it ...
+    row = B.measured_row(sp, tmp_path / "ue.yaml")  # ... and so does the table build (it refused its own file)
+    assert row.stem_ms >= 0 and np.all(np.isfinite(row.compute_ms)) and np.all(row.compute_ms >= 0)

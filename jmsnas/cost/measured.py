@@ -153,7 +153,7 @@ def write_table(table: MeasuredTable, path) -> None:
     table_from_dict(d, source=repr(os.fspath(path)))  # never write a file the loader would reject
     header = ("# jmsnas latency table (ms), format: see jmsnas/cost/measured.py. Modelled latency of a sub-network\n"
               "# run as one call = call + stem + head + network.offset_ms + its ops' entries (identity = 0).\n")
-    with open(path, "w", encoding="utf-8") as f:
+    with safeio.atomic_write(path, encoding="utf-8") as f:
         f.write(header)
         yaml.safe_dump(d, f, sort_keys=False, default_flow_style=None, width=120)
 
