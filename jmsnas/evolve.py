@@ -253,7 +253,7 @@ def fitness(space, table, params, bn, ops, fd: FitnessData, t_const_ms: float, s
     ev = evaluate_population(space, table, params, bn, ops, fd.x, fd.y, bn_batches=fd.bn, chunk=chunk)
     acc = np.asarray(ev["accuracy"], np.float64)
     lat = np.asarray(_population_latency(space, table, ops, split=split), np.float64)
-    feasible = lat <= t_const_ms + 1e-9
+    feasible = budget.within(lat, t_const_ms)
     fit = np.where(feasible, acc - lat / t_const_ms / (2 * len(fd.y)), -np.inf)
     return {"accuracy": acc, "latency_ms": lat, "feasible": feasible, "fitness": fit}
 
@@ -277,7 +277,7 @@ def feasible_population(key, space: SearchSpace, table, t_const_ms: float, split
     no network is run); the feasible ones come first, in draw order, and infeasible ones fill what is left."""
     cand = np.asarray(sample_valid(key, jnp.asarray(space.mask()), size * tries))
     lat = np.asarray(_population_latency(space, table, cand, split=split), np.float64)
-    order = np.argsort(~(lat <= t_const_ms + 1e-9), kind="stable")
+    order = np.argsort(~budget.within(lat, t_const_ms), kind="stable")
     return cand[order[:size]]
 
 

@@ -285,7 +285,7 @@ def _finish(cfg, space, table, ds, mesh, rt, ops, assignment, fix, derived, hist
         "split": cfg.split,
         "latency_ms": lat, "accuracy": {"val": val_acc, "test": test_acc},
         "params": supernet.count_params(params),
-        "budget": {"met": bool(lat["total"] <= cfg.t_const_ms + 1e-9), "repaired": bool(fix.repaired),
+        "budget": {"met": bool(budget.within(lat["total"], cfg.t_const_ms)), "repaired": bool(fix.repaired),
                    "min_reachable_ms": fix.min_latency_ms,
                    "note": _budget_note(fix, derived, cfg.t_const_ms) if note is None else note},
         "dataset": ds.name, "seed": cfg.seed,
