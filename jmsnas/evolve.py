@@ -354,7 +354,7 @@ def evolve(cfg: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
     fd = fitness_data(cfg, ds)
     space, table = pipeline.build(cfg)
     pipeline.check_run(cfg, space, ds, cfg.search.batch_size, 2 + cfg.evolve.num_random)
-    runcheck.claim_workdir(workdir, resume, stored, "evolve")
+    pipeline.claim_workdir(workdir, resume, stored, "evolve")
     e = cfg.evolve
     mesh = train.data_mesh()
     fp = pipeline.fingerprint(cfg)
@@ -370,9 +370,10 @@ def evolve(cfg: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
                "fitness_examples": len(fd.y),
                "bn_recalibration_examples": 0 if fd.bn is None else int(fd.bn.shape[0] * fd.bn.shape[1]),
                "supernet_val_acc": best["accuracy"] if best and list(ops) == best["ops"] else None}
-    with pipeline.output_errors(workdir), safeio.atomic_write(os.path.join(workdir, "evolution.json")) as f:
-        json.dump({"generations": log, "best": best, "most_accurate": top, "winner": list(ops), "summary": summary},
-                  f, indent=2)
+    if jax.process_index() == 0:
+        with pipeline.output_errors(workdir), safeio.atomic_write(os.path.join(workdir, "evolution.json")) as f:
+            json.dump({"generations": log, "best": best, "most_accurate": top, "winner": list(ops),
+                       "summary": summary}, f, indent=2)
     return pipeline._finish(cfg, space, table, ds, mesh, rt, ops, assignment, fix, None, history, workdir,
                             note=note, extra={"flow": "evolve", "evolution": summary})
 

@@ -101,6 +101,15 @@ def check_run(cfg, space: SearchSpace, ds, batch_size: int, paths: int) -> None:
     runcheck.check_memory(space, batch_size, paths, f"image_size={space.image_size}")
 
 
+def claim_workdir(workdir: str, resume: bool, stored: dict, command: str) -> None:
+    """``runcheck.claim_workdir`` by process 0 once every process has checked the workdir (multi-process runs)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices("jmsnas: workdir checked")
+    if jax.process_index() == 0:
+        runcheck.claim_workdir(workdir, resume, stored, command)
+
+
 def _gate_paths(cfg) -> int:
     """Candidates one layer computes per step: 2 for two-path gates, all 13 for the others."""
     return 2 if cfg.search.gate_mode == "two_path" else len(OP_NAMES)
@@ -125,7 +134,7 @@ def search(cfg: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
     ds = load_data(cfg)
     space, table = build(cfg)
     check_run(cfg, space, ds, cfg.search.batch_size, _gate_paths(cfg))
-    runcheck.claim_workdir(workdir, resume, stored, "search")
+    claim_workdir(workdir, resume, stored, "search")
     mesh = train.data_mesh()
     fp = fingerprint(cfg)
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints", "search"))
@@ -292,6 +301,8 @@ def _finish(cfg, space, table, ds, mesh, rt, ops, assignment, fix, derived, hist
         **(extra or {}),
     }
     with output_errors(workdir):
+        if jax.process_index() != 0:  # process 0 writes the outputs of a multi-process run
+            return result
         with safeio.atomic_write(os.path.join(workdir, "result.json")) as f:
             json.dump(result, f, indent=2)
         with safeio.atomic_write(os.path.join(workdir, "history.json")) as f:

@@ -4,8 +4,8 @@ from __future__ import annotations
 import os
 import sys
 
-from jmsnas import safeio
-from jmsnas.commands.search import run_config
+from jmsnas import distributed, safeio
+from jmsnas.commands.search import lost_peer, run_config
 
 
 def add_parser(sub) -> None:
@@ -17,6 +17,7 @@ def add_parser(sub) -> None:
     p.add_argument("--workdir", required=True, help="where checkpoints, result.json, plots and parts go")
     p.add_argument("--resume", action="store_true", help="continue the run in --workdir")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    distributed.add_flags(p)
 
 
 def run(args, extra=()) -> int:
@@ -25,11 +26,14 @@ def run(args, extra=()) -> int:
     from jmsnas.data import DatasetError
     from jmsnas.topology import TopologyError
     try:
+        distributed.initialize(args.coordinator, args.num_processes, args.process_id)
         cfg = run_config(args, extra, evolve.with_defaults)
         result = evolve.evolve(cfg, args.workdir, resume=args.resume, progress=not args.no_progress)
     except (ValueError, CheckpointError, DatasetError, TopologyError) as e:
         print(f"jmsnas {args.command}: error: {safeio.clip(e, 600)}", file=sys.stderr)
         return 2
+    except Exception as e:  # noqa: BLE001 - only a lost peer of a multi-process run is reported here
+        return lost_peer(args.command, e)
     print(report.format_summary(result))
     print(f"\nwrote {os.path.join(args.workdir, 'result.json')}, evolution.json and plots, parts/ and "
           "checkpoints/ there")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import sys
 
-from jmsnas import safeio
+from jmsnas import distributed, safeio
 
 
 def load_config(path: str | None):
@@ -94,6 +94,15 @@ def apply_overrides(cfg, overrides):
     return cfg
 
 
+def lost_peer(command: str, e: BaseException) -> int:
+    """Exit 1 with one line when another process of a multi-process run stopped; re-raise anything else."""
+    line = distributed.lost_peer_message(e) if type(e).__name__ in ("XlaRuntimeError", "JaxRuntimeError") else None
+    if line is None:
+        raise e
+    print(f"jmsnas {command}: error: {line}", file=sys.stderr, flush=True)
+    return 1
+
+
 def add_parser(sub) -> None:
     for name, help_ in (("search", "run JMSNAS end to end: search, budget repair, retrain, report"),
                         ("retrain", "continue or redo stage 2 of a run in --workdir (same as search --resume)")):
@@ -104,6 +113,7 @@ def add_parser(sub) -> None:
         if name == "search":
             p.add_argument("--resume", action="store_true", help="continue the run in --workdir")
         p.add_argument("--no-progress", action="store_true", help="no progress bar")
+        distributed.add_flags(p)
 
 
 def run(args, extra=()) -> int:
@@ -112,12 +122,15 @@ def run(args, extra=()) -> int:
     from jmsnas.data import DatasetError
     from jmsnas.topology import TopologyError
     try:
+        distributed.initialize(args.coordinator, args.num_processes, args.process_id)
         cfg = run_config(args, extra)
         resume = args.command == "retrain" or args.resume
         result = pipeline.search(cfg, args.workdir, resume=resume, progress=not args.no_progress)
     except (ValueError, CheckpointError, DatasetError, TopologyError) as e:
         print(f"jmsnas {args.command}: error: {safeio.clip(e, 600)}", file=sys.stderr)
         return 2
+    except Exception as e:  # noqa: BLE001 - only a lost peer of a multi-process run is reported here
+        return lost_peer(args.command, e)
     print(report.format_summary(result))
     print(f"\nwrote {os.path.join(args.workdir, 'result.json')} and plots, parts/ and checkpoints/ there")
     return 0
