@@ -18,6 +18,7 @@ import os
 
 HEARTBEAT_TIMEOUT_S = 20  # how long the coordination service waits for a silent process before ending the job
 INIT_TIMEOUT_S = 120  # how long the processes wait for each other at start
+_ACTIVE = False  # set once this process has joined a multi-process run
 
 
 class DistributedError(ValueError):
@@ -66,7 +67,21 @@ def initialize(coordinator=None, num_processes=None, process_id=None) -> bool:
         first = " ".join(str(e).split())[:300]
         raise DistributedError(f"process {process_id} could not join the run at {coordinator} "
                                f"({num_processes} processes): {first}") from None
+    global _ACTIVE
+    _ACTIVE = True
     return True
+
+
+def leave(code: int) -> int:
+    """``code`` for the caller to return, except in a multi-process run that failed: there the process flushes its
+    output and exits at once, because JAX's exit handler would wait at the coordination service's shutdown
+    barrier for a process that may be gone and then abort the interpreter with a page of C++ log lines."""
+    if _ACTIVE and code != 0:
+        import sys
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def is_writer() -> bool:

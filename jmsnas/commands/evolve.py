@@ -31,7 +31,7 @@ def run(args, extra=()) -> int:
         result = evolve.evolve(cfg, args.workdir, resume=args.resume, progress=not args.no_progress)
     except (ValueError, CheckpointError, DatasetError, TopologyError) as e:
         print(f"jmsnas {args.command}: error: {safeio.clip(e, 600)}", file=sys.stderr)
-        return 2
+        return distributed.leave(2)
     except Exception as e:  # noqa: BLE001 - only a lost peer of a multi-process run is reported here
         return lost_peer(args.command, e)
     print(report.format_summary(result))

@@ -100,7 +100,7 @@ def lost_peer(command: str, e: BaseException) -> int:
     if line is None:
         raise e
     print(f"jmsnas {command}: error: {line}", file=sys.stderr, flush=True)
-    return 1
+    return distributed.leave(1)
 
 
 def add_parser(sub) -> None:
@@ -128,7 +128,7 @@ def run(args, extra=()) -> int:
         result = pipeline.search(cfg, args.workdir, resume=resume, progress=not args.no_progress)
     except (ValueError, CheckpointError, DatasetError, TopologyError) as e:
         print(f"jmsnas {args.command}: error: {safeio.clip(e, 600)}", file=sys.stderr)
-        return 2
+        return distributed.leave(2)
     except Exception as e:  # noqa: BLE001 - only a lost peer of a multi-process run is reported here
         return lost_peer(args.command, e)
     print(report.format_summary(result))
