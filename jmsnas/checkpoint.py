@@ -197,7 +197,8 @@ def _verify_digests(step_dir: str, where: str) -> None:
         raise CheckpointError(f"{where}: checksum file unreadable: {_one_line(exc)}") from None
     for rel in sorted(stored):
         if rel not in now:
-            raise CheckpointError(f"{where} is corrupt or unreadable: file {rel} is missing (it was saved with the step)")
+            raise CheckpointError(f"{where} is corrupt or unreadable: file {rel} is missing (it was saved with "
+                                  "the step)")
         if now[rel] != stored[rel]:
             raise CheckpointError(f"{where} is corrupt or unreadable: file {rel} changed since it was saved (sha256 "
                                   f"{now[rel][:12]}..., saved {stored[rel][:12]}...)")

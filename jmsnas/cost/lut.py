@@ -112,12 +112,14 @@ def parse_key(key: str) -> LayerKey:
         raise LUTError(f"table key {safeio.short(key)} is not a non-empty string")
     kind, *tokens = key.split("-")
     if kind not in KINDS:
-        raise LUTError(f"table key {safeio.short(key)}: unknown layer kind {safeio.short(kind)}, expected one of {list(KINDS)}")
+        raise LUTError(f"table key {safeio.short(key)}: unknown layer kind {safeio.short(kind)}, "
+                       f"expected one of {list(KINDS)}")
     fields = {}
     for tok in tokens:
         name, sep, value = tok.partition(":")
         if not sep or not name or name in fields:
-            raise LUTError(f"table key {safeio.short(key)}: part {safeio.short(tok)} is not a unique 'name:value' field")
+            raise LUTError(f"table key {safeio.short(key)}: part {safeio.short(tok)} is not a unique "
+                           "'name:value' field")
         fields[name] = value
     names = tuple(fields)
     wanted = ("input", "output") + (_BLOCK_FIELDS if kind == "expanded_conv" else ())
@@ -132,7 +134,8 @@ def parse_key(key: str) -> LayerKey:
     for name in names[2:]:
         v = fields[name]
         if not v.isdigit():
-            raise LUTError(f"table key {safeio.short(key)}: field {name}:{safeio.short(v)} is not a non-negative integer")
+            raise LUTError(f"table key {safeio.short(key)}: field {name}:{safeio.short(v)} is not a "
+                           "non-negative integer")
         ints[name] = int(v)
     for flag in ("idskip", "se", "hs"):
         if ints.get(flag, 0) not in (0, 1):

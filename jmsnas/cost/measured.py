@@ -188,7 +188,8 @@ def _read_network(d) -> dict:
     net = _field(d, "network", "network")
     method = _field(net, "method", "network")
     if method not in METHODS:
-        raise ProfileError(f"latency table entry network.method: {safeio.short(method)}, expected one of {list(METHODS)}")
+        raise ProfileError(f"latency table entry network.method: {safeio.short(method)}, "
+                           f"expected one of {list(METHODS)}")
     return {"method": method,
             "networks": int(_number("network.networks", _field(net, "networks", "network"), integer=True)),
             "offset_ms": float(_number("network.offset_ms", _field(net, "offset_ms", "network"), minimum=None))}
@@ -215,7 +216,8 @@ def table_from_dict(d, source: str = "<dict>") -> MeasuredTable:
     if not isinstance(d, Mapping):
         raise ProfileError(f"latency table {source}: expected a mapping, got {type(d).__name__}")
     if d.get("format") != FORMAT or d.get("version") != VERSION:
-        raise ProfileError(f"latency table {source}: format/version {safeio.short(d.get('format'))}/{safeio.short(d.get('version'))}, "
+        raise ProfileError(f"latency table {source}: format/version {safeio.short(d.get('format'))}/"
+                           f"{safeio.short(d.get('version'))}, "
                            f"expected {FORMAT!r}/{VERSION}")
     for name in ("device", "settings", "space"):
         if not isinstance(_field(d, name, name), Mapping):

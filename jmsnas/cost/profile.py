@@ -415,8 +415,8 @@ def _calibrated_scale(table: MeasuredTable, archs, measured_ms) -> MeasuredTable
     if not ok.any():
         return table
     scale = float(np.clip(np.median((y[j] - y[i])[ok] / dx[ok]), 0.25, 4.0))
-    slots = tuple(dict(s, ops={k: Timing(t.median_ms * scale, t.spread_ms * scale, t.reps) for k, t in s["ops"].items()})
-                  for s in table.slots)
+    slots = tuple(dict(s, ops={k: Timing(t.median_ms * scale, t.spread_ms * scale, t.reps)
+                               for k, t in s["ops"].items()}) for s in table.slots)
     table = table._replace(slots=slots, network=dict(table.network, networks=table.network["networks"] + len(archs)))
     return _with_offset(table, float(np.median(y - scale * x)))
 
