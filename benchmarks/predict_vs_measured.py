@@ -48,7 +48,8 @@ def main(argv=None) -> int:
     ap.add_argument("--archs", type=int, default=50)
     ap.add_argument("--reps", type=int, default=100, help="rounds of the profile and of the measurement")
     ap.add_argument("--method", default="in-network", choices=("in-network", "standalone"))
-    ap.add_argument("--calibrate", type=int, default=8, help="standalone method: calibration networks")
+    ap.add_argument("--calibrate", type=int, default=8, help="calibration networks of the profile (offset; in-network "
+                    "also the scale of the op entries)")
     ap.add_argument("--quantile", type=float, default=0.5)
     ap.add_argument("--seed", type=int, default=2024, help="seed of the evaluated sub-networks")
     ap.add_argument("--separate", action="store_true",
@@ -58,7 +59,7 @@ def main(argv=None) -> int:
 
     space = default_space()
     kw = dict(reps=args.reps, quantile=args.quantile)
-    profiled_calib = set(P.sample_archs(space, args.calibrate, [0, 1])) if args.method == "standalone" else set()
+    profiled_calib = set(P.sample_archs(space, args.calibrate, [0, 1]))  # timed by the profile (both methods)
     base = tuple([0] * space.num_layers)
     seen = profiled_calib | _variants(space, base) if args.method == "in-network" else profiled_calib
     archs = [a for a in P.sample_archs(space, args.archs + 100, args.seed) if a not in seen][:args.archs]

@@ -34,6 +34,12 @@ class Repair(NamedTuple):
     logprob_loss: float  # sum_n log p(derived) - log p(ops) >= 0
 
 
+def within(t_ms, limit_ms):
+    """t <= limit up to float32 rounding (latencies are summed in float32 by cost.latency and in float64 here,
+    so an architecture exactly at the budget may differ by ~1e-7 relative between the two)."""
+    return np.asarray(t_ms) <= limit_ms + 1e-6 * max(1.0, abs(float(limit_ms)))
+
+
 def _frontier(layers, lat, cost, valid):
     """Pareto frontier over ``layers``: arrays (latency, cost, choices[K, len(layers)]) sorted by latency."""
     lats, costs, picks = np.zeros(1), np.zeros(1), np.zeros((1, 0), np.int64)
@@ -51,7 +57,7 @@ def _frontier(layers, lat, cost, valid):
 
 def _cheapest_within(front, limit):
     lats, costs, picks = front
-    ok = np.flatnonzero(lats <= limit + 1e-9)
+    ok = np.flatnonzero(within(lats, limit))
     if ok.size == 0:
         return None
     j = ok[np.argmin(costs[ok])]
@@ -65,6 +71,9 @@ def repair(space: SearchSpace, table: CostTable, alpha, derived_ops, t_const_ms:
     ``assignment`` (chain only) fixes another layer->device split than D^m (e.g. a searched one).
     """
     derived_ops = np.asarray(derived_ops, np.int32)
+    if not np.all(np.isfinite(np.asarray(alpha))):
+        raise ValueError("alpha holds NaN or inf: the architecture probabilities are undefined, so no repair can "
+                         "be chosen (expected finite architecture parameters)")
     mask = space.mask()
     logp = np.log(np.maximum(np.asarray(probabilities(alpha, mask), np.float64), 1e-30))
     cost = -logp
@@ -87,7 +96,7 @@ def repair(space: SearchSpace, table: CostTable, alpha, derived_ops, t_const_ms:
         fastest = np.asarray(front[2][0], np.int32)
     else:
         ops, t_min, fastest = _repair_mesh(space, table, lat, cost, mask, t_const_ms)
-    if t_derived <= t_const_ms + 1e-9:
+    if within(t_derived, t_const_ms):
         return Repair(derived_ops, t_derived, False, True, t_min, 0.0)
     feasible = ops is not None
     ops = ops if feasible else fastest

@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import hashlib
 import json
 import logging
 import os
+import sys
 import tempfile
 from typing import Any
 
@@ -36,6 +38,7 @@ import orbax.checkpoint as ocp
 
 _STATE = "state"
 _META = "meta"
+CHECKSUMS = "jmsnas_checksums.json"  # in each step directory: sha256 of every file orbax wrote there
 
 
 class CheckpointError(RuntimeError):
@@ -65,6 +68,7 @@ class _DropOrbaxNoise(logging.Filter):
 @contextlib.contextmanager
 def _quiet_orbax():
     """Install :class:`_DropOrbaxNoise` on the absl and asyncio loggers for the duration of the block."""
+    _drop_closed_loop_tracebacks()
     noise = _DropOrbaxNoise()
     loggers = [logging.getLogger("absl"), logging.getLogger("asyncio")]
     for lg in loggers:
@@ -162,6 +166,76 @@ def _compare_meta(saved: dict, expect_meta: dict, where: str) -> None:
                                   f"expected {expected[key]!r}")
 
 
+def _file_digests(step_dir: str) -> dict:
+    """{relative path: sha256 hex} of every file under ``step_dir`` except the checksum file itself."""
+    out = {}
+    for root, _, files in os.walk(step_dir):
+        for name in files:
+            path = os.path.join(root, name)
+            rel = os.path.relpath(path, step_dir)
+            if rel == CHECKSUMS:
+                continue
+            h = hashlib.sha256()
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+            out[rel] = h.hexdigest()
+    return out
+
+
+def _verify_digests(step_dir: str, where: str) -> None:
+    """CheckpointError naming the first file that is missing or whose sha256 differs from the one stored at save
+    time (steps saved without a checksum file are not checked)."""
+    path = os.path.join(step_dir, CHECKSUMS)
+    if not os.path.isfile(path):
+        return
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            stored = json.load(f)["sha256"]
+        now = _file_digests(step_dir)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{where}: checksum file unreadable: {_one_line(exc)}") from None
+    for rel in sorted(stored):
+        if rel not in now:
+            raise CheckpointError(f"{where} is corrupt or unreadable: file {rel} is missing (it was saved with "
+                                  "the step)")
+        if now[rel] != stored[rel]:
+            raise CheckpointError(f"{where} is corrupt or unreadable: file {rel} changed since it was saved (sha256 "
+                                  f"{now[rel][:12]}..., saved {stored[rel][:12]}...)")
+
+
+def _drop_closed_loop_tracebacks() -> None:
+    """When an orbax read fails, tensorstore completes the sibling reads on an asyncio loop orbax has already
+    closed; each completion reports 'RuntimeError: Event loop is closed' through sys.unraisablehook (a bare
+    traceback, 5-7 of them around the one-line error). Installed before every read: drops those, and only those."""
+    previous = sys.unraisablehook
+    if getattr(previous, "_jmsnas_filter", False):
+        return
+
+    def hook(unraisable):
+        if isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == "Event loop is closed":
+            return
+        previous(unraisable)
+
+    hook._jmsnas_filter = True
+    sys.unraisablehook = hook
+
+
+def _check_meta_types(meta: dict, types: dict, where: str) -> None:
+    """CheckpointError naming the first meta key that is missing or of the wrong type."""
+    for key, kind in types.items():
+        v = meta.get(key)
+        ok = (isinstance(v, int) and not isinstance(v, bool) and v >= 0) if kind == "count" else isinstance(v, kind)
+        if not ok:
+            want = "an integer >= 0" if kind == "count" else f"a {kind.__name__}"
+            raise CheckpointError(f"{where} is corrupt: meta {key!r} is {short_repr(v)}, expected {want}")
+
+
+def short_repr(value, limit: int = 80) -> str:
+    text = repr(value) if not isinstance(value, (list, dict)) else f"a {type(value).__name__}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class Checkpointer:
     """Save and restore ``(state, meta)`` pairs by integer step under one directory (see module doc)."""
 
@@ -210,12 +284,25 @@ class Checkpointer:
         try:
             self._manager.save(step, args=args, force=True)
             self._manager.wait_until_finished()
+            if jax.process_index() == 0:
+                self._write_digests(step)
         except Exception as exc:
             raise CheckpointError(f"saving checkpoint step {step} in {self.directory} failed: "
                                   f"{_one_line(exc)}") from None
 
-    def restore(self, template, step: int | None = None, *,
-                expect_meta: dict | None = None) -> tuple[Any, dict]:
+    def _write_digests(self, step: int) -> None:
+        """Store the sha256 of every file of the committed step (atomically), verified by :meth:`restore`."""
+        step_dir = os.path.join(self.directory, str(step))
+        digests = _file_digests(step_dir)
+        tmp = os.path.join(step_dir, CHECKSUMS + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"sha256": digests}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, os.path.join(step_dir, CHECKSUMS))
+
+    def restore(self, template, step: int | None = None, *, expect_meta: dict | None = None,
+                meta_types: dict | None = None) -> tuple[Any, dict]:
         """Read ``(state, meta)`` of ``step`` (default: the latest), checked against ``template``.
 
         Args:
@@ -223,6 +310,7 @@ class Checkpointer:
             restored state has the template's container types, and jax.Array leaves its sharding.
           step: which step; None for the latest.
           expect_meta: keys whose saved meta values must equal these (e.g. a config fingerprint).
+          meta_types: keys the saved meta must hold, with their type: "count" (an int >= 0), list, dict.
         Raises:
           CheckpointError (one line): no checkpoint, unknown step, corrupt or unreadable files, a tree, shape
             or dtype difference (naming the leaf), or a meta difference (naming the key).
@@ -237,9 +325,11 @@ class Checkpointer:
             raise CheckpointError(f"checkpoint step {step!r} not found in {self.directory}; "
                                   f"available steps: {steps}")
         where = f"checkpoint {os.path.join(self.directory, str(step))}"
+        _verify_digests(os.path.join(self.directory, str(step)), where)
         meta = self._read_meta(step, where)
         if expect_meta is not None:
             _compare_meta(meta, expect_meta, where)
+        _check_meta_types(meta, meta_types or {}, where)
         _compare_specs(self._read_specs(step, where), expected, where)
         args = ocp.args.Composite(**{_STATE: ocp.args.StandardRestore(template)})
         try:

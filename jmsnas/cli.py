@@ -36,9 +36,21 @@ def main(argv=None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra and args.command not in ("search", "retrain", "evolve", "separable"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    if args.command in ("search", "retrain", "evolve", "separable"):
-        return mods[args.command].run(args, extra)
-    return mods[args.command].run(args)
+    try:
+        if args.command in ("search", "retrain", "evolve", "separable"):
+            return mods[args.command].run(args, extra)
+        return mods[args.command].run(args)
+    except BrokenPipeError:
+        return _closed_stdout()
+
+
+def _closed_stdout() -> int:
+    """The reader of stdout went away (``jmsnas split ... | head -2``): stop quietly, as Unix tools do, with
+    128 + SIGPIPE, and keep Python from reporting the failed flush of stdout at exit."""
+    import os
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 141
 
 
 if __name__ == "__main__":

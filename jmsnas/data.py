@@ -145,6 +145,7 @@ def load(
     else:
         splits, num_classes = _load_tfds(name, data_dir, float(val_fraction), image_size, max_train, max_eval)
     if name == "digits" and image_size is not None:
+        _check_resize_memory(splits, image_size)
         splits = tuple(Split(_resize(s.images, image_size), s.labels) for s in splits)
     (train, val, test), mean, std = _normalise(splits)
     _, height, width, channels = train.images.shape
@@ -187,6 +188,17 @@ def _load_digits(val_fraction, seed, max_train, max_eval) -> tuple[Split, Split,
     )
 
 
+def _check_resize_memory(splits, size: int) -> None:
+    """Refuses (before resizing) digits whose resized float32 copies (resized + normalised) would not fit."""
+    from jmsnas.runcheck import memory_limit_bytes
+
+    need = 2 * sum(s.images.shape[0] * size * size * s.images.shape[3] * 4 for s in splits)
+    have, what = memory_limit_bytes()
+    if have is not None and need > have:
+        raise DatasetError(f"image_size={size} makes the digits take about {need / 2**30:.1f} GiB as float32, more "
+                           f"than the {have / 2**30:.1f} GiB {what}; use a smaller image_size")
+
+
 def _resize(images: np.ndarray, size: int) -> np.ndarray:
     """Bilinear (antialiased when shrinking) resize of float32 [N, H, W, C] to [N, size, size, C]."""
     import jax
@@ -224,17 +236,19 @@ def _not_prepared(name, builder) -> DatasetError:
         f"dataset {name!r} is not prepared in data_dir {root} (looked for {builder.data_dir}) and cannot be "
         f"downloaded here; on a machine with internet access run `tfds build {name} --data_dir=DIR` (or "
         f"tfds.load({name!r}, data_dir=DIR, download=True)), or copy a prepared DIR/{name}/<version> folder, "
-        f"then pass DIR as data_dir (--data-dir){manual}"
+        f"then pass DIR as data_dir (--config.data_dir=DIR){manual}"
     )
 
 
 def _load_tfds(name, data_dir, val_fraction, image_size, max_train, max_eval):
     """Reads the three splits of a prepared tfds dataset; returns ((train, val, test), num_classes)."""
-    import tensorflow as tf
-    import tensorflow_datasets as tfds
-
+    tf, tfds = _import_tf_quietly()
     data_dir = os.fspath(data_dir) if data_dir is not None else None
-    builder = tfds.builder(name, data_dir=data_dir)
+    try:
+        builder = tfds.builder(name, data_dir=data_dir)
+    except Exception as err:  # noqa: BLE001 - tfds raises protobuf, JSON, OS errors for a damaged folder
+        raise DatasetError(f"cannot open dataset {name!r} in data_dir {data_dir or '(tfds default)'}: "
+                           f"{_first_line(err)} (expected a folder prepared by `tfds build {name}`)") from None
     size = image_size if image_size is not None else _TFDS[name].default_size
     pct = format(100.0 * (1.0 - val_fraction), ".10g")
     wanted = ((f"train[:{pct}%]", max_train), (f"train[{pct}%:]", max_eval), (_TFDS[name].test_split, max_eval))
@@ -243,13 +257,53 @@ def _load_tfds(name, data_dir, val_fraction, image_size, max_train, max_eval):
         splits = tuple(_read_split(builder, spec, size, limit) for spec, limit in wanted)
     except AssertionError:  # raised by tfds' as_dataset when the data folder is missing
         raise _not_prepared(name, builder) from None
-    except (tf.errors.OpError, OSError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise DatasetError(f"could not read dataset {name!r} from {builder.data_dir}: {first}") from None
+    except KeyError as err:  # tfds: "splits is empty ... has not been generated yet" (an empty version folder)
+        if "not been generated" in str(err):
+            raise _not_prepared(name, builder) from None
+        raise DatasetError(f"could not read dataset {name!r} from {builder.data_dir}: {_first_line(err)}") from None
+    except (tf.errors.OpError, OSError, ValueError) as err:
+        raise DatasetError(f"could not read dataset {name!r} from {builder.data_dir}: {_first_line(err)}") from None
     for spec, split in zip((w[0] for w in wanted), splits):
         if split.labels.shape[0] == 0:
             raise DatasetError(f"split {spec!r} of {name!r} is empty; choose a different val_fraction")
     return splits, int(builder.info.features["label"].num_classes)
+
+
+def _import_tf_quietly():
+    """(tensorflow, tensorflow_datasets), imported with the process's stderr (fd 2) parked in a temporary file:
+    TensorFlow 2.21 logs oneDNN/absl lines at import whatever TF_CPP_MIN_LOG_LEVEL says, which would bury a
+    one-line dataset error. What it printed is passed on only if the import fails."""
+    import sys
+    import tempfile
+
+    if "tensorflow_datasets" in sys.modules:
+        import tensorflow as tf
+        import tensorflow_datasets as tfds
+        return tf, tfds
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as log:
+        os.dup2(log.fileno(), 2)
+        try:
+            import tensorflow as tf
+            import tensorflow_datasets as tfds
+        except BaseException:
+            os.dup2(saved, 2)
+            log.seek(0)
+            os.write(2, log.read())
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+    return tf, tfds
+
+
+def _first_line(err: BaseException, limit: int = 240) -> str:
+    """The first non-empty line of an exception's message (or its type), at most ``limit`` characters."""
+    lines = [ln.strip() for ln in str(err).strip().strip('"').splitlines() if ln.strip()]
+    text = lines[0] if lines else type(err).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _check_memory(name, builder, wanted, size) -> None:

@@ -33,7 +33,7 @@ import numpy as np
 import optax
 from tqdm import tqdm
 
-from jmsnas import budget, data, pipeline, strategies, supernet, train
+from jmsnas import budget, data, pipeline, runcheck, safeio, strategies, supernet, train
 from jmsnas.checkpoint import Checkpointer
 from jmsnas.cost.latency import arch_latency, latency, searched_latency
 from jmsnas.evaluate import evaluate_population
@@ -253,7 +253,7 @@ def fitness(space, table, params, bn, ops, fd: FitnessData, t_const_ms: float, s
     ev = evaluate_population(space, table, params, bn, ops, fd.x, fd.y, bn_batches=fd.bn, chunk=chunk)
     acc = np.asarray(ev["accuracy"], np.float64)
     lat = np.asarray(_population_latency(space, table, ops, split=split), np.float64)
-    feasible = lat <= t_const_ms + 1e-9
+    feasible = budget.within(lat, t_const_ms)
     fit = np.where(feasible, acc - lat / t_const_ms / (2 * len(fd.y)), -np.inf)
     return {"accuracy": acc, "latency_ms": lat, "feasible": feasible, "fitness": fit}
 
@@ -277,7 +277,7 @@ def feasible_population(key, space: SearchSpace, table, t_const_ms: float, split
     no network is run); the feasible ones come first, in draw order, and infeasible ones fill what is left."""
     cand = np.asarray(sample_valid(key, jnp.asarray(space.mask()), size * tries))
     lat = np.asarray(_population_latency(space, table, cand, split=split), np.float64)
-    order = np.argsort(~(lat <= t_const_ms + 1e-9), kind="stable")
+    order = np.argsort(~budget.within(lat, t_const_ms), kind="stable")
     return cand[order[:size]]
 
 
@@ -293,7 +293,8 @@ def _evolution(cfg, space, table, st, fd, strategy, ckpt, fp, resume, progress):
                                                                 e.population)))
     gen, log, best, top = 0, [], None, None
     if resume and ckpt.latest_step() is not None:
-        es, meta = ckpt.restore(jax.device_get(es), expect_meta={"fingerprint": fp})
+        es, meta = ckpt.restore(jax.device_get(es), expect_meta={"fingerprint": fp},
+                                meta_types={"generation": "count", "log": list})
         gen, log, best, top = meta["generation"], meta["log"], meta["best"], meta["most_accurate"]
     bar = tqdm(total=e.generations, initial=gen, disable=not progress, desc="evolution", unit="gen")
     while gen < e.generations:
@@ -347,10 +348,13 @@ def evolve(cfg: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
     history.json, evolution.json, the plots, parts/ and checkpoints/ into ``workdir``; returns the result dict."""
     cfg = with_defaults(ml_collections.ConfigDict(cfg.to_dict()))
     validate(cfg)
-    pipeline._prepare_workdir(workdir, resume)
+    stored = runcheck.plain(cfg)
+    runcheck.check_workdir(workdir, resume, stored, "evolve")
     ds = pipeline.load_data(cfg)
     fd = fitness_data(cfg, ds)
     space, table = pipeline.build(cfg)
+    pipeline.check_run(cfg, space, ds, cfg.search.batch_size, 2 + cfg.evolve.num_random)
+    pipeline.claim_workdir(workdir, resume, stored, "evolve")
     e = cfg.evolve
     mesh = train.data_mesh()
     fp = pipeline.fingerprint(cfg)
@@ -366,9 +370,10 @@ def evolve(cfg: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
                "fitness_examples": len(fd.y),
                "bn_recalibration_examples": 0 if fd.bn is None else int(fd.bn.shape[0] * fd.bn.shape[1]),
                "supernet_val_acc": best["accuracy"] if best and list(ops) == best["ops"] else None}
-    with open(os.path.join(workdir, "evolution.json"), "w") as f:
-        json.dump({"generations": log, "best": best, "most_accurate": top, "winner": list(ops), "summary": summary},
-                  f, indent=2)
+    if jax.process_index() == 0:
+        with pipeline.output_errors(workdir), safeio.atomic_write(os.path.join(workdir, "evolution.json")) as f:
+            json.dump({"generations": log, "best": best, "most_accurate": top, "winner": list(ops),
+                       "summary": summary}, f, indent=2)
     return pipeline._finish(cfg, space, table, ds, mesh, rt, ops, assignment, fix, None, history, workdir,
                             note=note, extra={"flow": "evolve", "evolution": summary})
 

@@ -61,8 +61,22 @@ class NetSpec(NamedTuple):
         names = [l.name for l in self.layers]
         if len(set(names)) != len(names):
             raise ValueError(f"net {self.name!r} has duplicate layer names")
+        if not self.input_shape or any(d < 1 for d in self.input_shape):
+            raise ValueError(f"net {self.name!r} input_shape {self.input_shape} must hold positive sizes")
         for i, l in enumerate(self.layers):
+            _check_counts(self.name, i, l)
             for p in l.inputs:
                 if not (0 <= p < i):
                     raise ValueError(f"net {self.name!r} layer {l.name!r} (index {i}) has input {p}, "
                                      "expected an earlier layer index")
+
+
+def _check_counts(net: str, i: int, l: LayerSpec) -> None:
+    """ValueError naming the layer whose macs / params are negative or whose out_shape is not positive."""
+    for field in ("macs", "params"):
+        if getattr(l, field) < 0:
+            raise ValueError(f"net {net!r} layer {l.name!r} (index {i}) has {field}={getattr(l, field)}, "
+                             "expected a count >= 0")
+    if not l.out_shape or any(d < 1 for d in l.out_shape):
+        raise ValueError(f"net {net!r} layer {l.name!r} (index {i}) has out_shape {l.out_shape}, expected "
+                         "positive sizes")

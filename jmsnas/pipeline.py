@@ -7,6 +7,7 @@ a resumed run ends with the same architecture as an uninterrupted one.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -17,21 +18,19 @@ import ml_collections
 import numpy as np
 from tqdm import tqdm
 
-from jmsnas import budget, data, gates as G, presets, report, supernet, topofile, train
+from jmsnas import budget, data, gates as G, presets, report, runcheck, safeio, supernet, topofile, train
 from jmsnas.checkpoint import CheckpointError, Checkpointer
 from jmsnas.cost.latency import arch_latency, best_chain_assignment, breakdown_dict, expected_latency
 from jmsnas.cost.tables import CostTable, analytic_table
 from jmsnas.deploy.spec import space_to_dict
+from jmsnas.runcheck import ConfigError
 from jmsnas.space import OP_NAMES, SearchSpace, adapt_schedule, build_space
 from jmsnas.topology import Topology
 
 
-class ConfigError(ValueError):
-    """A configuration value that cannot be used; the message names it."""
-
-
 def validate_config(cfg) -> None:
     """Checks the values that would otherwise fail deep inside a run (before anything is loaded or written)."""
+    runcheck.check_values(cfg)
     t = cfg.t_const_ms
     if isinstance(t, bool) or not isinstance(t, (int, float)) or not np.isfinite(t) or t <= 0:
         raise ConfigError(f"t_const_ms must be a positive number of ms, got {t!r}")
@@ -127,21 +126,27 @@ def _hparams(cfg) -> train.SearchHParams:
                                s.gate_mode, s.tau0, s.tau_min, s.tau_decay, cfg.split)
 
 
-def _prepare_workdir(workdir: str, resume: bool) -> None:
-    try:
-        os.makedirs(workdir, exist_ok=True)
-        probe = os.path.join(workdir, ".write_test")
-        with open(probe, "w") as f:
-            f.write("ok")
-        os.remove(probe)
-    except OSError as e:
-        raise ConfigError(f"workdir {workdir!r} is not writable: {e.strerror or e}") from None
-    ckpt = os.path.join(workdir, "checkpoints")
-    if not resume and os.path.isdir(ckpt) and os.listdir(ckpt):
-        raise ConfigError(f"workdir {workdir!r} already holds a run; pass --resume to continue it or choose "
-                          "another workdir (nothing was changed)")
-    if resume and not (os.path.isdir(ckpt) and os.listdir(ckpt)):
-        raise ConfigError(f"--resume given but workdir {workdir!r} has no checkpoint")
+def check_run(cfg, space: SearchSpace, ds, batch_size: int, paths: int) -> None:
+    """What would fail after the workdir is prepared: batch sizes against the splits, one step's memory."""
+    for name, split in (("train", ds.train), ("val", ds.val)):
+        if batch_size > split.labels.shape[0]:
+            raise ConfigError(f"search.batch_size={batch_size} is larger than the {name} split "
+                              f"({split.labels.shape[0]} examples): an epoch would have no batch")
+    runcheck.check_memory(space, batch_size, paths, f"image_size={space.image_size}")
+
+
+def claim_workdir(workdir: str, resume: bool, stored: dict, command: str) -> None:
+    """``runcheck.claim_workdir`` by process 0 once every process has checked the workdir (multi-process runs)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices("jmsnas: workdir checked")
+    if jax.process_index() == 0:
+        runcheck.claim_workdir(workdir, resume, stored, command)
+
+
+def _gate_paths(cfg) -> int:
+    """Candidates one layer computes per step: 2 for two-path gates, all 13 for the others."""
+    return 2 if cfg.search.gate_mode == "two_path" else len(OP_NAMES)
 
 
 def load_data(cfg):
@@ -157,14 +162,18 @@ def load_data(cfg):
 def search(cfg: ml_collections.ConfigDict, workdir: str, *, resume: bool = False, progress: bool = True) -> dict:
     """Runs both stages and writes result.json, plots, per-device parts and checkpoints into ``workdir``."""
     validate_config(cfg)
-    _prepare_workdir(workdir, resume)
+    stored = runcheck.plain(cfg)
+    runcheck.check_workdir(workdir, resume, stored, "search")
     cfg = ml_collections.ConfigDict(cfg.to_dict())
     ds = load_data(cfg)
     space, table = build(cfg)
+    check_run(cfg, space, ds, cfg.search.batch_size, _gate_paths(cfg))
+    claim_workdir(workdir, resume, stored, "search")
     mesh = train.data_mesh()
     fp = fingerprint(cfg)
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints", "search"))
     st, pos, history = _stage1(cfg, space, table, ds, mesh, ckpt, fp, resume, progress)
+    check_alpha(st.alpha)
     derived = np.asarray(G.derive(st.alpha, space.mask()))
     assignment = _assignment(cfg, space, table, derived)
     fix = budget.repair(space, table, st.alpha, derived, float(cfg.t_const_ms), assignment)
@@ -192,11 +201,24 @@ def search_steps(cfg, space: SearchSpace, table: CostTable):
     return train.make_search_steps(space, table, _hparams(cfg), cfg.dw_impl, cfg.get("candidate_impl", "auto"))
 
 
+META_TYPES = {"epoch": "count", "batch": "count", "history": list}  # what a training checkpoint's meta holds
+
+
+def check_alpha(alpha, what: str = "the search") -> None:
+    """ConfigError when the architecture parameters hold NaN or inf (a diverged search or a damaged state):
+    no architecture can be derived from them."""
+    a = np.asarray(alpha)
+    if not np.all(np.isfinite(a)):
+        raise ConfigError(f"the architecture parameters alpha hold {int((~np.isfinite(a)).sum())} NaN/inf value(s) "
+                          f"after {what}: training diverged; lower search.weight_lr / search.arch_lr or "
+                          f"search.lambda2, or start again")
+
+
 def restore_progress(ckpt: Checkpointer, state, fp: str, resume: bool):
     """(state, epoch, batch, history): from the latest checkpoint when resuming one (its fingerprint must be
     ``fp``), else ``state`` at the start."""
     if resume and ckpt.latest_step() is not None:
-        state, meta = ckpt.restore(jax.device_get(state), expect_meta={"fingerprint": fp})
+        state, meta = ckpt.restore(jax.device_get(state), expect_meta={"fingerprint": fp}, meta_types=META_TYPES)
         return state, meta["epoch"], meta["batch"], meta["history"]
     return state, 0, 0, []
 
@@ -254,7 +276,8 @@ def _stage2(cfg, space, ds, mesh, st, ops, workdir, fp, resume, progress, histor
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints", "retrain"))
     epoch, start = 0, 0
     if resume and ckpt.latest_step() is not None:
-        rt, meta = ckpt.restore(jax.device_get(rt), expect_meta={"fingerprint": fp, "ops": list(ops)})
+        rt, meta = ckpt.restore(jax.device_get(rt), expect_meta={"fingerprint": fp, "ops": list(ops)},
+                                meta_types=META_TYPES)
         epoch, start, history = meta["epoch"], meta["batch"], meta["history"]
     rt = train.replicate(rt, mesh)
     train_step, eval_step = train.make_retrain_steps(space, ops, r.lr, cfg.search.lambda1, cfg.dw_impl)
@@ -306,21 +329,35 @@ def _finish(cfg, space, table, ds, mesh, rt, ops, assignment, fix, derived, hist
         "split": cfg.split,
         "latency_ms": lat, "accuracy": {"val": val_acc, "test": test_acc},
         "params": supernet.count_params(params),
-        "budget": {"met": bool(lat["total"] <= cfg.t_const_ms + 1e-9), "repaired": bool(fix.repaired),
+        "budget": {"met": bool(budget.within(lat["total"], cfg.t_const_ms)), "repaired": bool(fix.repaired),
                    "min_reachable_ms": fix.min_latency_ms,
                    "note": _budget_note(fix, derived, cfg.t_const_ms) if note is None else note},
         "dataset": ds.name, "seed": cfg.seed,
         **(extra or {}),
     }
-    with open(os.path.join(workdir, "result.json"), "w") as f:
-        json.dump(result, f, indent=2)
-    with open(os.path.join(workdir, "history.json"), "w") as f:
-        json.dump(history, f, indent=2)
-    with open(os.path.join(workdir, "config.json"), "w") as f:  # the resolved config: modularize/autosplit rebuild the network
-        json.dump(cfg.to_dict(), f, indent=2, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))
-    report.write_report(result, history, workdir)
-    write_parts(space, params, jax.device_get(rt.bn), ops, os.path.join(workdir, "parts"), assignment)
+    with output_errors(workdir):
+        if jax.process_index() != 0:  # process 0 writes the outputs of a multi-process run
+            return result
+        with safeio.atomic_write(os.path.join(workdir, "result.json")) as f:
+            json.dump(result, f, indent=2)
+        with safeio.atomic_write(os.path.join(workdir, "history.json")) as f:
+            json.dump(history, f, indent=2)
+        report.write_report(result, history, workdir)
+        write_parts(space, params, jax.device_get(rt.bn), ops, os.path.join(workdir, "parts"), assignment)
     return result
+
+
+@contextlib.contextmanager
+def output_errors(workdir: str):
+    """An OSError while writing the outputs becomes one ConfigError line; the checkpoints stay, so the same
+    command with --resume writes them once the workdir is writable again."""
+    try:
+        yield
+    except OSError as e:
+        where = e.filename or workdir
+        raise ConfigError(f"cannot write the run's outputs to {where!r}: {e.strerror or e}; the checkpoints are "
+                          f"kept: fix that and rerun the same command with --resume (or `jmsnas retrain --workdir "
+                          f"{workdir}`)") from None
 
 
 def space_dict(space: SearchSpace) -> dict:
@@ -354,12 +391,13 @@ def write_parts(space: SearchSpace, params, bn, ops, directory: str, assignment=
             for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
                 flat[prefix + "/" + "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)] = \
                     np.asarray(leaf)
-        np.savez(os.path.join(directory, f"{dev}.npz"), **flat)
+        with safeio.atomic_write(os.path.join(directory, f"{dev}.npz"), "wb") as f:
+            np.savez(f, **flat)
         layers = part["layers"]
         manifest["devices"][dev] = {"layers": layers, "ops": part["ops"], "file": f"{dev}.npz",
                                     "input_shape": _io_shape(space, layers, first=True),
                                     "output_shape": _io_shape(space, layers, first=False)}
-    with open(os.path.join(directory, "manifest.json"), "w") as f:
+    with safeio.atomic_write(os.path.join(directory, "manifest.json")) as f:
         json.dump(manifest, f, indent=2)
     return manifest
 

@@ -26,6 +26,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from jmsnas import safeio
 from jmsnas.space import OPS, op_index
 
 STAGES = ("warmup", "search", "retrain")
@@ -251,7 +252,8 @@ def format_summary(result) -> str:
 # ----------------------------------------------------------------------------------------------- plots
 
 def _save(fig: Figure, path: str) -> Figure:
-    fig.savefig(os.fspath(path), dpi=120, format="png")
+    with safeio.atomic_write(os.fspath(path), "wb") as f:  # a kill mid-write never leaves a truncated PNG
+        fig.savefig(f, dpi=120, format="png")
     return fig
 
 
@@ -438,7 +440,7 @@ def write_report(result, history, workdir) -> list:
     os.makedirs(workdir, exist_ok=True)
     paths = {name: os.path.join(workdir, name) for name in
              ("summary.txt", "history.png", "latency_breakdown.png", "architecture.png")}
-    with open(paths["summary.txt"], "w", encoding="utf-8") as f:
+    with safeio.atomic_write(paths["summary.txt"], encoding="utf-8") as f:
         f.write(format_summary(result))
     plot_history(history, paths["history.png"], t_const_ms=result["t_const_ms"])
     plot_latency_breakdown(result, paths["latency_breakdown.png"])

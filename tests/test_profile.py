@@ -50,9 +50,10 @@ def test_profile_file_is_complete_and_loads(profiled):
     t = P.load_table(path, space)
     assert t.fingerprint == P.space_fingerprint(space)
     assert t.device["backend"] in ("cpu", "gpu", "tpu", "cuda", "rocm")
-    # in-network: 8 copies of the base network, its 12 one-slot variants (11 MBConvs, identity; one shape)
+    # in-network: 8 copies of the base network, its 12 one-slot variants (11 MBConvs, identity; one shape) and
+    # 8 random calibration networks
     assert t.settings["reps"] == 3 and t.settings["method"] == "in-network"
-    assert t.network == {"method": "in-network", "networks": 20, "offset_ms": t.network["offset_ms"]}
+    assert t.network == {"method": "in-network", "networks": 28, "offset_ms": t.network["offset_ms"]}
     mask = space.mask()
     for s in space.layers:
         want = {OP_NAMES[i] for i in np.flatnonzero(mask[s.index]) if i != IDENTITY}
@@ -254,3 +255,25 @@ def test_cli_default_space_is_the_main_jobs():
                        device_channels=(24, 32, 48, 64), device_strides=(1, 2, 1, 2), stem_channels=16,
                        stem_stride=1, head_channels=128)
     assert P.space_fingerprint(s) == P.space_fingerprint(want)
+
+
+def test_calibrated_scale_recovers_a_network_wide_factor():
+    """Whole networks that cost 0.7 x the sum of their op entries + 0.05 ms: the fitted table predicts them
+    exactly, whatever one outlier (a burst of load) says."""
+    space = build_space(presets.chain_preset((1, 1, 1, 1)), image_size=4, in_channels=1, num_classes=3,
+                        device_channels=(8, 8, 8, 8), device_strides=(1, 1, 1, 1), stem_channels=8, head_channels=16)
+    rng = np.random.default_rng(0)
+    slots = tuple({"index": s.index, "shape": P.slot_shape(s),
+                   "ops": {OP_NAMES[i]: P.Timing(float(rng.uniform(0.01, 0.05)), 0.001, 5)
+                           for i in np.flatnonzero(space.mask()[s.index]) if i != IDENTITY}} for s in space.layers)
+    t = P.MeasuredTable({"backend": "cpu"}, {"reps": 5}, P.space_summary(space), slots, P.Timing(0.02, 0, 5), 0.0,
+                        P.Timing(0.01, 0, 5), P.Timing(0.01, 0, 5), {"method": "in-network", "networks": 20,
+                                                                       "offset_ms": 0.3})
+    archs = P.sample_archs(space, 9, 1)
+    truth = lambda tab, a: 0.04 + 0.05 + 0.7 * (P.predict_arch_ms(tab, a) - tab.fixed_ms)
+    measured = [truth(t, a) for a in archs]
+    measured[3] += 1.0  # an outlier
+    fitted = P._calibrated_scale(t, archs, measured)
+    assert fitted.network["networks"] == 29 and fitted.network["offset_ms"] == pytest.approx(0.05)
+    for a in P.sample_archs(space, 20, 2):
+        assert P.predict_arch_ms(fitted, a) == pytest.approx(truth(t, a), rel=1e-9)

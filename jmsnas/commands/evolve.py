@@ -4,7 +4,8 @@ from __future__ import annotations
 import os
 import sys
 
-from jmsnas.commands.search import apply_overrides, load_config
+from jmsnas import distributed, safeio
+from jmsnas.commands.search import lost_peer, run_config
 
 
 def add_parser(sub) -> None:
@@ -16,6 +17,7 @@ def add_parser(sub) -> None:
     p.add_argument("--workdir", required=True, help="where checkpoints, result.json, plots and parts go")
     p.add_argument("--resume", action="store_true", help="continue the run in --workdir")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    distributed.add_flags(p)
 
 
 def run(args, extra=()) -> int:
@@ -24,7 +26,8 @@ def run(args, extra=()) -> int:
     from jmsnas.data import DatasetError
     from jmsnas.topology import TopologyError
     try:
-        cfg = apply_overrides(evolve.with_defaults(load_config(args.config)), extra)
+        distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+        cfg = run_config(args, extra, evolve.with_defaults)
         if "splitnets" in cfg:  # SplitNets' system (jmsnas.splitnets.search): split module, views, shared bus
             from jmsnas.splitnets import search as splitnets_search
             flow = splitnets_search.evolve
@@ -32,8 +35,10 @@ def run(args, extra=()) -> int:
             flow = evolve.evolve
         result = flow(cfg, args.workdir, resume=args.resume, progress=not args.no_progress)
     except (ValueError, CheckpointError, DatasetError, TopologyError) as e:
-        print(f"jmsnas {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        print(f"jmsnas {args.command}: error: {safeio.clip(e, 600)}", file=sys.stderr)
+        return distributed.leave(2)
+    except Exception as e:  # noqa: BLE001 - only a lost peer of a multi-process run is reported here
+        return lost_peer(args.command, e)
     print(report.format_summary(result))
     print(f"\nwrote {os.path.join(args.workdir, 'result.json')}, evolution.json and plots, parts/"
           + ("" if result.get("flow") == "splitnets" else " and checkpoints/") + " there")

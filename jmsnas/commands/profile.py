@@ -14,14 +14,10 @@ The table (YAML, format and latency model in jmsnas/cost/measured.py) feeds
 """
 from __future__ import annotations
 
-import importlib.util
-import json
 import os
 import sys
 
-import yaml
-
-from jmsnas import presets, topofile
+from jmsnas import presets, safeio, topofile
 from jmsnas.space import adapt_schedule, build_space
 
 _FIELDS = ("topology", "layers_per_device", "image_size", "in_channels", "num_classes", "device_channels",
@@ -54,12 +50,10 @@ class _SpaceError(ValueError):
 
 
 def _from_python(path: str) -> dict:
-    spec = importlib.util.spec_from_file_location("_jmsnas_profile_config", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = safeio.import_file(path, "config file", "_jmsnas_profile_config")
     if not hasattr(mod, "get_config"):
         raise _SpaceError(f"config file {path!r} has no get_config()")
-    cfg = mod.get_config()
+    cfg = safeio.call_user(mod.get_config, f"config file {path!r}: get_config()")
     if cfg.dataset not in _DATASETS:
         raise _SpaceError(f"config {path!r}: dataset {cfg.dataset!r} has no known input size; expected one of "
                           f"{list(_DATASETS)}")
@@ -72,12 +66,10 @@ def _from_python(path: str) -> dict:
 
 
 def _from_file(path: str) -> dict:
-    with open(path, "r", encoding="utf-8") as f:
-        text = f.read()
-    try:
-        d = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as e:
-        raise _SpaceError(f"space file {path!r} is not valid JSON/YAML: {e}") from None
+    try:  # JSON is YAML: one capped parser for both
+        d = safeio.load_yaml(safeio.read_bytes(path, "space file"), f"space file {path!r}")
+    except ValueError as e:
+        raise _SpaceError(str(e)) from None
     if not isinstance(d, dict):
         raise _SpaceError(f"space file {path!r} must hold a mapping with fields {list(_FIELDS)}")
     unknown = sorted(set(d) - set(_FIELDS))

@@ -1,12 +1,10 @@
 """``jmsnas search`` and ``jmsnas retrain``: the main job from a config file, with overrides."""
 from __future__ import annotations
 
-import argparse
-import importlib.util
 import os
 import sys
 
-import yaml
+from jmsnas import distributed, safeio
 
 
 def load_config(path: str | None):
@@ -15,38 +13,94 @@ def load_config(path: str | None):
     if path is None:
         return default_config()
     file, _, arg = path.partition(":")
-    if not os.path.isfile(file):
-        raise ValueError(f"config file {file!r} does not exist")
-    spec = importlib.util.spec_from_file_location("jmsnas_user_config", file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = safeio.import_file(file, "config file", "jmsnas_user_config")
     if not hasattr(module, "get_config"):
         raise ValueError(f"config file {file!r} has no get_config()")
-    return module.get_config(arg) if arg else module.get_config()
+    args = (arg,) if arg else ()
+    cfg = safeio.call_user(module.get_config, f"config file {file!r}: get_config()", *args)
+    if not hasattr(cfg, "to_dict"):
+        raise ValueError(f"config file {file!r}: get_config() returned {type(cfg).__name__}, expected a ConfigDict")
+    return cfg
+
+
+def run_config(args, extra, with_defaults=None):
+    """The configuration of a run: --config (or the default), or, when resuming a workdir without --config, the
+    configuration stored there (``config.json``); then the overrides."""
+    import ml_collections
+    from jmsnas import runcheck
+    resume = args.command == "retrain" or getattr(args, "resume", False)
+    stored = runcheck.stored_config(args.workdir) if resume and args.config is None and os.path.isdir(
+        args.workdir) else None
+    if stored is not None:
+        cfg = ml_collections.ConfigDict(runcheck.tuples(stored["config"]))
+    else:
+        cfg = load_config(args.config)
+        cfg = with_defaults(cfg) if with_defaults else cfg
+    return apply_overrides(cfg, extra)
+
+
+def _parse_value(key: str, value: str, old):
+    """The YAML value of an override, checked against the type of the value it replaces."""
+    try:
+        parsed = safeio.load_yaml(value, f"value of --config.{key}", max_bytes=1 << 20, max_depth=8)
+    except ValueError as e:
+        raise ValueError(f"bad value {safeio.short(value)} for config key {key!r}: {e}") from None
+    if isinstance(old, float) and isinstance(parsed, str):
+        try:  # YAML 1.1 reads 2e-3 (no dot) as a string; the built-in configs write it
+            parsed = float(parsed)
+        except ValueError:
+            pass
+    if isinstance(parsed, list):
+        parsed = tuple(parsed)
+    want = None
+    if isinstance(old, bool) and not isinstance(parsed, bool):
+        want = "true or false"
+    elif not isinstance(old, bool) and isinstance(old, (int, float)) and (
+            isinstance(parsed, bool) or not isinstance(parsed, (int, float))):
+        want = "a number"
+    elif isinstance(old, int) and not isinstance(old, bool) and isinstance(parsed, float):
+        want = "an integer"
+    elif isinstance(old, str) and not isinstance(parsed, str):
+        parsed = value  # e.g. --config.topology=123 is the name "123"
+    elif isinstance(old, tuple) and not isinstance(parsed, tuple):
+        want = "a list, e.g. [1, 2]"
+    elif hasattr(old, "keys"):
+        want = f"keys of its own (--config.{key}.NAME=VALUE)"
+    if want:
+        raise ValueError(f"bad value {safeio.short(value)} for config key {key!r}: expected {want} "
+                         f"(current value {safeio.short(old)})")
+    return parsed
 
 
 def apply_overrides(cfg, overrides):
     """``--config.a.b=value`` pairs (value parsed as YAML) applied to cfg; unknown keys are errors."""
     for item in overrides:
         if not item.startswith("--config.") or "=" not in item:
-            raise ValueError(f"unrecognised argument {item!r}; overrides look like --config.search.epochs=3")
+            raise ValueError(f"unrecognised argument {safeio.short(item)}; overrides look like "
+                             "--config.search.epochs=3")
         key, value = item[len("--config."):].split("=", 1)
-        node, *path = key.split(".")
         parent, name = cfg, key.split(".")[-1]
         for part in key.split(".")[:-1]:
-            if part not in parent:
-                raise ValueError(f"unknown config key {key!r}")
+            if not hasattr(parent, "keys") or part not in parent:
+                raise ValueError(f"unknown config key {safeio.short(key)}")
             parent = parent[part]
-        if name not in parent:
-            raise ValueError(f"unknown config key {key!r}")
-        parsed = yaml.safe_load(value)
-        if isinstance(parsed, list):
-            parsed = tuple(parsed)
+        if not hasattr(parent, "keys") or name not in parent:
+            raise ValueError(f"unknown config key {safeio.short(key)}")
+        parsed = _parse_value(key, value, parent[name])
         try:
             parent[name] = parsed
         except (TypeError, ValueError) as e:
-            raise ValueError(f"bad value {value!r} for config key {key!r}: {e}") from None
+            raise ValueError(f"bad value {safeio.short(value)} for config key {key!r}: {safeio.clip(e)}") from None
     return cfg
+
+
+def lost_peer(command: str, e: BaseException) -> int:
+    """Exit 1 with one line when another process of a multi-process run stopped; re-raise anything else."""
+    line = distributed.lost_peer_message(e) if type(e).__name__ in ("XlaRuntimeError", "JaxRuntimeError") else None
+    if line is None:
+        raise e
+    print(f"jmsnas {command}: error: {line}", file=sys.stderr, flush=True)
+    return distributed.leave(1)
 
 
 def add_parser(sub) -> None:
@@ -55,11 +109,13 @@ def add_parser(sub) -> None:
         p = sub.add_parser(name, help=help_, epilog="Overrides: --config.KEY=VALUE, e.g. --config.t_const_ms=2.7; "
                                                      "--config.topology=FILE.yaml runs on your own devices "
                                                      "(docs/topology.md)")
-        p.add_argument("--config", default=None, help="config file (.py with get_config()); default: built-in chain")
+        p.add_argument("--config", default=None, help="config file (.py with get_config()); default: built-in "
+                       "chain, or with --resume/retrain the one stored in --workdir")
         p.add_argument("--workdir", required=True, help="where checkpoints, result.json, plots and parts go")
         if name == "search":
             p.add_argument("--resume", action="store_true", help="continue the run in --workdir")
         p.add_argument("--no-progress", action="store_true", help="no progress bar")
+        distributed.add_flags(p)
 
 
 def run(args, extra=()) -> int:
@@ -68,12 +124,15 @@ def run(args, extra=()) -> int:
     from jmsnas.data import DatasetError
     from jmsnas.topology import TopologyError
     try:
-        cfg = apply_overrides(load_config(args.config), extra)
+        distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+        cfg = run_config(args, extra)
         resume = args.command == "retrain" or args.resume
         result = pipeline.search(cfg, args.workdir, resume=resume, progress=not args.no_progress)
     except (ValueError, CheckpointError, DatasetError, TopologyError) as e:
-        print(f"jmsnas {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        print(f"jmsnas {args.command}: error: {safeio.clip(e, 600)}", file=sys.stderr)
+        return distributed.leave(2)
+    except Exception as e:  # noqa: BLE001 - only a lost peer of a multi-process run is reported here
+        return lost_peer(args.command, e)
     print(report.format_summary(result))
     print(f"\nwrote {os.path.join(args.workdir, 'result.json')} and plots, parts/ and checkpoints/ there")
     return 0

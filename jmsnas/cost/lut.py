@@ -27,11 +27,17 @@ from typing import Mapping, NamedTuple
 
 import yaml
 
+from jmsnas import safeio
+
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 KINDS = ("Conv", "Conv_1", "Conv_2", "AvgPool2D", "Logits", "expanded_conv")
 _BLOCK_FIELDS = ("expand", "kernel", "stride", "idskip")
 _OFA_FIELDS = ("se", "hs")
+_BLOCK_NAMES = ("MobileInvertedResidualBlock", "ResidualBlock")
+_CONV_NAMES = ("MBInvertedConvLayer", "MBConvLayer", "ZeroLayer")
+_MAX_INT = 2**20  # channels, kernel sizes, strides, resolutions
+_MAX_EXPAND = 1e6  # expansion ratios are single digits; this bound keeps round(channels * e) finite
 
 
 class LUTError(ValueError):
@@ -96,44 +102,47 @@ class NetLatency(NamedTuple):
 def _shape(text: str) -> tuple:
     parts = text.split("x")
     if not all(p.isdigit() and int(p) > 0 for p in parts) or len(parts) not in (1, 3):
-        raise ValueError(f"shape {text!r} is not HxWxC or C with positive integers")
+        raise ValueError(f"shape {safeio.short(text)} is not HxWxC or C with positive integers")
     return tuple(int(p) for p in parts)
 
 
 def parse_key(key: str) -> LayerKey:
     """Parses one table key; raises LUTError naming the key and the offending part."""
     if not isinstance(key, str) or not key:
-        raise LUTError(f"table key {key!r} is not a non-empty string")
+        raise LUTError(f"table key {safeio.short(key)} is not a non-empty string")
     kind, *tokens = key.split("-")
     if kind not in KINDS:
-        raise LUTError(f"table key {key!r}: unknown layer kind {kind!r}, expected one of {list(KINDS)}")
+        raise LUTError(f"table key {safeio.short(key)}: unknown layer kind {safeio.short(kind)}, "
+                       f"expected one of {list(KINDS)}")
     fields = {}
     for tok in tokens:
         name, sep, value = tok.partition(":")
         if not sep or not name or name in fields:
-            raise LUTError(f"table key {key!r}: part {tok!r} is not a unique 'name:value' field")
+            raise LUTError(f"table key {safeio.short(key)}: part {safeio.short(tok)} is not a unique "
+                           "'name:value' field")
         fields[name] = value
     names = tuple(fields)
     wanted = ("input", "output") + (_BLOCK_FIELDS if kind == "expanded_conv" else ())
     if names not in (wanted, wanted + _OFA_FIELDS) or (kind != "expanded_conv" and names != wanted):
-        raise LUTError(f"table key {key!r}: fields {list(names)}, expected {list(wanted)}"
+        raise LUTError(f"table key {safeio.short(key)}: fields {list(names)}, expected {list(wanted)}"
                        + (f" optionally followed by {list(_OFA_FIELDS)}" if kind == "expanded_conv" else ""))
     try:
         shapes = _shape(fields["input"]), _shape(fields["output"])
     except ValueError as e:
-        raise LUTError(f"table key {key!r}: {e}") from None
+        raise LUTError(f"table key {safeio.short(key)}: {e}") from None
     ints = {}
     for name in names[2:]:
         v = fields[name]
         if not v.isdigit():
-            raise LUTError(f"table key {key!r}: field {name}:{v!r} is not a non-negative integer")
+            raise LUTError(f"table key {safeio.short(key)}: field {name}:{safeio.short(v)} is not a "
+                           "non-negative integer")
         ints[name] = int(v)
     for flag in ("idskip", "se", "hs"):
         if ints.get(flag, 0) not in (0, 1):
-            raise LUTError(f"table key {key!r}: field {flag} must be 0 or 1, got {ints[flag]}")
+            raise LUTError(f"table key {safeio.short(key)}: field {flag} must be 0 or 1, got {ints[flag]}")
     for pos in ("expand", "kernel", "stride"):
         if pos in ints and ints[pos] < 1:
-            raise LUTError(f"table key {key!r}: field {pos} must be >= 1, got {ints[pos]}")
+            raise LUTError(f"table key {safeio.short(key)}: field {pos} must be >= 1, got {ints[pos]}")
     return LayerKey(kind, *shapes, **ints)
 
 
@@ -153,7 +162,7 @@ def _check_stat(key: str, name: str, value, *, integer: bool = False) -> None:
         ok = isinstance(value, int) and value >= 1
     if not ok or math.isnan(value) or math.isinf(value) or value < 0:
         want = "a positive integer" if integer else "a finite number >= 0 (ms)"
-        raise LUTError(f"table entry {key!r}: {name} is {value!r}, expected {want}")
+        raise LUTError(f"table entry {safeio.short(key)}: {name} is {safeio.short(value)}, expected {want}")
 
 
 def lut_from_mapping(table: Mapping, source: str = "<mapping>") -> LatencyLUT:
@@ -165,7 +174,8 @@ def lut_from_mapping(table: Mapping, source: str = "<mapping>") -> LatencyLUT:
     for key, stats in table.items():
         parsed = parse_key(key)
         if not isinstance(stats, Mapping) or "mean" not in stats:
-            raise LUTError(f"table entry {key!r}: expected a mapping with a 'mean' latency in ms, got {stats!r}")
+            raise LUTError(f"table entry {safeio.short(key)}: expected a mapping with a 'mean' latency in ms, "
+                           f"got {safeio.short(stats)}")
         _check_stat(key, "mean", stats["mean"])
         for spread in ("var", "std"):
             if spread in stats:
@@ -185,12 +195,9 @@ def load_lut(path: str | os.PathLike) -> LatencyLUT:
     """Reads a ProxylessNAS/OFA YAML latency table; raises LUTError naming any malformed entry."""
     path = os.fspath(path)
     try:
-        with open(path, "r", encoding="utf-8") as f:
-            table = yaml.load(f, Loader=_Loader)
-    except OSError as e:
-        raise LUTError(f"cannot read latency table {path!r}: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise LUTError(f"latency table {path!r} is not valid YAML: {e}") from None
+        table = safeio.load_yaml(safeio.read_bytes(path, "latency table"), f"latency table {path!r}")
+    except ValueError as e:
+        raise LUTError(str(e)) from None
     return lut_from_mapping(table, os.path.basename(path))
 
 
@@ -210,9 +217,9 @@ def _down(hw: int, stride: int) -> int:
 
 
 def _int(what: str, value, minimum: int = 1) -> int:
-    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-            or value != int(value) or value < minimum):
-        raise LUTError(f"{what} is {value!r}, expected an integer >= {minimum}")
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not minimum <= value <= _MAX_INT
+            or value != int(value)):
+        raise LUTError(f"{what} is {safeio.short(value)}, expected an integer in [{minimum}, {_MAX_INT}]")
     return int(value)
 
 
@@ -247,6 +254,10 @@ def net_config_layers(config: Mapping, image_size: int = 224) -> list:
         conv = blk.get("conv", blk.get("mobile_inverted_conv")) if isinstance(blk, Mapping) else None
         if not isinstance(conv, Mapping):
             raise LUTError(f"architecture: {where} lacks a 'mobile_inverted_conv' or 'conv' layer")
+        for what, obj, known in (("block", blk, _BLOCK_NAMES), ("conv", conv, _CONV_NAMES)):
+            if "name" in obj and obj["name"] not in known:
+                raise LUTError(f"architecture: {where} {what} name {safeio.short(obj['name'])} is not a known "
+                               f"layer; expected one of {list(known)}")
         if conv.get("name") == "ZeroLayer":
             continue
         cin = _int(f"{where} in_channels", _field(conv, "in_channels", where))
@@ -254,11 +265,12 @@ def net_config_layers(config: Mapping, image_size: int = 224) -> list:
         k = _int(f"{where} kernel_size", _field(conv, "kernel_size", where))
         s = _int(f"{where} stride", _field(conv, "stride", where))
         e = _field(conv, "expand_ratio", where)
-        if isinstance(e, bool) or not isinstance(e, (int, float)) or not e > 0:
-            raise LUTError(f"architecture: {where} expand_ratio is {e!r}, expected a positive number")
+        if isinstance(e, bool) or not isinstance(e, (int, float)) or not 0 < e < _MAX_EXPAND:
+            raise LUTError(f"architecture: {where} expand_ratio is {safeio.short(e)}, expected a positive number "
+                           f"below {_MAX_EXPAND:g}")
         shortcut = blk.get("shortcut")
         if shortcut is not None and not isinstance(shortcut, Mapping):
-            raise LUTError(f"architecture: {where} shortcut must be null or an object, got {shortcut!r}")
+            raise LUTError(f"architecture: {where} shortcut must be null or an object, got {safeio.short(shortcut)}")
         idskip = int(shortcut is not None and shortcut.get("name") != "ZeroLayer")
         if ofa:
             mid = conv.get("mid_channels") or round(cin * e)
@@ -299,7 +311,7 @@ def ofa_spec_layers(spec: Mapping, image_size: int | None = None) -> list:
     for name, n in (("ks", 20), ("e", 20), ("d", 5)):
         v = _field(spec, name, "OFA arch")
         if not isinstance(v, list) or len(v) != n:
-            raise LUTError(f"OFA arch field {name!r} must be a list of {n} numbers, got {v!r}")
+            raise LUTError(f"OFA arch field {name!r} must be a list of {n} numbers, got {safeio.short(v)}")
     r = image_size if image_size is not None else _field(spec, "r", "OFA arch (no --resolution given)")
     if isinstance(r, list):
         r = r[0] if len(r) == 1 else r
@@ -317,8 +329,9 @@ def ofa_spec_layers(spec: Mapping, image_size: int | None = None) -> list:
             i = 4 * s + j
             k = _int(f"OFA arch ks[{i}]", spec["ks"][i])
             e = spec["e"][i]
-            if isinstance(e, bool) or not isinstance(e, (int, float)) or not e > 0:
-                raise LUTError(f"OFA arch e[{i}] is {e!r}, expected a positive number")
+            if isinstance(e, bool) or not isinstance(e, (int, float)) or not 0 < e < _MAX_EXPAND:
+                raise LUTError(f"OFA arch e[{i}] is {safeio.short(e)}, expected a positive number below "
+                               f"{_MAX_EXPAND:g}")
             stride = OFA_STRIDES[s] if j == 0 else 1
             key, hw = _block(hw, cin, OFA_WIDTHS[s], stride, expand=round(cin * e), kernel=k,
                              idskip=int(j > 0), se=OFA_SE[s], hs=OFA_HS[s])

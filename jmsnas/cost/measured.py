@@ -42,6 +42,7 @@ from typing import Mapping, NamedTuple
 import numpy as np
 import yaml
 
+from jmsnas import safeio
 from jmsnas.space import IDENTITY, OP_NAMES, OPS, SearchSpace
 
 FORMAT, VERSION = "jmsnas-latency-table", 1
@@ -152,7 +153,7 @@ def write_table(table: MeasuredTable, path) -> None:
     table_from_dict(d, source=repr(os.fspath(path)))  # never write a file the loader would reject
     header = ("# jmsnas latency table (ms), format: see jmsnas/cost/measured.py. Modelled latency of a sub-network\n"
               "# run as one call = call + stem + head + network.offset_ms + its ops' entries (identity = 0).\n")
-    with open(path, "w", encoding="utf-8") as f:
+    with safeio.atomic_write(path, encoding="utf-8") as f:
         f.write(header)
         yaml.safe_dump(d, f, sort_keys=False, default_flow_style=None, width=120)
 
@@ -165,7 +166,7 @@ def _number(where: str, v, *, minimum=0.0, integer=False):
     if not ok or not math.isfinite(v) or (minimum is not None and v < minimum):
         want = (f"an integer >= {minimum}" if integer else
                 f"a finite number >= {minimum}" if minimum is not None else "a finite number")
-        raise ProfileError(f"latency table entry {where}: {v!r} is not {want}")
+        raise ProfileError(f"latency table entry {where}: {safeio.short(v)} is not {want}")
     return v
 
 
@@ -187,7 +188,8 @@ def _read_network(d) -> dict:
     net = _field(d, "network", "network")
     method = _field(net, "method", "network")
     if method not in METHODS:
-        raise ProfileError(f"latency table entry network.method: {method!r}, expected one of {list(METHODS)}")
+        raise ProfileError(f"latency table entry network.method: {safeio.short(method)}, "
+                           f"expected one of {list(METHODS)}")
     return {"method": method,
             "networks": int(_number("network.networks", _field(net, "networks", "network"), integer=True)),
             "offset_ms": float(_number("network.offset_ms", _field(net, "offset_ms", "network"), minimum=None))}
@@ -196,7 +198,7 @@ def _read_network(d) -> dict:
 def _read_slot(s, n: int) -> dict:
     where = f"slots[{n}]"
     if _field(s, "index", where) != n:
-        raise ProfileError(f"latency table entry {where}.index: {s['index']!r}, expected {n}")
+        raise ProfileError(f"latency table entry {where}.index: {safeio.short(s['index'])}, expected {n}")
     shape = _field(s, "shape", where)
     shape = {k: int(_number(f"{where}.shape.{k}", _field(shape, k, f"{where}.shape"), minimum=1, integer=True))
              for k in _SHAPE_FIELDS}
@@ -214,7 +216,8 @@ def table_from_dict(d, source: str = "<dict>") -> MeasuredTable:
     if not isinstance(d, Mapping):
         raise ProfileError(f"latency table {source}: expected a mapping, got {type(d).__name__}")
     if d.get("format") != FORMAT or d.get("version") != VERSION:
-        raise ProfileError(f"latency table {source}: format/version {d.get('format')!r}/{d.get('version')!r}, "
+        raise ProfileError(f"latency table {source}: format/version {safeio.short(d.get('format'))}/"
+                           f"{safeio.short(d.get('version'))}, "
                            f"expected {FORMAT!r}/{VERSION}")
     for name in ("device", "settings", "space"):
         if not isinstance(_field(d, name, name), Mapping):
@@ -229,9 +232,10 @@ def table_from_dict(d, source: str = "<dict>") -> MeasuredTable:
         raise ProfileError("latency table entry slots: expected a non-empty list")
     table = MeasuredTable(dict(d["device"]), dict(d["settings"]), dict(d["space"]),
                           tuple(_read_slot(s, n) for n, s in enumerate(slots)), call, arg_ms, stem, head, network)
-    if table.fixed_ms < 0:
+    if call.median_ms + stem.median_ms + network["offset_ms"] < 0:
         raise ProfileError(f"latency table entry network.offset_ms: {network['offset_ms']} makes the per-network "
-                           f"terms (call + stem + head + offset) negative ({table.fixed_ms:.4f} ms)")
+                           f"term call + stem + offset negative "
+                           f"({call.median_ms + stem.median_ms + network['offset_ms']:.4f} ms); expected >= 0")
     return table
 
 
@@ -257,12 +261,9 @@ def load_table(path, space: SearchSpace | None = None) -> MeasuredTable:
     """Reads and validates a table file; with ``space``, also checks that it was measured for that space."""
     path = os.fspath(path)
     try:
-        with open(path, "r", encoding="utf-8") as f:
-            d = yaml.safe_load(f)
-    except OSError as e:
-        raise ProfileError(f"cannot read latency table {path!r}: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise ProfileError(f"latency table {path!r} is not valid YAML: {e}") from None
+        d = safeio.load_yaml(safeio.read_bytes(path, "latency table"), f"latency table {path!r}")
+    except ValueError as e:
+        raise ProfileError(str(e)) from None
     table = table_from_dict(d, source=repr(path))
     if space is not None:
         check_space(table, space, repr(path))

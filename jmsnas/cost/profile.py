@@ -21,7 +21,9 @@ The ops, by ``method``:
   base op's cost is the network's saving when the slot is an identity (slots that keep the shape) or, where
   identity is not allowed, its standalone cost (as below; every network has an op there, so a constant error
   of that anchor is absorbed by the offset). Whatever the base network costs beyond call, stem, head and
-  its ops becomes ``network.offset_ms``. This captures what standalone kernels cannot see: XLA:CPU runs a
+  its ops becomes ``network.offset_ms``; then ``calibrate`` random whole networks, timed in the same rounds,
+  fit a scale of the op entries and the offset (a sum of one-context changes misses what one jitted call of a
+  whole network overlaps and fuses). This captures what standalone kernels cannot see: XLA:CPU runs a
   short kernel sequence (<= 8 kernels, a standalone MBConv) in order on one thread, but a network's longer,
   branching sequence as a dataflow graph on its thread pool, at a different cost per kernel.
 * ``"standalone"``: each op is called on its own, next to its reference call, and its cost is computed like the
@@ -38,6 +40,7 @@ import gc
 import os
 import platform
 import time
+import warnings
 from typing import Sequence
 
 import jax
@@ -258,7 +261,9 @@ def measure_table(space: SearchSpace, **kwargs) -> MeasuredTable:
       method: "in-network" (default) or "standalone" (module docstring).
       batch, reps, warmup, quantile: batch size (1), timing rounds (50), untimed calls per item before the
         rounds (3), statistic of the rounds (0.5: the median).
-      calibrate: "standalone" only: random sub-networks (numpy seed [seed, 1]) measured for the offset (8).
+      calibrate: random sub-networks (numpy seed [seed, 1]) measured end to end in the same rounds (8): the
+        standalone method's offset; the in-network method's scale of the op entries and offset
+        (``_calibrated_scale``).
       seed: seed of the round order (0).
       base: "in-network" only: the base architecture (op index per slot), default mbconv_k3_e3 everywhere.
       dw_impl: depthwise-convolution implementation passed to the ops ("auto").
@@ -288,13 +293,14 @@ def measure_table_and_archs(space: SearchSpace, archs: Sequence, *, method: str 
     reps_slots = sorted(set(rep.values()))
     plan = _Plan()
     common = _common_items(plan, space, batch)
+    calib = sample_archs(space, calibrate, [seed, 1])
     if method == "standalone":
         pairs = [(n, i) for n in reps_slots for i in _valid_ops(space, n) if i != IDENTITY]
-        calib = sample_archs(space, calibrate, [seed, 1])
         nets = (calib, [plan.add([c]) for c in _arch_calls(space, calib, batch, dw_impl)])
     else:
         pairs = [(n, base[n]) for n in reps_slots if not space.layers[n].keeps_shape]
         nets = _in_network_plan(plan, space, base, reps_slots, batch, dw_impl)
+        calib_groups = [plan.add([c]) for c in _arch_calls(space, calib, batch, dw_impl)]
     op_groups = _standalone_ops(plan, space, pairs, batch, dw_impl)
     extra = [plan.add([c]) for c in _arch_calls(space, archs, batch, dw_impl)]
 
@@ -309,7 +315,9 @@ def measure_table_and_archs(space: SearchSpace, archs: Sequence, *, method: str 
         per_rep = {n: {OP_NAMES[i]: t for (m, i), t in standalone.items() if m == n} for n in reps_slots}
         table = _calibrated(parts, per_rep, dict(settings, calibrate=calibrate), nets, raw, q)
     else:
-        table = _in_network(parts, base, reps_slots, standalone, dict(settings, base=list(base)), nets, raw, q)
+        table = _in_network(parts, base, reps_slots, standalone, dict(settings, base=list(base), calibrate=calibrate),
+                            nets, raw, q)
+        table = _calibrated_scale(table, calib, [q(raw[g][0]) for g in calib_groups])
     return table, [_timing(raw[g][0], quantile) for g in extra]
 
 
@@ -346,7 +354,7 @@ def _calibrated(parts, per_rep, settings, nets, raw, q) -> MeasuredTable:
     if not archs:
         return table
     offset = float(np.median([q(raw[g][0]) - predict_arch_ms(table, a) for a, g in zip(archs, groups)]))
-    return table._replace(network=dict(table.network, offset_ms=max(offset, -table.fixed_ms)))
+    return _with_offset(table, offset)
 
 
 def _in_network(parts, base, reps_slots, standalone, settings, nets, raw, q) -> MeasuredTable:
@@ -370,7 +378,47 @@ def _in_network(parts, base, reps_slots, standalone, settings, nets, raw, q) -> 
                                                   "networks": len(base_groups) + len(variant_groups),
                                                   "offset_ms": 0.0})
     offset = t_base - predict_arch_ms(table, base)
-    return table._replace(network=dict(table.network, offset_ms=max(offset, -table.fixed_ms)))
+    return _with_offset(table, offset)
+
+
+def _with_offset(table: MeasuredTable, offset: float) -> MeasuredTable:
+    """``table`` with the network offset ``offset`` ms, clamped (with a warning) so that call + stem + offset,
+    the per-network term a cost table adds to the stem, is >= 0: under load a noisy base network can make the
+    fitted offset more negative than that, and a latency table must never hold a negative latency."""
+    low = -(table.call.median_ms + table.stem.median_ms)
+    if not np.isfinite(offset) or offset < low:
+        warnings.warn(f"network offset {offset:.4f} ms clamped to {low:.4f} ms (-(call + stem)): the timings were "
+                      "noisy; profile again on a quieter machine or with a lower --quantile", RuntimeWarning,
+                      stacklevel=3)
+        offset = low
+    return table._replace(network=dict(table.network, offset_ms=float(offset)))
+
+
+def _calibrated_scale(table: MeasuredTable, archs, measured_ms) -> MeasuredTable:
+    """The in-network table with its op entries scaled and its offset refitted on whole random networks.
+
+    The one-slot variants of the base network give each op's latency *change* in that one context; summed over a
+    network of other ops they miss what the network's single jitted call does differently (per-kernel dispatch
+    that overlaps, fusion across layers): the sum of op entries is off by a factor. With the ``archs``' measured
+    latencies (timed in the same rounds), ``measured - (call + stem + head) = scale * sum(ops) + offset`` is fitted
+    robustly (Theil-Sen: the median of pairwise slopes, then the median residual), scale kept in [0.25, 4]. Fewer
+    than 3 networks, or no spread in their op sums: the table is returned unchanged.
+    """
+    if len(archs) < 3:
+        return table
+    fixed = table.call.median_ms + table.stem.median_ms + table.head.median_ms
+    x = np.array([predict_arch_ms(table, a) - table.fixed_ms for a in archs])
+    y = np.asarray(measured_ms, float) - fixed
+    i, j = np.triu_indices(len(x), 1)
+    dx = x[j] - x[i]
+    ok = np.abs(dx) > 1e-9
+    if not ok.any():
+        return table
+    scale = float(np.clip(np.median((y[j] - y[i])[ok] / dx[ok]), 0.25, 4.0))
+    slots = tuple(dict(s, ops={k: Timing(t.median_ms * scale, t.spread_ms * scale, t.reps)
+                               for k, t in s["ops"].items()}) for s in table.slots)
+    table = table._replace(slots=slots, network=dict(table.network, networks=table.network["networks"] + len(archs)))
+    return _with_offset(table, float(np.median(y - scale * x)))
 
 
 def _iqr(samples) -> float:

@@ -251,7 +251,11 @@ def run_config(run_dir: str, config=None):
     if not os.path.isfile(path):
         raise ModularError(f"run directory {run_dir!r} has no config.json; pass the run's config file "
                            "(--config FILE)")
-    return ml_collections.ConfigDict(_read_json(path, "run config"))
+    stored = _read_json(path, "run config")
+    if isinstance(stored, dict) and set(stored) == {"command", "config"}:  # as jmsnas.runcheck stores it
+        from jmsnas.runcheck import tuples
+        stored = tuples(stored["config"])
+    return ml_collections.ConfigDict(stored)
 
 
 def from_run(run_dir: str, config=None) -> Network:

@@ -131,6 +131,8 @@ def load_run(directory: str) -> Run:
         raise ValueError(f"run directory {directory!r} does not exist")
     result = _read_json(os.path.join(directory, "result.json"), "result")
     cfg = _read_json(os.path.join(directory, "config.json"), "configuration (written by jmsnas search)")
+    if isinstance(cfg, dict) and set(cfg) == {"command", "config"}:  # as jmsnas.runcheck stores it
+        cfg = cfg["config"]
     manifest = _read_json(os.path.join(directory, "parts", "manifest.json"), "parts manifest")
     if derived.is_result(result):  # result.json records its topology and space (topology files included)
         _, _, space = derived.from_result(result, os.path.join(directory, "result.json"))

@@ -76,7 +76,7 @@ def net_from_json(obj: dict, source: str = "<json>") -> NetSpec:
                                  tuple(int(x) for x in l["out_shape"]), tuple(int(x) for x in l.get("inputs", ())))
                        for l in obj["layers"])
         net = NetSpec(str(obj.get("name", source)), tuple(int(x) for x in obj["input_shape"]), layers)
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, OverflowError) as e:
         raise ValueError(f"{source}: not a network description (need input_shape and layers with name, kind, "
                          f"macs, params, out_shape, inputs): {e!r}") from None
     if not layers:
@@ -95,7 +95,7 @@ def load_net(name_or_path: str) -> NetSpec:
             obj = json.load(f)
     except FileNotFoundError:
         raise ValueError(f"--model {name_or_path!r} is neither a zoo network {list(zoo.NAMES)} nor a file") from None
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, ValueError, RecursionError) as e:  # ValueError: not JSON, or not UTF-8
         raise ValueError(f"cannot read network file {name_or_path!r}: {e}") from None
     if derived.is_result(obj):
         return derived.from_result(obj, name_or_path)[0]

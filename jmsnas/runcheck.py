@@ -1,0 +1,228 @@
+"""Checks a run makes before it touches its workdir, and the workdir's record of the run.
+
+A run (``jmsnas search``, ``retrain``, ``evolve``) validates every setting, loads its data and builds its cost
+table, estimates the memory of one training step, and checks the workdir, all before it creates or writes
+anything. Only then does :func:`claim_workdir` create the workdir and store ``config.json`` (the command and its
+whole configuration), which lets ``jmsnas retrain --workdir DIR`` continue any run without its config file and
+lets a resumed run say which setting differs from the stored one.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+
+import numpy as np
+
+from jmsnas import safeio
+
+CONFIG_FILE = "config.json"
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot be used; the message names it."""
+
+
+def _number(cfg, key: str, *, low=None, high=None, low_open=False, integer=False, optional=False):
+    """The value at dotted ``key`` of ``cfg``, checked: a (finite) number, integer if asked, within bounds."""
+    node = cfg
+    for part in key.split("."):
+        node = node[part]
+    v = node
+    if v is None and optional:
+        return v
+    kind = "an integer" if integer else "a finite number"
+    ok = not isinstance(v, bool) and isinstance(v, (int, np.integer) if integer else (int, float, np.floating))
+    ok = ok and math.isfinite(v)
+    if ok and low is not None:
+        ok = v > low if low_open else v >= low
+    if ok and high is not None:
+        ok = v <= high
+    if not ok:
+        rng = ""
+        if low is not None:
+            rng = f" {'>' if low_open else '>='} {low:g}"
+        if high is not None:
+            rng += f"{' and' if rng else ''} <= {high:g}"
+        raise ConfigError(f"{key} must be {kind}{rng}, got {safeio.short(v)}")
+    return v
+
+
+def check_values(cfg) -> None:
+    """Type and range of every numeric setting of the built-in configs (the rest: pipeline.validate_config)."""
+    _number(cfg, "seed", low=0, integer=True)
+    _number(cfg, "val_fraction", low=0, high=1, low_open=True)
+    _number(cfg, "checkpoint_every", low=1, integer=True)
+    _number(cfg, "eval_batch_size", low=1, integer=True)
+    for key in ("search.weight_lr", "search.arch_lr", "retrain.lr", "search.tau0", "search.tau_min"):
+        _number(cfg, key, low=0, low_open=True)
+    _number(cfg, "search.tau_decay", low=0, high=1, low_open=True)
+    for key in ("search.lambda1", "search.lambda2"):
+        _number(cfg, key, low=0)
+    _number(cfg, "retrain.epochs", low=0, integer=True)
+    for key in ("image_size", "max_train"):
+        _number(cfg, key, low=1, integer=True, optional=True)
+    for key in ("space.stem_channels", "space.stem_stride", "space.head_channels"):
+        _number(cfg, key, low=1, integer=True)
+    if not isinstance(cfg.shared_weights, bool):
+        raise ConfigError(f"shared_weights must be true or false, got {safeio.short(cfg.shared_weights)}")
+    for key in ("layers_per_device", "space.device_channels", "space.device_strides"):
+        node = cfg
+        for part in key.split("."):
+            node = node.get(part) if hasattr(node, "get") else None
+        if key == "layers_per_device" and node is None:
+            continue
+        if not isinstance(node, (tuple, list)) or not node or any(
+                isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1 for v in node):
+            raise ConfigError(f"{key} must be a list of positive integers, got {safeio.short(node)}")
+
+
+# ------------------------------------------------------------------------------------------ resources
+
+def memory_limit_bytes() -> tuple[int | None, str]:
+    """The memory a run may use: physical memory, or a smaller address-space limit (ulimit -v)."""
+    limit, what = None, ""
+    try:
+        limit, what = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "physical memory"
+    except (AttributeError, OSError, ValueError):
+        pass
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if soft != resource.RLIM_INFINITY and (limit is None or soft < limit):
+        limit, what = soft, "address-space limit (ulimit -v)"
+    return limit, what
+
+
+def step_memory_bytes(space, batch: int, paths: int) -> int:
+    """A lower estimate of the activation memory of one training step, in bytes (float32).
+
+    Per layer: the input, the widest expanded activation and the depthwise output of each computed path (kept for
+    the backward pass), times ``paths`` computed candidates; plus the stem's output. Shapes from ``space``.
+    """
+    from jmsnas.space import OPS  # imported here: this module sits below space in the import order
+    widest = max(op.expand for op in OPS)
+    total = space.image_size ** 2 * (space.in_channels + space.stem_channels) * 2
+    for s in space.layers:
+        mid = s.in_ch * widest
+        total += s.in_hw ** 2 * s.in_ch + paths * (s.in_hw ** 2 * mid + s.out_hw ** 2 * (mid + s.out_ch))
+    return int(total) * batch * 4
+
+
+def check_memory(space, batch: int, paths: int, what: str) -> None:
+    """ConfigError when one training step's estimated memory exceeds what this process may use."""
+    need = step_memory_bytes(space, batch, paths)
+    limit, source = memory_limit_bytes()
+    if limit is not None and need > limit:
+        raise ConfigError(f"{what} needs about {need / 2**30:.1f} GiB for one training step (estimate, batch "
+                          f"{batch}), more than the {limit / 2**30:.1f} GiB {source}; use a smaller image_size or "
+                          "batch_size")
+
+
+# ------------------------------------------------------------------------------------------ the workdir
+
+def _writable_ancestor(path: str) -> str | None:
+    """The nearest existing ancestor of ``path`` (itself included) when it is a writable directory, else None."""
+    p = os.path.abspath(path)
+    while not os.path.exists(p):
+        parent = os.path.dirname(p)
+        if parent == p:
+            return None
+        p = parent
+    return p if os.path.isdir(p) and os.access(p, os.W_OK | os.X_OK) else None
+
+
+def stored_config(workdir: str) -> dict | None:
+    """``{"command", "config"}`` stored in ``workdir``, None when there is none; ConfigError when unreadable."""
+    path = os.path.join(workdir, CONFIG_FILE)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            d = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot read the run's stored configuration {path!r}: {safeio.clip(e)}") from None
+    if not isinstance(d, dict) or not isinstance(d.get("config"), dict) or not isinstance(d.get("command"), str):
+        raise ConfigError(f"{path!r} is not a stored run configuration (expected {{'command', 'config'}})")
+    return d
+
+
+def _flat(d, prefix=""):
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = list(v) if isinstance(v, tuple) else v
+    return out
+
+
+def config_diff(saved: dict, now: dict) -> list:
+    """``key: stored X, now Y`` for every setting that differs (checkpoint_every may change on resume)."""
+    a, b = _flat(saved), _flat(now)
+    keys = sorted(k for k in set(a) | set(b) if k != "checkpoint_every" and a.get(k, "<unset>") != b.get(k, "<unset>"))
+    return [f"{k}: stored {safeio.short(a.get(k, '<unset>'), 60)}, now {safeio.short(b.get(k, '<unset>'), 60)}"
+            for k in keys]
+
+
+def check_workdir(workdir: str, resume: bool, config: dict, command: str) -> None:
+    """Everything about ``workdir`` that would refuse the run, checked without creating or writing anything.
+
+    A new run needs a workdir that is creatable/writable and holds no run output (checkpoints with files,
+    result.json, history.json, summary.txt, plots, parts/, evolution.json, config.json); a resumed one needs
+    checkpoints, a stored configuration (when there is one) equal to ``config`` except checkpoint_every, and the
+    same command.
+    """
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+        raise ConfigError(f"workdir {workdir!r} is not writable: it exists and is not a directory")
+    if os.path.isdir(workdir):
+        if not os.access(workdir, os.W_OK | os.X_OK):
+            raise ConfigError(f"workdir {workdir!r} is not writable: permission denied")
+    elif _writable_ancestor(workdir) is None:
+        raise ConfigError(f"workdir {workdir!r} is not writable: it cannot be created here")
+    found = safeio.run_outputs(workdir)
+    if not resume:
+        if found:
+            raise ConfigError(f"workdir {workdir!r} already holds a run ({', '.join(found[:4])}); pass --resume to "
+                              "continue it or choose another workdir (nothing was changed)")
+        return
+    if "checkpoints/" not in found:
+        raise ConfigError(f"--resume given but workdir {workdir!r} has no checkpoint")
+    stored = stored_config(workdir)
+    if stored is None:
+        return  # a run made before workdirs stored their config: the checkpoints' fingerprint still guards it
+    if stored["command"] != command and not {stored["command"], command} <= {"search", "retrain"}:
+        raise ConfigError(f"workdir {workdir!r} holds a `jmsnas {stored['command']}` run; continue it with "
+                          f"`jmsnas {stored['command']} --resume`, not `jmsnas {command}`")
+    diff = config_diff(stored["config"], config)
+    if diff:
+        more = f" (and {len(diff) - 3} more)" if len(diff) > 3 else ""
+        raise ConfigError(f"the run in {workdir!r} was made with other settings: {'; '.join(diff[:3])}{more}; "
+                          f"resume with the stored ones (omit --config and overrides: they are read from "
+                          f"{os.path.join(workdir, CONFIG_FILE)})")
+
+
+def claim_workdir(workdir: str, resume: bool, config: dict, command: str) -> None:
+    """Create ``workdir`` and store the run's configuration there (atomically), after :func:`check_workdir`."""
+    try:
+        os.makedirs(workdir, exist_ok=True)
+        if not resume:  # a resumed run keeps what it has (a run older than config.json stays without one)
+            with safeio.atomic_write(os.path.join(workdir, CONFIG_FILE), encoding="utf-8") as f:
+                json.dump({"command": "search" if command == "retrain" else command, "config": config}, f,
+                          indent=2, default=str)
+    except OSError as e:
+        raise ConfigError(f"workdir {workdir!r} is not writable: {e.strerror or e}") from None
+
+
+def plain(config) -> dict:
+    """A ConfigDict (or dict) as JSON-ready nested dicts (tuples become lists)."""
+    d = config.to_dict() if hasattr(config, "to_dict") else config
+    return json.loads(json.dumps(d, default=str))
+
+
+def tuples(d):
+    """Lists in a stored configuration back to tuples (the built-in configs hold tuples)."""
+    if isinstance(d, dict):
+        return {k: tuples(v) for k, v in d.items()}
+    if isinstance(d, list):
+        return tuple(tuples(v) for v in d)
+    return d

@@ -1,0 +1,143 @@
+"""The search as two processes on 127.0.0.1 (JAX's multi-process runtime, gloo CPU collectives): the same result as
+one process, outputs written once, a killed-and-resumed two-process run, and a process killed for good.
+
+Bounded: every process runs under a timeout and is killed at the end of its test whatever happens."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from jmsnas import distributed
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = textwrap.dedent("""
+    from jmsnas.configs import default_config, tiny
+    def get_config():
+        c = tiny(default_config())
+        c.dw_impl = "xla"
+        c.checkpoint_every = 2
+        return c
+""")
+TIMEOUT = 600
+
+
+def _port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def run_env(tmp_path):
+    cfg = tmp_path / "tiny.py"
+    cfg.write_text(TINY)
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO, XLA_FLAGS="")
+    env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "jax_cache")
+    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    procs = []
+
+    def start(workdir, *extra, n=1, cmd="search"):
+        port = _port()
+        group = []
+        for i in range(n):
+            flags = ["--coordinator", f"127.0.0.1:{port}", "--num-processes", str(n), "--process-id", str(i)] \
+                if n > 1 else []
+            p = subprocess.Popen([sys.executable, "-m", "jmsnas.cli", cmd, "--config", str(cfg), "--workdir",
+                                  str(workdir), "--no-progress", *flags, *extra], env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+            group.append(p)
+        procs.extend(group)
+        return group
+
+    yield start
+    for p in procs:  # no process left behind, whatever the test did
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
+def _finish(group):
+    outs = [p.communicate(timeout=TIMEOUT) for p in group]
+    for p, (out, err) in zip(group, outs):
+        assert p.returncode == 0, err[-3000:]
+    return outs
+
+
+def _result(workdir):
+    return json.loads((workdir / "result.json").read_text()), json.loads((workdir / "history.json").read_text())
+
+
+def _same(a, b):
+    (ra, ha), (rb, hb) = a, b
+    assert ra["architecture"] == rb["architecture"]
+    assert ra["latency_ms"]["total"] == pytest.approx(rb["latency_ms"]["total"], rel=1e-5)
+    assert [h["stage"] for h in ha] == [h["stage"] for h in hb]
+    for x, y in zip(ha, hb):  # losses to float tolerance; E[T] is a function of alpha, so alpha agrees too
+        assert x["train_loss"] == pytest.approx(y["train_loss"], rel=2e-3, abs=2e-4)
+        if x["expected_latency_ms"] is not None:
+            assert x["expected_latency_ms"] == pytest.approx(y["expected_latency_ms"], rel=1e-4)
+
+
+@pytest.mark.slow
+def test_two_processes_give_the_one_process_result_and_resume(run_env, tmp_path):
+    """One process, then two processes killed after their first checkpoint and resumed: the same losses, E[T]
+    (a function of alpha) and architecture (an uninterrupted two-process run is the special case without kill)."""
+    one, killed = tmp_path / "one", tmp_path / "killed"
+    _finish(run_env(one))
+    group = run_env(killed, n=2)
+    ck = killed / "checkpoints" / "search"
+    deadline = time.time() + TIMEOUT
+    while time.time() < deadline and all(p.poll() is None for p in group):
+        if ck.is_dir() and any(d.name.isdigit() for d in ck.iterdir()):
+            break
+        time.sleep(0.2)
+    for p in group:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    assert not (killed / "result.json").exists()
+    _finish(run_env(killed, "--resume", n=2))
+    _same(_result(killed), _result(one))
+    assert json.loads((killed / "config.json").read_text())["command"] == "search"
+    leftovers = [f for _, _, fs in os.walk(killed) for f in fs if f.endswith(".tmp") or f.startswith(".")]
+    assert not leftovers  # process 0 wrote each output once, atomically; nothing half-written
+
+
+@pytest.mark.slow
+def test_a_killed_process_ends_the_other_with_one_line(run_env, tmp_path):
+    group = run_env(tmp_path / "w", n=2)
+    ck = tmp_path / "w" / "checkpoints" / "search"
+    deadline = time.time() + TIMEOUT
+    while time.time() < deadline and group[0].poll() is None:
+        if ck.is_dir() and any(d.name.isdigit() for d in ck.iterdir()):
+            break
+        time.sleep(0.2)
+    group[1].send_signal(signal.SIGKILL)
+    t0 = time.time()
+    try:
+        out, err = group[0].communicate(timeout=distributed.HEARTBEAT_TIMEOUT_S + 120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the surviving process hung after its peer was killed")
+    assert group[0].returncode != 0
+    assert time.time() - t0 < distributed.HEARTBEAT_TIMEOUT_S + 120
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert lines and "jmsnas search: error:" in lines[-1] and "process" in lines[-1], err[-3000:]
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--num-processes", "0"], "--num-processes"),
+    (["--coordinator", "localhost", "--num-processes", "2", "--process-id", "0"], "HOST:PORT"),
+    (["--coordinator", "127.0.0.1:1234", "--num-processes", "2", "--process-id", "2"], "--process-id"),
+    (["--coordinator", "127.0.0.1:1234", "--num-processes", "2"], "--process-id"),
+])
+def test_bad_multiprocess_flags(capsys, tmp_path, flags, needle):
+    from jmsnas import cli
+    assert cli.main(["search", "--workdir", str(tmp_path / "w"), *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err, err
+    assert not (tmp_path / "w").exists()
