@@ -144,6 +144,14 @@ def claim_workdir(workdir: str, resume: bool, stored: dict, command: str) -> Non
         runcheck.claim_workdir(workdir, resume, stored, command)
 
 
+def prepare_workdir(workdir: str, resume: bool, cfg, command: str) -> None:
+    """Checks ``workdir`` for ``jmsnas <command>`` (``runcheck.check_workdir``), then creates it and stores the
+    configuration: for flows whose other checks are all done (separable networks, SplitNets)."""
+    stored = runcheck.plain(cfg)
+    runcheck.check_workdir(workdir, resume, stored, command)
+    claim_workdir(workdir, resume, stored, command)
+
+
 def _gate_paths(cfg) -> int:
     """Candidates one layer computes per step: 2 for two-path gates, all 13 for the others."""
     return 2 if cfg.search.gate_mode == "two_path" else len(OP_NAMES)

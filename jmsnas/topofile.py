@@ -354,7 +354,8 @@ def to_dict(topo: Topology) -> dict:
 
 
 def dump(topo: Topology, path) -> None:
-    """Writes ``topo`` to ``path``: JSON for a .json file, YAML otherwise."""
+    """Writes ``topo`` to ``path``: JSON for a .json file, YAML otherwise. Non-ASCII text is written escaped
+    (YAML reads some characters, e.g. U+0085, as line breaks, so raw they would not read back equal)."""
     path = os.fspath(path)
     d = to_dict(topo)
     with open(path, "w", encoding="utf-8") as f:
@@ -364,10 +365,10 @@ def dump(topo: Topology, path) -> None:
         else:
             f.write(f"# jmsnas topology file ({topo.kind}); format: docs/topology.md\n")
             flow = lambda x: yaml.safe_dump(x, default_flow_style=True, sort_keys=False, width=1 << 16,
-                                            allow_unicode=True).strip()
+                                            allow_unicode=False).strip()
             f.write(f"name: {json.dumps(d['name'])}\n")
             f.write(yaml.safe_dump({"devices": d["devices"]}, sort_keys=False, default_flow_style=False,
-                                   width=1 << 16, allow_unicode=True))
+                                   width=1 << 16, allow_unicode=False))
             f.write("links:" + "".join(f"\n  - {flow(l)}" for l in d["links"]) + ("\n" if d["links"] else " []\n"))
             f.write(f"layers_per_device: {flow(d['layers_per_device'])}\n")
             if "buses" in d:

@@ -281,7 +281,7 @@ def prepare(cfg, workdir: str, resume: bool):
     if cfg.get("decisions") is not None:
         dec.from_permutations(spec.decision_space(), cfg.decisions, cfg.get("levels"))
     data.num_batches(ds.train, cfg.search.batch_size)  # batch size fits the split
-    pipeline._prepare_workdir(workdir, resume)
+    pipeline.prepare_workdir(workdir, resume, cfg, "separable")
     return Run(cfg, ds, spec, build_spec(cfg, ds, reference=True), topo), cfg
 
 

@@ -520,7 +520,7 @@ def evolve(cfg, workdir: str, *, resume: bool = False, progress: bool = True) ->
     if resume:
         raise ConfigError("--resume is not supported by the SplitNets flow; start it in a new workdir")
     cfg, hw, space, ds = prepare(cfg)
-    pipeline._prepare_workdir(workdir, False)
+    pipeline.prepare_workdir(workdir, False, cfg, "evolve")
     t0 = time.time()
     st, history, t_super = train_supernet(cfg, space, ds, cfg.splitnets.init, progress)
     calib, xv, yv = _eval_data(cfg, ds)
