@@ -23,8 +23,11 @@ x3 for a weight step (forward, input and weight gradients), x2 for an arch step 
 x1 for a forward. They are the useful FLOPs of the sampled candidates, the work PyTorch does.
 
 XLA flags must be set before jax is imported: ``--xla-vector-width`` sets ``--xla_cpu_prefer_vector_width``.
-The run keeps freed memory in one untrimmed heap (``JMSNAS_KEEP_FREED_MEMORY=1``, ``jmsnas.hostmem``) for both sides
-(one process); ``--default-allocator`` leaves glibc as it is. Page faults per step are printed for each side.
+``--allocator``: ``default`` runs jmsnas as a user gets it (``jmsnas.hostmem.keep_step_memory``: steps on the
+calling thread, large blocks kept in its untrimmed heap; one process, so PyTorch's main-thread allocations share
+that heap setting); ``off`` is ``JMSNAS_KEEP_FREED_MEMORY=0`` (glibc and JAX's dispatch left as they are);
+``keep`` is ``JMSNAS_KEEP_FREED_MEMORY=1`` (one untrimmed heap for every thread). Page faults per step are printed
+for each side.
 """
 from __future__ import annotations
 
@@ -42,8 +45,11 @@ def _early_flags() -> None:
     if "--xla-vector-width" in sys.argv:
         width = sys.argv[sys.argv.index("--xla-vector-width") + 1]
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_cpu_prefer_vector_width={width}").strip()
-    if "--default-allocator" not in sys.argv:
-        os.environ.setdefault("JMSNAS_KEEP_FREED_MEMORY", "1")
+    if "--allocator" in sys.argv:
+        choice = sys.argv[sys.argv.index("--allocator") + 1]
+        setting = {"off": "0", "keep": "1"}.get(choice)
+        if setting is not None:
+            os.environ["JMSNAS_KEEP_FREED_MEMORY"] = setting
 
 
 _early_flags()
@@ -307,9 +313,9 @@ def main() -> None:
                    help="how the supernet computes candidates (jmsnas.supernet.candidate_impl)")
     p.add_argument("--xla-vector-width", type=int, default=None, help="sets --xla_cpu_prefer_vector_width")
     p.add_argument("--no-check", action="store_true", help="skip the value check of the torch reference")
-    p.add_argument("--default-allocator", action="store_true",
-                   help="leave glibc malloc as it is (by default the run sets JMSNAS_KEEP_FREED_MEMORY=1, "
-                        "jmsnas.hostmem: one shared, untrimmed heap for both sides)")
+    p.add_argument("--allocator", choices=("default", "off", "keep"), default="default",
+                   help="default: jmsnas as a user gets it (jmsnas.hostmem.keep_step_memory); off: "
+                        "JMSNAS_KEEP_FREED_MEMORY=0; keep: JMSNAS_KEEP_FREED_MEMORY=1 (one untrimmed heap)")
     args = p.parse_args()
     if args.reps < 5:
         raise ValueError(f"--reps must be at least 5 (median of >= 5 repetitions), got {args.reps}")
@@ -320,7 +326,8 @@ def main() -> None:
           f"{args.torch_layout}), {os.cpu_count()} cpus, {platform.processor() or platform.machine()}, "
           f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}, dw_impl={args.dw_impl}, "
           f"candidate_impl={args.candidate_impl}, "
-          f"keep freed memory (jmsnas.hostmem; both sides, one process)={hostmem.applied()}")
+          f"allocator={args.allocator} (one untrimmed heap: {hostmem.applied()}, steps on the calling thread's "
+          f"kept heap: {hostmem.keep_step_memory()})")
     print(f"load average at start: {os.getloadavg()}")
     if not args.no_check:
         print(f"torch reference vs jmsnas logits (exact padding): max relative difference "

@@ -1,6 +1,9 @@
 """jmsnas: joint model split and neural architecture search over networks of devices, in JAX."""
 from jmsnas import hostmem as _hostmem
 
-# opt-in (JMSNAS_KEEP_FREED_MEMORY=1), before JAX creates its CPU client: see jmsnas/hostmem.py
+# before JAX creates its CPU client (see jmsnas/hostmem.py): by default CPU steps run on the calling thread and
+# keep their blocks in its untrimmed heap; JMSNAS_KEEP_FREED_MEMORY=1 one heap for all threads, =0 neither
 if _hostmem.requested():
     _hostmem.keep_freed_memory()
+elif not _hostmem.forbidden():
+    _hostmem.keep_step_memory()

@@ -29,11 +29,19 @@ def _available():
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="jmsnas", description=__doc__)
+    parser.add_argument("--no-compile-cache", action="store_true",
+                        help="compile every step anew (default: reuse executables from the persistent compilation "
+                             "cache in $JMSNAS_CACHE_DIR, else $XDG_CACHE_HOME/jmsnas, else ~/.cache/jmsnas; also "
+                             "JMSNAS_COMPILE_CACHE=0); accepted anywhere on the command line")
     sub = parser.add_subparsers(dest="command", required=True)
     mods = _available()
     for mod in {id(m): m for m in mods.values()}.values():  # a module may serve several sub-commands
         mod.add_parser(sub)
-    args, extra = parser.parse_known_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    no_cache = "--no-compile-cache" in argv
+    args, extra = parser.parse_known_args([a for a in argv if a != "--no-compile-cache"])
+    if not _compile_cache(not no_cache):
+        return 2
     if extra and args.command not in ("search", "retrain", "evolve", "separable"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
@@ -51,6 +59,18 @@ def _closed_stdout() -> int:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     return 141
+
+
+def _compile_cache(on: bool) -> bool:
+    """Every command reuses compiled executables (jmsnas.cache) unless told not to; False on a bad setting."""
+    from jmsnas import cache
+    try:
+        if on and cache.requested():
+            cache.enable_compilation_cache()
+    except ValueError as e:  # a bad JMSNAS_COMPILE_CACHE value
+        print(f"jmsnas: error: {e}", file=sys.stderr)
+        return False
+    return True
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ import numpy as np
 import optax
 from tqdm import tqdm
 
-from jmsnas import budget, data, pipeline, runcheck, safeio, strategies, supernet, train
+from jmsnas import budget, data, pipeline, runcheck, safeio, strategies, supernet, timing, train
 from jmsnas.checkpoint import Checkpointer
 from jmsnas.cost.latency import arch_latency, latency, searched_latency
 from jmsnas.evaluate import evaluate_population
@@ -172,7 +172,8 @@ def _train_supernet(cfg, space, table, ds, mesh, ckpt, fp, resume, progress):
     st, epoch, start, history = pipeline.restore_progress(ckpt, st, fp, resume)
     st = train.replicate(st, mesh)
     nb = data.num_batches(ds.train, s.batch_size)
-    bar = tqdm(total=e.epochs * nb, initial=epoch * nb + start, disable=not progress, desc="supernet", unit="step")
+    bar = timing.label(tqdm(total=e.epochs * nb, initial=epoch * nb + start, disable=not progress, desc="supernet",
+                            unit="step"))
     m = {}
     while epoch < e.epochs:
         for i, (x, y) in enumerate(data.epoch_batches(ds.train, s.batch_size, seed=cfg.seed, epoch=epoch,
@@ -296,7 +297,7 @@ def _evolution(cfg, space, table, st, fd, strategy, ckpt, fp, resume, progress):
         es, meta = ckpt.restore(jax.device_get(es), expect_meta={"fingerprint": fp},
                                 meta_types={"generation": "count", "log": list})
         gen, log, best, top = meta["generation"], meta["log"], meta["best"], meta["most_accurate"]
-    bar = tqdm(total=e.generations, initial=gen, disable=not progress, desc="evolution", unit="gen")
+    bar = timing.label(tqdm(total=e.generations, initial=gen, disable=not progress, desc="evolution", unit="gen"))
     while gen < e.generations:
         k_ask, k_tell = jax.random.split(jax.random.fold_in(key, gen + 1))
         archs, es = ask(k_ask, es)
@@ -343,6 +344,7 @@ def _winner(cfg, space, table, best, top):
 
 # ----------------------------------------------------------------------------------------------- the flow
 
+@timing.measured
 def evolve(cfg: ml_collections.ConfigDict, workdir: str, *, resume: bool = False, progress: bool = True) -> dict:
     """Runs stage 1 (sandwich supernet), stage 2 (evolution), retrains the winner and writes result.json,
     history.json, evolution.json, the plots, parts/ and checkpoints/ into ``workdir``; returns the result dict."""

@@ -14,6 +14,17 @@ and compile-bound, 62 → 74 s), while the steps themselves ran up to 1.5x faste
 ``JMSNAS_KEEP_FREED_MEMORY=1`` applies it when jmsnas is imported; :func:`keep_freed_memory` applies it on call.
 Either must come before JAX creates its CPU client (the first array or jit call), because threads that already
 own an arena keep it. Only glibc (Linux) has these settings; elsewhere nothing is changed.
+
+The default (``JMSNAS_KEEP_FREED_MEMORY`` unset): :func:`keep_step_memory`, applied when jmsnas is imported,
+gets the same steady heap without one shared arena, so XLA's compiler threads keep theirs. JAX's CPU client runs
+each computation on the thread that calls it (``jax_cpu_enable_async_dispatch=False``; the calling thread
+waits for the step, which the search loop does within a few steps anyway), so XLA allocates a step's temporaries
+from the main thread's arena, the main heap; and glibc is told to serve large blocks from that heap rather than
+``mmap`` (``M_MMAP_MAX=0``) and never to trim it (``M_TRIM_THRESHOLD=-1``). Both ``mallopt`` settings act at
+once on the main arena whenever they are made, and neither touches the other threads' arenas. What still
+faults: blocks that XLA's worker threads allocate themselves inside a kernel (in their own arenas) and
+computations over several devices, which JAX dispatches asynchronously whatever the setting.
+``JMSNAS_KEEP_FREED_MEMORY=0`` leaves glibc and JAX's dispatch as they are; ``=1`` applies the full setting above.
 """
 from __future__ import annotations
 
@@ -37,13 +48,16 @@ _applied: bool | None = None
 
 
 def _setting() -> str | None:
-    """JMSNAS_KEEP_FREED_MEMORY: "0", "1" or None (unset); any other value is an error naming it."""
+    """JMSNAS_KEEP_FREED_MEMORY: "0", "1" or None (unset: the default, keep_step_memory); any other value is an
+    error naming it."""
     value = os.environ.get(ENV)
     if value is None:
         return None
     value = value.strip()
     if value not in ("0", "1"):
-        raise ValueError(f"{ENV} must be 0 (leave the allocator alone) or 1 (keep freed memory), got {value!r}")
+        raise ValueError(f"{ENV} must be 0 (leave the allocator and JAX's dispatch alone), 1 (one untrimmed heap "
+                         f"for every thread) or unset (the default: steps on the calling thread's untrimmed heap), "
+                         f"got {value!r}")
     return value
 
 
@@ -97,6 +111,39 @@ def keep_freed_memory() -> bool:
 def applied() -> bool:
     """Whether keep_freed_memory() has put the settings in force in this process."""
     return bool(_applied)
+
+
+_step_memory: dict = {}
+
+
+def keep_step_memory() -> dict:
+    """The default: run CPU steps on the calling thread and keep their blocks in its untrimmed heap (module doc).
+
+    Returns {"dispatch": whether JAX's CPU dispatch is synchronous, "heap": whether glibc's main heap keeps large
+    freed blocks}; both False with ``JMSNAS_KEEP_FREED_MEMORY=0``. Synchronous dispatch can only be chosen before
+    JAX creates its CPU client (later, "dispatch" reports the flag as it stands; a user who wants asynchronous
+    dispatch back sets ``jax.config.update("jax_cpu_enable_async_dispatch", True)`` after importing jmsnas). The
+    heap part works at any time.
+    """
+    if _step_memory:
+        return dict(_step_memory)
+    if forbidden():
+        _step_memory.update(dispatch=False, heap=False)
+        return dict(_step_memory)
+    import jax
+    if not _backends_exist():
+        jax.config.update("jax_cpu_enable_async_dispatch", False)
+    libc = _glibc()
+    heap = libc is not None and all(libc.mallopt(param, value) == 1
+                                    for param, value in ((M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, _NO_TRIM)))
+    _step_memory.update(dispatch=not _async_dispatch(), heap=bool(heap))
+    return dict(_step_memory)
+
+
+def _async_dispatch() -> bool:
+    """Whether JAX's CPU client dispatches asynchronously (what it reads, or has read, when it is created)."""
+    import jax
+    return bool(jax.config.read("jax_cpu_enable_async_dispatch"))
 
 
 def _backends_exist() -> bool:

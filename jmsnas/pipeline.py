@@ -18,7 +18,7 @@ import ml_collections
 import numpy as np
 from tqdm import tqdm
 
-from jmsnas import budget, data, gates as G, presets, report, runcheck, safeio, supernet, topofile, train
+from jmsnas import budget, data, gates as G, presets, report, runcheck, safeio, supernet, timing, topofile, train
 from jmsnas.checkpoint import CheckpointError, Checkpointer
 from jmsnas.cost.latency import arch_latency, best_chain_assignment, breakdown_dict, expected_latency
 from jmsnas.cost.tables import CostTable, analytic_table
@@ -167,6 +167,7 @@ def load_data(cfg):
     return ds
 
 
+@timing.measured
 def search(cfg: ml_collections.ConfigDict, workdir: str, *, resume: bool = False, progress: bool = True) -> dict:
     """Runs both stages and writes result.json, plots, per-device parts and checkpoints into ``workdir``."""
     validate_config(cfg)
@@ -241,7 +242,8 @@ def _stage1(cfg, space, table, ds, mesh, ckpt, fp, resume, progress):
     nb = data.num_batches(ds.train, s.batch_size)
     n_val = data.num_batches(ds.val, s.batch_size)
     total = s.warmup_epochs + s.epochs
-    bar = tqdm(total=total * nb, initial=epoch * nb + start, disable=not progress, desc="search", unit="step")
+    bar = timing.label(tqdm(total=total * nb, initial=epoch * nb + start, disable=not progress, desc="search",
+                            unit="step"))
     metrics = {}
     while epoch < total:
         warm = epoch < s.warmup_epochs
@@ -291,7 +293,8 @@ def _stage2(cfg, space, ds, mesh, st, ops, workdir, fp, resume, progress, histor
     train_step, eval_step = train.make_retrain_steps(space, ops, r.lr, cfg.search.lambda1, cfg.dw_impl)
     bs = cfg.search.batch_size
     nb = data.num_batches(ds.train, bs)
-    bar = tqdm(total=r.epochs * nb, initial=epoch * nb + start, disable=not progress, desc="retrain", unit="step")
+    bar = timing.label(tqdm(total=r.epochs * nb, initial=epoch * nb + start, disable=not progress, desc="retrain",
+                            unit="step"))
     metrics = {}
     while epoch < r.epochs:
         for i, (x, y) in enumerate(data.epoch_batches(ds.train, bs, seed=cfg.seed + 2, epoch=epoch, start=start),
@@ -343,6 +346,8 @@ def _finish(cfg, space, table, ds, mesh, rt, ops, assignment, fix, derived, hist
         "dataset": ds.name, "seed": cfg.seed,
         **(extra or {}),
     }
+    if timing.active() is not None:  # compile and run time so far (wall, CPU): the only entry that varies by run
+        result["time"] = timing.summary()
     with output_errors(workdir):
         if jax.process_index() != 0:  # process 0 writes the outputs of a multi-process run
             return result

@@ -246,7 +246,19 @@ def format_summary(result) -> str:
     acc = result["accuracy"]
     lines += ["", f"Accuracy: val {_fmt_pct(acc['val'])}, test {_fmt_pct(acc['test'])}",
               f"Parameters: {int(result['params']):,}"]
+    lines += _time_lines(result.get("time"))
     return "\n".join(lines) + "\n"
+
+
+def _time_lines(t) -> list:
+    """The run's compile and run time (``result["time"]``, jmsnas.timing), when present."""
+    if not t:
+        return []
+    hits = t.get("cache_hits", 0)
+    cached = f", {hits} of {t.get('compilations', 0)} executables from the compilation cache" if hits else ""
+    return ["", f"Time: {t['total']['wall_s']:.1f} s wall ({t['total']['cpu_s']:.1f} s CPU): compiling "
+                f"{t['compile']['wall_s']:.1f} s ({t['compile']['cpu_s']:.1f} s CPU{cached}), running "
+                f"{t['run']['wall_s']:.1f} s ({t['run']['cpu_s']:.1f} s CPU)"]
 
 
 # ----------------------------------------------------------------------------------------------- plots

@@ -7,16 +7,16 @@ import pytest
 
 from jmsnas import hostmem
 
-# A jitted step whose temporaries (128 MB: the cumulative sum's buffers) are far above glibc's largest mmap
-# threshold (32 MB), as the supernet steps' are; prints the median of minor page faults per call after warm-up and
-# the pages of x. Warm-up is 25 calls: with the heap kept, two threads' frees interleave differently from run to run
+# A jitted step whose temporaries (128 MB: the loop's carried buffers, in XLA's temporary block) are far above
+# glibc's largest mmap threshold (32 MB), as the supernet steps' are; prints the median of minor page faults per
+# call after warm-up and the pages of x. Warm-up is 25 calls: with the heap kept, two threads' frees interleave differently from run to run
 # and the heap went on growing for up to 16 calls (measured, two probes at once) before no call faulted.
 _PROBE = """
 import resource, statistics
 import jmsnas
 import jax, jax.numpy as jnp
 n = 16 * 1024 * 1024
-f = jax.jit(lambda x: jnp.sum(jnp.cumsum(jnp.sin(x).reshape(1024, -1), axis=0) ** 2))
+f = jax.jit(lambda x: jnp.sum(jax.lax.fori_loop(0, 3, lambda i, a: jnp.sin(a)[::-1] * 1.5, x)))
 x = jnp.arange(n, dtype=jnp.float32)
 for _ in range(25):
     f(x).block_until_ready()
@@ -45,15 +45,32 @@ def _faults_per_call(setting, call: bool = False) -> tuple:
 
 @pytest.mark.skipif(hostmem._glibc() is None, reason="glibc malloc settings only")
 def test_kept_memory_is_not_faulted_in_again():
-    fresh, pages = _faults_per_call(None)
-    # by default (opt-in) every call maps its temporaries afresh: at least one fault per page of x's size
+    # JMSNAS_KEEP_FREED_MEMORY=0 (glibc and JAX's dispatch left alone): every call maps its temporaries afresh,
+    # at least one fault per page of x's size
+    fresh, pages = _faults_per_call("0")
     assert fresh >= pages, (fresh, pages)
-    # asked for at import, or by a call before the first array: the blocks come back from the heap, almost no faults
-    for setting, call in (("1", False), (None, True)):
+    # the default (steps on the calling thread's untrimmed heap), the full setting at import or by a call before
+    # the first array: the blocks come back from the heap, almost no faults
+    for setting, call in ((None, False), ("1", False), (None, True)):
         kept, _ = _faults_per_call(setting, call)
         assert kept < pages / 20, (setting, call, kept, pages)
     # JMSNAS_KEEP_FREED_MEMORY=0 rules out the call too
     assert _faults_per_call("0", True)[0] >= pages
+
+
+_DEFAULT = """
+import jax, jmsnas
+print(jax.config.read("jax_cpu_enable_async_dispatch"), jmsnas.hostmem.keep_step_memory())
+"""
+
+
+@pytest.mark.skipif(hostmem._glibc() is None, reason="glibc malloc settings only")
+def test_default_is_synchronous_dispatch_and_a_kept_heap():
+    env = {k: v for k, v in os.environ.items() if k not in (hostmem.ENV, "GLIBC_TUNABLES")}
+    run = lambda e: subprocess.run([sys.executable, "-c", _DEFAULT], env=e, capture_output=True, text=True,
+                                   check=True).stdout.strip()
+    assert run(env) == "False {'dispatch': True, 'heap': True}"
+    assert run(dict(env, **{hostmem.ENV: "0"})) == "True {'dispatch': False, 'heap': False}"
 
 
 def test_environment_value_is_checked(monkeypatch):
@@ -67,7 +84,7 @@ def test_environment_value_is_checked(monkeypatch):
     monkeypatch.setenv(hostmem.ENV, "0")
     assert hostmem.requested() is False and hostmem.forbidden() is True
     monkeypatch.delenv(hostmem.ENV)
-    assert hostmem.requested() is False and hostmem.forbidden() is False  # opt-in: off unless asked for
+    assert hostmem.requested() is False and hostmem.forbidden() is False  # unset: the default, keep_step_memory
 
 
 @pytest.mark.skipif(hostmem._glibc() is None, reason="glibc malloc settings only")

@@ -5,7 +5,8 @@ batch norm fused with its activation, forward and backward) and ``matmul_cpu.cc`
 weight gradient) into one library with the machine's C++ compiler
 (``$CXX``, else ``g++``, else ``c++``; ``-O3 -march=native``) against the XLA FFI headers that ship with jaxlib
 (``jax.ffi.include_dir()``), loads it and registers its handlers for the CPU platform. The library is cached under
-``$JMSNAS_CACHE_DIR`` (default ``~/.cache/jmsnas``; the system's temporary directory when that is not writable)
+``jmsnas.cache.native_dir()`` (``<cache root>/native``, the root ``$JMSNAS_CACHE_DIR``, else
+``$XDG_CACHE_HOME/jmsnas``, else ``~/.cache/jmsnas``; the system's temporary directory when that is not writable)
 in a file named by a hash of the sources, the flags, the compiler's version, jaxlib's version and the CPU's
 instruction-set flags, so a changed input compiles anew and concurrent processes (pytest workers) never load a
 half-written file: each compiles to a private temporary name and renames it into place.
@@ -28,6 +29,8 @@ import jax
 import jax.numpy as jnp
 import jaxlib
 
+from jmsnas import cache
+
 HERE = Path(__file__).parent
 SOURCES = (HERE / "dwconv_cpu.cc", HERE / "batchnorm_cpu.cc", HERE / "matmul_cpu.cc")
 HEADERS = (HERE / "parallel.h",)
@@ -46,7 +49,8 @@ _state: dict = {}  # "ok": bool, "error": str; when ok also "path" (the library)
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("JMSNAS_CACHE_DIR") or Path.home() / ".cache" / "jmsnas")
+    """Where the compiled library is kept: ``jmsnas.cache.native_dir()``."""
+    return cache.native_dir()
 
 
 def compiler() -> str | None:
