@@ -90,6 +90,22 @@ def is_writer() -> bool:
     return jax.process_index() == 0
 
 
+_COLLECTIVE_FAILURES = ("gloo", "connection reset", "connection refused", "broken pipe", "heartbeat",
+                        "coordination service")
+
+
+def collective_failure(e: BaseException) -> bool:
+    """Whether ``e`` is a collective or the coordination service failing because a peer went away (it may reach us
+    as JAX's runtime error or wrapped in another error type by the code that ran the collective)."""
+    import jax
+    if jax.process_count() == 1:
+        return False
+    if type(e).__name__ in ("XlaRuntimeError", "JaxRuntimeError"):
+        return True
+    text = str(e).lower()
+    return any(k in text for k in _COLLECTIVE_FAILURES)
+
+
 def lost_peer_message(e: BaseException) -> str | None:
     """One line for an error a collective raises when another process of the run stopped, else None."""
     import jax

@@ -35,6 +35,8 @@ def run(args, extra=()) -> int:
             flow = evolve.evolve
         result = flow(cfg, args.workdir, resume=args.resume, progress=not args.no_progress)
     except (ValueError, CheckpointError, DatasetError, TopologyError) as e:
+        if distributed.collective_failure(e):  # a lost peer, wrapped in one of these types on its way up
+            return lost_peer(args.command, e)
         print(f"jmsnas {args.command}: error: {safeio.clip(e, 600)}", file=sys.stderr)
         return distributed.leave(2)
     except Exception as e:  # noqa: BLE001 - only a lost peer of a multi-process run is reported here

@@ -96,7 +96,7 @@ def apply_overrides(cfg, overrides):
 
 def lost_peer(command: str, e: BaseException) -> int:
     """Exit 1 with one line when another process of a multi-process run stopped; re-raise anything else."""
-    line = distributed.lost_peer_message(e) if type(e).__name__ in ("XlaRuntimeError", "JaxRuntimeError") else None
+    line = distributed.lost_peer_message(e) if distributed.collective_failure(e) else None
     if line is None:
         raise e
     print(f"jmsnas {command}: error: {line}", file=sys.stderr, flush=True)
@@ -129,6 +129,8 @@ def run(args, extra=()) -> int:
         resume = args.command == "retrain" or args.resume
         result = pipeline.search(cfg, args.workdir, resume=resume, progress=not args.no_progress)
     except (ValueError, CheckpointError, DatasetError, TopologyError) as e:
+        if distributed.collective_failure(e):  # a lost peer, wrapped in one of these types on its way up
+            return lost_peer(args.command, e)
         print(f"jmsnas {args.command}: error: {safeio.clip(e, 600)}", file=sys.stderr)
         return distributed.leave(2)
     except Exception as e:  # noqa: BLE001 - only a lost peer of a multi-process run is reported here
