@@ -190,12 +190,8 @@ def _validate_buses(buses, pairs) -> tuple:
     return tuple(out)
 
 
-def make_topology(name: str, devices: Sequence[DeviceProfile], links: Sequence[LinkProfile],
-                  layers_per_device: Sequence[int], buses: Sequence[BusGroup] = ()) -> Topology:
-    """Builds and validates a chain, mesh or star topology; the kind is inferred from the link graph."""
-    devices, links = tuple(devices), tuple(links)
-    if len(devices) < 1:
-        raise TopologyError("a topology needs at least one device")
+def _validate_devices_and_links(devices, links) -> tuple:
+    """Every device and link valid, names unique, no link twice; returns (device names, (src, dst) pairs)."""
     for d in devices:
         _validate_device(d)
     names = [d.name for d in devices]
@@ -207,6 +203,16 @@ def make_topology(name: str, devices: Sequence[DeviceProfile], links: Sequence[L
     pairs = [(l.src, l.dst) for l in links]
     if len(set(pairs)) != len(pairs):
         raise TopologyError(f"duplicate links among {pairs}")
+    return names, pairs
+
+
+def make_topology(name: str, devices: Sequence[DeviceProfile], links: Sequence[LinkProfile],
+                  layers_per_device: Sequence[int], buses: Sequence[BusGroup] = ()) -> Topology:
+    """Builds and validates a chain, mesh or star topology; the kind is inferred from the link graph."""
+    devices, links = tuple(devices), tuple(links)
+    if len(devices) < 1:
+        raise TopologyError("a topology needs at least one device")
+    names, pairs = _validate_devices_and_links(devices, links)
     buses = _validate_buses(buses, pairs)
     lpd = tuple(layers_per_device)
     if len(lpd) != len(devices):
@@ -324,17 +330,7 @@ def cluster(name: str, devices: Sequence[DeviceProfile], links: Sequence[LinkPro
     devices, links = tuple(devices), tuple(links)
     if len(devices) < 2:
         raise TopologyError(f"a cluster needs at least 2 devices, got {len(devices)}")
-    for d in devices:
-        _validate_device(d)
-    names = [d.name for d in devices]
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise TopologyError(f"duplicate device names: {dup}")
-    for l in links:
-        _validate_link(l, set(names))
-    pairs = [(l.src, l.dst) for l in links]
-    if len(set(pairs)) != len(pairs):
-        raise TopologyError(f"duplicate links among {pairs}")
+    names, pairs = _validate_devices_and_links(devices, links)
     missing = [f"{a}->{b}" for a in names for b in names if a != b and (a, b) not in pairs]
     if missing:
         raise TopologyError(f"cluster {name!r} must link every ordered pair of devices; missing links {missing}")
