@@ -2,10 +2,9 @@
 from __future__ import annotations
 
 import os
-import sys
 
-from jmsnas import distributed, safeio
-from jmsnas.commands.search import lost_peer, run_config
+from jmsnas import distributed
+from jmsnas.commands.search import run_config, run_training
 
 
 def add_parser(sub) -> None:
@@ -22,25 +21,17 @@ def add_parser(sub) -> None:
 
 def run(args, extra=()) -> int:
     from jmsnas import evolve, report
-    from jmsnas.checkpoint import CheckpointError
-    from jmsnas.data import DatasetError
-    from jmsnas.topology import TopologyError
-    try:
-        distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+
+    def flow():
         cfg = run_config(args, extra, evolve.with_defaults)
         if "splitnets" in cfg:  # SplitNets' system (jmsnas.splitnets.search): split module, views, shared bus
             from jmsnas.splitnets import search as splitnets_search
-            flow = splitnets_search.evolve
-        else:
-            flow = evolve.evolve
-        result = flow(cfg, args.workdir, resume=args.resume, progress=not args.no_progress)
-    except (ValueError, CheckpointError, DatasetError, TopologyError) as e:
-        if distributed.collective_failure(e):  # a lost peer, wrapped in one of these types on its way up
-            return lost_peer(args.command, e)
-        print(f"jmsnas {args.command}: error: {safeio.clip(e, 600)}", file=sys.stderr)
-        return distributed.leave(2)
-    except Exception as e:  # noqa: BLE001 - only a lost peer of a multi-process run is reported here
-        return lost_peer(args.command, e)
+            return splitnets_search.evolve(cfg, args.workdir, resume=args.resume, progress=not args.no_progress)
+        return evolve.evolve(cfg, args.workdir, resume=args.resume, progress=not args.no_progress)
+
+    result = run_training(args, flow)
+    if isinstance(result, int):
+        return result
     print(report.format_summary(result))
     print(f"\nwrote {os.path.join(args.workdir, 'result.json')}, evolution.json and plots, parts/"
           + ("" if result.get("flow") == "splitnets" else " and checkpoints/") + " there")

@@ -118,16 +118,15 @@ def add_parser(sub) -> None:
         distributed.add_flags(p)
 
 
-def run(args, extra=()) -> int:
-    from jmsnas import pipeline, report
+def run_training(args, flow):
+    """Joins the processes of the run, then ``flow()``; its failures become the command's exit code: bad input one
+    line and 2, a lost peer of a multi-process run one line and 1. Returns flow's result, or that exit code."""
     from jmsnas.checkpoint import CheckpointError
     from jmsnas.data import DatasetError
     from jmsnas.topology import TopologyError
     try:
         distributed.initialize(args.coordinator, args.num_processes, args.process_id)
-        cfg = run_config(args, extra)
-        resume = args.command == "retrain" or args.resume
-        result = pipeline.search(cfg, args.workdir, resume=resume, progress=not args.no_progress)
+        return flow()
     except (ValueError, CheckpointError, DatasetError, TopologyError) as e:
         if distributed.collective_failure(e):  # a lost peer, wrapped in one of these types on its way up
             return lost_peer(args.command, e)
@@ -135,6 +134,19 @@ def run(args, extra=()) -> int:
         return distributed.leave(2)
     except Exception as e:  # noqa: BLE001 - only a lost peer of a multi-process run is reported here
         return lost_peer(args.command, e)
+
+
+def run(args, extra=()) -> int:
+    from jmsnas import pipeline, report
+
+    def flow():
+        cfg = run_config(args, extra)
+        resume = args.command == "retrain" or args.resume
+        return pipeline.search(cfg, args.workdir, resume=resume, progress=not args.no_progress)
+
+    result = run_training(args, flow)
+    if isinstance(result, int):
+        return result
     print(report.format_summary(result))
     print(f"\nwrote {os.path.join(args.workdir, 'result.json')} and plots, parts/ and checkpoints/ there")
     return 0
