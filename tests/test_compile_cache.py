@@ -80,7 +80,10 @@ def test_second_process_loads_the_executable_and_concurrent_writers_are_safe(tmp
     first = [_probe(env), _probe(env)]  # two processes compile and write the same entry at once
     runs = [_done(p) for p in first]
     assert all(r["dir"] == str(tmp_path / "root" / "xla") for r in runs)
-    assert all(r["time"]["cache_misses"] >= 1 for r in runs)
+    # started together, the slower one may already find the faster one's entry: at least one compiled, and each
+    # either compiled or loaded the executable
+    assert sum(r["time"]["cache_misses"] for r in runs) >= 1
+    assert all(r["time"]["cache_misses"] + r["time"]["cache_hits"] >= 1 for r in runs)
     entries = list((tmp_path / "root" / "xla").glob("*-cache"))
     assert entries
     again = _done(_probe(env))
