@@ -277,3 +277,20 @@ def test_calibrated_scale_recovers_a_network_wide_factor():
     assert fitted.network["networks"] == 29 and fitted.network["offset_ms"] == pytest.approx(0.05)
     for a in P.sample_archs(space, 20, 2):
         assert P.predict_arch_ms(fitted, a) == pytest.approx(truth(t, a), rel=1e-9)
+
+
+def test_calibrated_scale_without_spread_keeps_the_entries_and_counts_the_networks():
+    """Every op entry clamped to 0 (a tiny space timed under load): no slope can be fitted, the entries and the
+    offset stay as they were, and the calibration networks still count as measured."""
+    space = build_space(presets.chain_preset((1, 1, 1, 1)), image_size=4, in_channels=1, num_classes=3,
+                        device_channels=(8, 8, 8, 8), device_strides=(1, 1, 1, 1), stem_channels=8, head_channels=16)
+    slots = tuple({"index": s.index, "shape": P.slot_shape(s),
+                   "ops": {OP_NAMES[i]: P.Timing(0.0, 0.0, 5)
+                           for i in np.flatnonzero(space.mask()[s.index]) if i != IDENTITY}} for s in space.layers)
+    t = P.MeasuredTable({"backend": "cpu"}, {"reps": 5}, P.space_summary(space), slots, P.Timing(0.02, 0, 5), 0.0,
+                        P.Timing(0.01, 0, 5), P.Timing(0.01, 0, 5), {"method": "in-network", "networks": 20,
+                                                                       "offset_ms": 0.3})
+    archs = P.sample_archs(space, 8, 1)
+    fitted = P._calibrated_scale(t, archs, [0.5 + 0.01 * k for k in range(8)])
+    assert fitted.network == {"method": "in-network", "networks": 28, "offset_ms": 0.3}
+    assert fitted.slots == t.slots

@@ -402,8 +402,11 @@ def _calibrated_scale(table: MeasuredTable, archs, measured_ms) -> MeasuredTable
     that overlaps, fusion across layers): the sum of op entries is off by a factor. With the ``archs``' measured
     latencies (timed in the same rounds), ``measured - (call + stem + head) = scale * sum(ops) + offset`` is fitted
     robustly (Theil-Sen: the median of pairwise slopes, then the median residual), scale kept in [0.25, 4]. Fewer
-    than 3 networks, or no spread in their op sums: the table is returned unchanged.
+    than 3 networks, or no spread in their op sums (on a tiny space under load every op entry can clamp to 0): the
+    op entries and offset are returned unchanged. ``network.networks`` counts the ``archs`` either way: they were
+    timed.
     """
+    table = table._replace(network=dict(table.network, networks=table.network["networks"] + len(archs)))
     if len(archs) < 3:
         return table
     fixed = table.call.median_ms + table.stem.median_ms + table.head.median_ms
@@ -417,7 +420,7 @@ def _calibrated_scale(table: MeasuredTable, archs, measured_ms) -> MeasuredTable
     scale = float(np.clip(np.median((y[j] - y[i])[ok] / dx[ok]), 0.25, 4.0))
     slots = tuple(dict(s, ops={k: Timing(t.median_ms * scale, t.spread_ms * scale, t.reps)
                                for k, t in s["ops"].items()}) for s in table.slots)
-    table = table._replace(slots=slots, network=dict(table.network, networks=table.network["networks"] + len(archs)))
+    table = table._replace(slots=slots)
     return _with_offset(table, float(np.median(y - scale * x)))
 
 
