@@ -90,6 +90,9 @@ def load_yaml(data, source: str, *, max_bytes: int = MAX_YAML_BYTES, max_depth: 
         _check_events(data, source, max_depth)
         return yaml.load(data, Loader=_Loader)
     except yaml.YAMLError as e:
+        if "maximum nesting depth" in str(e):  # libyaml >= 0.2.5 stops at its own limit (1000) while scanning ahead
+            raise ValueError(f"{source}: YAML nested more than {max_depth} levels deep; expected a flat table") \
+                from None
         raise ValueError(f"{source} is not valid YAML: {one_line(e)}") from None
     except RecursionError:
         raise ValueError(f"{source}: YAML nested too deeply") from None
