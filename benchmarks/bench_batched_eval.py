@@ -17,6 +17,12 @@ Each row is the median of ``--reps`` timed repetitions after one warm-up call (w
 timed interleaved (one repetition of every row, then the next) so that load from other processes spreads over
 all of them. Results are checked equal to the loop before timing. Prints a markdown table with the speed-up.
 
+It also prints what bounds the speed-up: the useful FLOPs of the population (``jmsnas.space.op_flops`` of every
+architecture's candidates + stem + head, 2 per multiply-add, forward only), the loop's rate in GFLOP/s against
+this machine's fp32 2048x2048 matmul rate (JAX, same run), and the fraction of that work prefix sharing removes.
+A batched evaluator that ran every convolution at the matmul rate could be at most
+``matmul rate / loop rate / (1 - shared fraction)`` times faster than the loop.
+
 Run: python benchmarks/bench_batched_eval.py [--population 64] [--batch 256] [--reps 5]
      [--chunks 1,2,4,8] [--bn-batches 2] [--vmap]
 """
@@ -32,8 +38,8 @@ import numpy as np
 
 from jmsnas import evaluate as E
 from jmsnas import presets, supernet
-from jmsnas.cost.tables import analytic_table
-from jmsnas.space import build_space
+from jmsnas.cost.tables import analytic_table, head_flops, stem_flops
+from jmsnas.space import OPS, build_space, op_flops
 
 
 def default_space():
@@ -47,6 +53,34 @@ def random_population(space, size: int, seed: int = 0) -> np.ndarray:
     mask = space.mask()
     return np.array([[rng.choice(np.flatnonzero(mask[n])) for n in range(space.num_layers)]
                      for _ in range(size)], np.int32)
+
+
+def population_flops(space, ops) -> tuple:
+    """(FLOPs per image summed over the architectures, the same with each distinct prefix counted once)."""
+    every = shared = 0.0
+    seen = set()
+    for arch in np.asarray(ops):
+        every += stem_flops(space) + head_flops(space)
+        for n, i in enumerate(arch):
+            f = op_flops(OPS[int(i)], space.layers[n])
+            every += f
+            if tuple(arch[:n + 1]) not in seen:
+                seen.add(tuple(arch[:n + 1]))
+                shared += f
+        shared += head_flops(space)
+    return every, shared + stem_flops(space)
+
+
+def matmul_gflops(reps: int = 5, n: int = 2048) -> float:
+    a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), jnp.float32)
+    f = jax.jit(lambda v: v @ v)
+    block(f(a))
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        block(f(a))
+        times.append(time.perf_counter() - t0)
+    return 2 * n ** 3 / statistics.median(times) / 1e9
 
 
 def block(tree):
@@ -106,6 +140,13 @@ def main(argv=None) -> int:
             times[name].append(time.perf_counter() - t0)
 
     med = {name: statistics.median(t) for name, t in times.items()}
+    every, shared = population_flops(space, ops)
+    peak = matmul_gflops()
+    loop_rate = every * args.batch / med["loop"] / 1e9
+    saved = 1.0 - shared / every
+    print(f"work: {every * args.batch / 1e9:.1f} GFLOP forward for the population ({saved:.1%} of it in shared "
+          f"prefixes); loop {loop_rate:.1f} GFLOP/s, fp32 matmul {peak:.1f} GFLOP/s here: a batched evaluator at "
+          f"the matmul rate would be at most {peak / loop_rate / (1.0 - saved):.2f}x the loop\n")
     print(f"P = {args.population} architectures, batch {args.batch} x 8x8x1, median of {args.reps} reps "
           f"(interleaved), {jax.devices()[0].platform}\n")
     print("| method | median s | per architecture ms | speed-up vs its loop |")

@@ -2,6 +2,14 @@
 
 Usage:
   python benchmarks/bench_vs_pytorch.py [--reps 5] [--batch 64] [--threads 2] [--modes ...] [--xla-vector-width 512]
+      [--layers-per-device 2 2 2 2] [--memory]
+
+``--layers-per-device 5 5 5 5`` is the CIFAR-sized space of ``experiments/configs/cifar_chain.py`` (20 searchable
+layers, the same widths and strides). ``--memory`` adds peak host memory per mode and side: three fresh processes
+import both libraries and build both sides' models and data alike; one then runs JAX's steps (compile, warm-up and
+two repetitions), one PyTorch's, one neither. The table gives each process's peak resident set (``VmHWM``) above
+that of the process that ran neither, so JAX's figure includes what XLA's compiler takes and PyTorch's the code
+its kernels page in: what a user's process pays for the step.
 
 Workload (the same on both sides): the 8-layer chain space of ``jmsnas.presets.chain_preset((2, 2, 2, 2))`` at
 32x32x3 input, 10 classes, device channels (32, 48, 64, 96), strides (1, 2, 2, 1), stem 16 ch, head 128 ch;
@@ -32,10 +40,12 @@ for each side.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import resource
 import statistics
+import subprocess
 import sys
 import time
 
@@ -80,9 +90,20 @@ MODES = ("two_path_weight", "two_path_arch", "gumbel_weight", "gumbel_arch", "so
          "derived_forward", "derived_train")
 
 
-def bench_space():
-    return build_space(presets.chain_preset((2, 2, 2, 2)), image_size=32, in_channels=3, num_classes=10,
-                       device_channels=(32, 48, 64, 96), device_strides=(1, 2, 2, 1))
+def bench_space(layers_per_device=(2, 2, 2, 2)):
+    """The benchmark's space; ``layers_per_device`` (5, 5, 5, 5) is experiments/configs/cifar_chain.py's space."""
+    return build_space(presets.chain_preset(tuple(layers_per_device)), image_size=32, in_channels=3,
+                       num_classes=10, device_channels=(32, 48, 64, 96), device_strides=(1, 2, 2, 1))
+
+
+def derived_ops(space) -> tuple:
+    """The derived network's op names: ``DERIVED`` on the 8-layer space; on any other depth, kernels 3/5/7 and
+    expansions 6/3 in turn, shortcut variants on the layers that keep their shape."""
+    if space.num_layers == len(DERIVED) and all(
+            s.keeps_shape == name.endswith("_res") for s, name in zip(space.layers, DERIVED)):
+        return DERIVED
+    return tuple(f"mbconv_k{(3, 5, 7)[n % 3]}_e{(6, 3)[n % 2]}" + ("_res" if s.keeps_shape else "")
+                 for n, s in enumerate(space.layers))
 
 
 # ----- FLOPs -----
@@ -198,7 +219,7 @@ def build_mode(mode, args, space, data):
     torch.manual_seed(0)
 
     if mode.startswith("derived"):
-        ops = tuple(op_index(o) for o in DERIVED)
+        ops = tuple(op_index(o) for o in derived_ops(space))
         st = train.init_search_state(key, space, hp)
         rt = train.init_retrain_state(space, st, ops, 1e-3)
         train_step, eval_step = train.make_retrain_steps(space, ops, 1e-3, hp.lambda1, args.dw_impl)
@@ -298,6 +319,55 @@ def check_reference(space, batch: int = 4) -> float:
     return worst
 
 
+def bench_data(args, space) -> tuple:
+    """One random batch: (x, y) for JAX, (x, y) for torch in its layout."""
+    rng = np.random.default_rng(0)
+    xn = rng.standard_normal((args.batch, 32, 32, 3)).astype(np.float32)
+    yn = rng.integers(0, space.num_classes, args.batch).astype(np.int32)
+    xt = torch.from_numpy(xn.transpose(0, 3, 1, 2).copy()).to(memory_format=args.fmt)
+    return jnp.asarray(xn), jnp.asarray(yn), xt, torch.from_numpy(yn.astype(np.int64))
+
+
+def _status_kb(field: str) -> int:
+    """A ``/proc/self/status`` field in kB (VmRSS, VmHWM)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def memory_probe(args, space, data) -> None:
+    """Child of ``--memory``: one side's steps of one mode alone in this process; prints a JSON line."""
+    jrun, trun, _, steps, _ = build_mode(args.modes[0], args, space, data)
+    run = {"jax": jrun, "torch": trun, "none": None}[args.memory_side]
+    if run is not None:
+        for r in range(-1, args.warmup + 2):
+            run(r)
+    print(json.dumps({"mode": args.modes[0], "side": args.memory_side, "peak_mb": _status_kb("VmHWM") / 1024}),
+          flush=True)
+
+
+def peak_memory_rows(args) -> list:
+    """Markdown rows of peak host memory above a process that runs no step, JAX and PyTorch, one process each."""
+    rows = ["| mode | JAX MB | PyTorch MB | JAX / PyTorch | no step: peak MB |", "|---|---:|---:|---:|---:|"]
+    for mode in args.modes:
+        got = {}
+        for side in ("none", "jax", "torch"):
+            cmd = [sys.executable, os.path.abspath(__file__), "--modes", mode, "--memory-side", side, "--no-check",
+                   "--batch", str(args.batch), "--threads", str(args.threads), "--allocator", args.allocator,
+                   "--steps-sampled", str(args.steps_sampled), "--steps-mixture", str(args.steps_mixture),
+                   "--dw-impl", args.dw_impl, "--candidate-impl", args.candidate_impl,
+                   "--layers-per-device", *map(str, args.layers_per_device)]
+            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+            rec = json.loads(out.strip().splitlines()[-1])
+            got[side] = rec["peak_mb"]
+        jax_mb, torch_mb = got["jax"] - got["none"], got["torch"] - got["none"]
+        rows.append(f"| {mode} | {jax_mb:.0f} | {torch_mb:.0f} | {jax_mb / torch_mb:.2f}x | {got['none']:.0f} |")
+        print(rows[-1], flush=True)
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--reps", type=int, default=5)
@@ -316,16 +386,24 @@ def main() -> None:
     p.add_argument("--allocator", choices=("default", "off", "keep"), default="default",
                    help="default: jmsnas as a user gets it (jmsnas.hostmem.keep_step_memory); off: "
                         "JMSNAS_KEEP_FREED_MEMORY=0; keep: JMSNAS_KEEP_FREED_MEMORY=1 (one untrimmed heap)")
+    p.add_argument("--layers-per-device", type=int, nargs=4, default=[2, 2, 2, 2],
+                   help="searchable layers per device of the chain (5 5 5 5: experiments/configs/cifar_chain.py)")
+    p.add_argument("--memory", action="store_true",
+                   help="also measure each side's peak host memory per mode, each side alone in a fresh process")
+    p.add_argument("--memory-side", choices=("jax", "torch", "none"), default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.reps < 5:
         raise ValueError(f"--reps must be at least 5 (median of >= 5 repetitions), got {args.reps}")
     torch.set_num_threads(args.threads)
     args.fmt = torch.channels_last if args.torch_layout == "channels_last" else torch.contiguous_format
-    space = bench_space()
+    space = bench_space(args.layers_per_device)
+    if args.memory_side is not None:  # a child of --memory
+        memory_probe(args, space, bench_data(args, space))
+        return
     print(f"jax {jax.__version__} ({jax.default_backend()}), torch {torch.__version__} ({args.threads} threads, "
           f"{args.torch_layout}), {os.cpu_count()} cpus, {platform.processor() or platform.machine()}, "
           f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}, dw_impl={args.dw_impl}, "
-          f"candidate_impl={args.candidate_impl}, "
+          f"candidate_impl={args.candidate_impl}, layers per device {args.layers_per_device}, "
           f"allocator={args.allocator} (one untrimmed heap: {hostmem.applied()}, steps on the calling thread's "
           f"kept heap: {hostmem.keep_step_memory()})")
     print(f"load average at start: {os.getloadavg()}")
@@ -335,11 +413,7 @@ def main() -> None:
     peak_j, peak_t = matmul_peak(args.reps)
     print(f"fp32 2048x2048 matmul: JAX {peak_j:.1f} GFLOP/s, torch {peak_t:.1f} GFLOP/s")
 
-    rng = np.random.default_rng(0)
-    xn = rng.standard_normal((args.batch, 32, 32, 3)).astype(np.float32)
-    yn = rng.integers(0, space.num_classes, args.batch).astype(np.int32)
-    xt = torch.from_numpy(xn.transpose(0, 3, 1, 2).copy()).to(memory_format=args.fmt)
-    data = (jnp.asarray(xn), jnp.asarray(yn), xt, torch.from_numpy(yn.astype(np.int64)))
+    data = bench_data(args, space)
     rows = ["| mode | step | GFLOP/step | JAX img/s | PyTorch img/s | JAX / PyTorch | JAX GFLOP/s | % of peak |",
             "|---|---|---|---|---|---|---|---|"]
     for mode in args.modes:
@@ -372,6 +446,9 @@ def main() -> None:
               f"JAX reps {[round(t, 3) for t in jt]}, torch reps {[round(t, 3) for t in tt]}; "
               f"page faults/step JAX {statistics.median(jf):.0f}, torch {statistics.median(tf):.0f})", flush=True)
     print("\n" + "\n".join(rows))
+    if args.memory:
+        print("\npeak host memory above a process that runs no step, each side alone in a fresh process:")
+        print("\n".join(peak_memory_rows(args)))
     print(f"\nload average at end: {os.getloadavg()}")
 
 
