@@ -36,7 +36,7 @@ from tqdm import tqdm
 from jmsnas import budget, data, pipeline, runcheck, safeio, strategies, supernet, timing, train
 from jmsnas.checkpoint import Checkpointer
 from jmsnas.cost.latency import arch_latency, latency, searched_latency
-from jmsnas.evaluate import evaluate_population
+from jmsnas.evaluate import evaluate_loop, evaluate_population
 from jmsnas.gates import onehot_gates
 from jmsnas.objectives import cross_entropy, l2_norm_sq
 from jmsnas.pipeline import ConfigError
@@ -52,7 +52,9 @@ DEFAULTS = dict(
     fitness_examples=512,  # validation examples the fitness is measured on (at most the whole split)
     bn_batches=4, bn_batch_size=64,  # BN recalibration: K training batches of this size (0 batches: running stats)
     chunk=8,  # evaluate_population's chunk of architectures (memory ~ chunk x fitness_examples activations)
+    evaluator="batched",  # "batched": evaluate_population; "loop": one jitted evaluation per architecture
 )
+EVALUATORS = ("batched", "loop")
 _INTS = {"epochs": 1, "num_random": 0, "population": 2, "generations": 1, "fitness_examples": 1, "bn_batches": 0,
          "bn_batch_size": 1, "chunk": 1}  # name -> smallest allowed value
 
@@ -80,6 +82,8 @@ def validate(cfg) -> None:
         v = e[name]
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
             raise ConfigError(f"evolve.{name} must be an integer >= {lo}, got {v!r}")
+    if e.evaluator not in EVALUATORS:
+        raise ConfigError(f"evolve.evaluator must be one of {list(EVALUATORS)}, got {e.evaluator!r}")
     try:  # the strategy's own checks of its hyperparameters, on a one-layer mask
         make_strategy(np.ones((1, 1), bool), e)
     except ValueError as err:
@@ -247,11 +251,19 @@ def fitness_data(cfg, ds) -> FitnessData:
     return FitnessData(ds.val.images[:n], ds.val.labels[:n], bn)
 
 
-def fitness(space, table, params, bn, ops, fd: FitnessData, t_const_ms: float, split: str, chunk: int) -> dict:
+def fitness(space, table, params, bn, ops, fd: FitnessData, t_const_ms: float, split: str, chunk: int,
+            evaluator: str = "batched") -> dict:
     """Per architecture of ops int32[P, N]: ``accuracy`` (supernet, BN recalibrated), ``latency_ms``,
     ``feasible`` (T <= T_const) and ``fitness`` = accuracy - (T / T_const) / (2 n) where feasible, else -inf
-    (n = number of fitness examples, so the latency term only breaks ties). numpy float64/bool arrays [P]."""
-    ev = evaluate_population(space, table, params, bn, ops, fd.x, fd.y, bn_batches=fd.bn, chunk=chunk)
+    (n = number of fitness examples, so the latency term only breaks ties). numpy float64/bool arrays [P].
+    ``evaluator``: "batched" (``evaluate_population`` in chunks of ``chunk``) or "loop" (``evaluate_loop``: one
+    architecture at a time, the same accuracies up to float rounding, less memory)."""
+    if evaluator == "loop":
+        ev = evaluate_loop(space, table, params, bn, ops, fd.x, fd.y, bn_batches=fd.bn)
+    elif evaluator == "batched":
+        ev = evaluate_population(space, table, params, bn, ops, fd.x, fd.y, bn_batches=fd.bn, chunk=chunk)
+    else:
+        raise ValueError(f"evaluator must be one of {list(EVALUATORS)}, got {evaluator!r}")
     acc = np.asarray(ev["accuracy"], np.float64)
     lat = np.asarray(_population_latency(space, table, ops, split=split), np.float64)
     feasible = budget.within(lat, t_const_ms)
@@ -301,7 +313,7 @@ def _evolution(cfg, space, table, st, fd, strategy, ckpt, fp, resume, progress):
     while gen < e.generations:
         k_ask, k_tell = jax.random.split(jax.random.fold_in(key, gen + 1))
         archs, es = ask(k_ask, es)
-        f = fitness(space, table, st.params, st.bn, archs.ops, fd, t_const, cfg.split, e.chunk)
+        f = fitness(space, table, st.params, st.bn, archs.ops, fd, t_const, cfg.split, e.chunk, e.evaluator)
         es, _ = tell(k_tell, archs, jnp.asarray(f["fitness"], jnp.float32), es)
         i, j = int(np.argmax(f["fitness"])), int(np.argmax(f["accuracy"]))
         if f["feasible"][i] and (best is None or f["fitness"][i] > best["fitness"]):  # strict: first kept

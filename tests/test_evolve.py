@@ -182,6 +182,9 @@ def test_fitness_discards_over_budget_and_ranks_by_accuracy(stepped):
     f = evolve.fitness(space, table, st.params, st.bn, ops, fd, t_const, "fixed", chunk=4)
     ref = evaluate_loop(space, table, st.params, st.bn, ops, x, y, bn_batches=xb[None])
     np.testing.assert_allclose(f["accuracy"], ref["accuracy"], atol=1e-6)
+    g = evolve.fitness(space, table, st.params, st.bn, ops, fd, t_const, "fixed", chunk=4, evaluator="loop")
+    for key in ("accuracy", "latency_ms", "feasible", "fitness"):  # the loop evaluator: the same fitness
+        np.testing.assert_allclose(g[key], f[key], atol=1e-6)
     np.testing.assert_allclose(f["latency_ms"], lat, rtol=1e-6)
     np.testing.assert_array_equal(f["feasible"], lat <= t_const)
     assert np.all(np.isneginf(f["fitness"][lat > t_const]))
@@ -211,6 +214,7 @@ def test_defaults_fill_and_keep_given_values():
     ("epochs", True, "evolve.epochs"), ("num_random", -1, "evolve.num_random"),
     ("fitness_examples", 2.5, "evolve.fitness_examples"), ("chunk", 0, "evolve.chunk"),
     ("parent_ratio", 0.0, "evolve.parent_ratio"), ("mutation_prob", 1.5, "evolve.mutation_prob"),
+    ("evaluator", "vmap", "evolve.evaluator"),
     ("bogus", 3, "bogus"),
 ])
 def test_bad_settings_fail_before_anything_is_written(tmp_path, key, value, needle):

@@ -12,8 +12,9 @@ def _value_and_grads(impl, x, w, cot):
     return (y, *vjp(cot))
 
 
-# (rows, K, N): the kernel's 8-row and 4-row strips and single rows over K, its 32- and 16-column tiles and the
-# scalar corner over N, fewer rows than one chunk (256) and rows that do not divide into the 16 blocks.
+# (rows, K, N): the kernel's row strips (8 or 6 by the instruction set, then 4, then single rows) over K, its two-
+# and one-vector column tiles (16/32 or 8/16 columns) and the scalar corner over N, fewer rows than one chunk (256)
+# and rows that do not divide into the 16 blocks.
 @pytest.mark.parametrize("rows,k,n", [(4097, 27, 16), (3000, 13, 10), (300, 48, 288), (1030, 96, 50),
                                       (17, 8, 32), (2048, 5, 3)])
 def test_native_equals_float64_matmul_in_values_and_gradients(rows, k, n):

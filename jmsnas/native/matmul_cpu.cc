@@ -3,9 +3,14 @@
 //
 // Why: XLA:CPU hands a dot that contracts the leading axis of both operands to Eigen's contraction (YNNPACK takes
 // only the row-major form), which packs both operands and allocates per call: 13.0-13.6 ms for
-// 65536x192^T @ 65536x32 on the 2-core EPYC, against 7.4-9.1 ms here (benchmarks/bench_matmul_tn.py, two
-// runs). The output is small (K x N <= 576 x 96 in the supernets), so register tiles of 8 output rows x 32 (or 16)
-// columns accumulate over chunks of 256 input rows that stay in L2.
+// 65536x192^T @ 65536x32 on a 2-core AMD EPYC with AVX-512, against 7.4-9.1 ms here (benchmarks/bench_matmul_tn.py,
+// two runs). The output is small (K x N <= 576 x 96 in the supernets), so register tiles of kRowTile output rows x
+// 2 vectors of columns accumulate over chunks of 256 input rows that stay in L2.
+//
+// Register tiles follow the vector registers the instruction set has: with AVX-512 (32 registers of 16 floats)
+// 8 x 2 accumulators; otherwise (AVX2: 16 registers of 8 floats) 6 x 2. A 16-float tile without AVX-512 needs twice
+// the registers there are: GCC spills every accumulator, and the kernel ran 25x slower than XLA on a 2-core AMD
+// EPYC with AVX2 only (1835 vs 70 ms for 65536x96^T @ 65536x576).
 //
 // Determinism: the rows are cut into fixed blocks (a count that depends only on M), each summed into its own
 // accumulator in row order, and the blocks added in order, so the result does not depend on the thread count or on
@@ -21,29 +26,36 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-typedef float v16 __attribute__((vector_size(64), aligned(4), may_alias));
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;
+constexpr int kRowTile = 8;
+#else
+constexpr int kLanes = 8;
+constexpr int kRowTile = 6;
+#endif
+typedef float vec __attribute__((vector_size(4 * kLanes), aligned(4), may_alias));
 
 constexpr int64_t kRowsPerChunk = 256;
 constexpr int64_t kBlocks = 16;
 
-// acc[KT x 16*NV] (leading dimension ldo) += x[rows, KT]^T g[rows, 16*NV], x and g with leading dimensions ldx, ldg.
+// acc[KT x kLanes*NV] (leading dimension ldo) += x[rows, KT]^T g[rows, kLanes*NV], x and g with leading dimensions ldx, ldg.
 template <int KT, int NV>
 void Tile(int64_t rows, const float* x, int64_t ldx, const float* g, int64_t ldg, float* acc, int64_t ldo) {
-  v16 a[KT][NV];
+  vec a[KT][NV];
   for (int i = 0; i < KT; ++i)
-    for (int v = 0; v < NV; ++v) a[i][v] = *reinterpret_cast<const v16*>(acc + i * ldo + 16 * v);
+    for (int v = 0; v < NV; ++v) a[i][v] = *reinterpret_cast<const vec*>(acc + i * ldo + kLanes * v);
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * ldx;
     const float* gr = g + r * ldg;
-    v16 gv[NV];
-    for (int v = 0; v < NV; ++v) gv[v] = *reinterpret_cast<const v16*>(gr + 16 * v);
+    vec gv[NV];
+    for (int v = 0; v < NV; ++v) gv[v] = *reinterpret_cast<const vec*>(gr + kLanes * v);
     for (int i = 0; i < KT; ++i) {
       const float xi = xr[i];
       for (int v = 0; v < NV; ++v) a[i][v] += xi * gv[v];
     }
   }
   for (int i = 0; i < KT; ++i)
-    for (int v = 0; v < NV; ++v) *reinterpret_cast<v16*>(acc + i * ldo + 16 * v) = a[i][v];
+    for (int v = 0; v < NV; ++v) *reinterpret_cast<vec*>(acc + i * ldo + kLanes * v) = a[i][v];
 }
 
 // The same for any kt x nt corner (the few output rows and columns the vector tiles leave).
@@ -56,19 +68,19 @@ void Corner(int64_t rows, int64_t kt, int64_t nt, const float* x, int64_t ldx, c
     }
 }
 
-// Output rows [k0, k0 + kt) (kt <= 8) for every column, over `rows` input rows.
+// Output rows [k0, k0 + kt) (kt <= kRowTile) for every column, over `rows` input rows.
 template <int KT>
 void Strip(int64_t rows, int64_t n, const float* x, int64_t ldx, const float* g, int64_t ldg, float* acc,
            int64_t ldo) {
   int64_t j = 0;
-  for (; j + 32 <= n; j += 32) Tile<KT, 2>(rows, x, ldx, g + j, ldg, acc + j, ldo);
-  for (; j + 16 <= n; j += 16) Tile<KT, 1>(rows, x, ldx, g + j, ldg, acc + j, ldo);
+  for (; j + 2 * kLanes <= n; j += 2 * kLanes) Tile<KT, 2>(rows, x, ldx, g + j, ldg, acc + j, ldo);
+  for (; j + kLanes <= n; j += kLanes) Tile<KT, 1>(rows, x, ldx, g + j, ldg, acc + j, ldo);
   if (j < n) Corner(rows, KT, n - j, x, ldx, g + j, ldg, acc + j, ldo);
 }
 
 void Chunk(int64_t rows, int64_t k, int64_t n, const float* x, const float* g, float* acc) {
   int64_t i = 0;
-  for (; i + 8 <= k; i += 8) Strip<8>(rows, n, x + i, k, g, n, acc + i * n, n);
+  for (; i + kRowTile <= k; i += kRowTile) Strip<kRowTile>(rows, n, x + i, k, g, n, acc + i * n, n);
   for (; i + 4 <= k; i += 4) Strip<4>(rows, n, x + i, k, g, n, acc + i * n, n);
   for (; i < k; ++i) Strip<1>(rows, n, x + i, k, g, n, acc + i * n, n);
 }
