@@ -257,18 +257,43 @@ def fitness(space, table, params, bn, ops, fd: FitnessData, t_const_ms: float, s
     ``feasible`` (T <= T_const) and ``fitness`` = accuracy - (T / T_const) / (2 n) where feasible, else -inf
     (n = number of fitness examples, so the latency term only breaks ties). numpy float64/bool arrays [P].
     ``evaluator``: "batched" (``evaluate_population`` in chunks of ``chunk``) or "loop" (``evaluate_loop``: one
-    architecture at a time, the same accuracies up to float rounding, less memory)."""
-    if evaluator == "loop":
-        ev = evaluate_loop(space, table, params, bn, ops, fd.x, fd.y, bn_batches=fd.bn)
-    elif evaluator == "batched":
-        ev = evaluate_population(space, table, params, bn, ops, fd.x, fd.y, bn_batches=fd.bn, chunk=chunk)
-    else:
+    architecture at a time, the same accuracies up to float rounding, less memory). With several JAX processes
+    the rows are shared out among them (``spread_over_processes``)."""
+    if evaluator not in EVALUATORS:
         raise ValueError(f"evaluator must be one of {list(EVALUATORS)}, got {evaluator!r}")
-    acc = np.asarray(ev["accuracy"], np.float64)
+
+    def accuracy(params, bn, rows):
+        if evaluator == "loop":
+            return evaluate_loop(space, table, params, bn, rows, fd.x, fd.y, bn_batches=fd.bn)["accuracy"]
+        return evaluate_population(space, table, params, bn, rows, fd.x, fd.y, bn_batches=fd.bn,
+                                   chunk=chunk)["accuracy"]
+
+    acc = spread_over_processes(accuracy, params, bn, np.asarray(ops))
     lat = np.asarray(_population_latency(space, table, ops, split=split), np.float64)
     feasible = budget.within(lat, t_const_ms)
     fit = np.where(feasible, acc - lat / t_const_ms / (2 * len(fd.y)), -np.inf)
     return {"accuracy": acc, "latency_ms": lat, "feasible": feasible, "fitness": fit}
+
+
+def spread_over_processes(fn, params, bn, ops: np.ndarray) -> np.ndarray:
+    """float64[P] = ``fn(params, bn, ops)`` with the P rows of ``ops`` shared out among the JAX processes.
+
+    One process: ``fn`` on every row. N processes: process i evaluates rows [i q, (i + 1) q) (q = ceil(P / N), the
+    last row repeated to fill N q) on its own devices, with a host copy of the (replicated) supernet, and the N
+    results are gathered so that every process returns the whole population's values, in row order. Each row's
+    value depends on that row only, so the result is the one-process result.
+    """
+    n = jax.process_count()
+    if n == 1:
+        return np.asarray(fn(params, bn, ops), np.float64)
+    from jax.experimental import multihost_utils
+    q = -(-ops.shape[0] // n)
+    padded = np.concatenate([ops, np.repeat(ops[-1:], n * q - ops.shape[0], 0)])
+    mine = padded[jax.process_index() * q:(jax.process_index() + 1) * q]
+    local = jax.tree.map(lambda a: np.asarray(a.addressable_data(0)) if isinstance(a, jax.Array) else a, (params, bn))
+    part = np.asarray(fn(*local, mine), np.float32)
+    gathered = np.asarray(multihost_utils.process_allgather(part, tiled=False))  # [N, q]
+    return gathered.reshape(-1)[:ops.shape[0]].astype(np.float64)
 
 
 def make_strategy(mask, e) -> strategies.Strategy:

@@ -314,3 +314,27 @@ def test_evolve_end_to_end_meets_the_budget_and_resumes(tmp_path):
     assert again["architecture"] == result["architecture"]
     assert again["accuracy"] == pytest.approx(result["accuracy"])
     assert json.loads((run / "evolution.json").read_text()) == ev
+
+
+def test_spread_over_processes_gives_each_process_its_rows_and_gathers_them_in_order(monkeypatch):
+    """Three simulated processes share 7 rows (3 + 3 + 1, the last row repeated twice to fill 9): each evaluates
+    only its rows, and the gathered values are the rows' own, in order."""
+    from jax.experimental import multihost_utils
+    ops = np.arange(14, dtype=np.int32).reshape(7, 2)
+    seen, parts = {}, {}
+
+    def fn(params, bn, rows):
+        seen[jax.process_index()] = rows[:, 0].tolist()
+        return rows[:, 0] * 10.0 + params + bn
+
+    def gather(part, tiled=False):
+        parts[jax.process_index()] = part
+        return np.stack([parts.get(i, np.zeros_like(part)) for i in range(jax.process_count())])
+
+    monkeypatch.setattr(jax, "process_count", lambda: 3)
+    monkeypatch.setattr(multihost_utils, "process_allgather", gather)
+    for pid in range(3):  # the last simulated process gathers every part
+        monkeypatch.setattr(jax, "process_index", lambda pid=pid: pid)
+        out = evolve.spread_over_processes(fn, np.float32(1.0), np.float32(2.0), ops)
+    assert seen == {0: [0, 2, 4], 1: [6, 8, 10], 2: [12, 12, 12]}
+    np.testing.assert_array_equal(out, ops[:, 0] * 10.0 + 3.0)

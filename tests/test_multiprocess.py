@@ -129,6 +129,35 @@ def test_a_killed_process_ends_the_other_with_one_line(run_env, tmp_path):
     assert lines and "jmsnas search: error:" in lines[-1] and "process" in lines[-1], err[-3000:]
 
 
+EVOLVE = textwrap.dedent("""
+    from jmsnas.configs import default_config, tiny
+    def get_config():
+        c = tiny(default_config())
+        c.dw_impl = "xla"
+        c.t_const_ms = 0.85
+        c.evolve = dict(epochs=1, num_random=1, population=9, generations=2, fitness_examples=48, bn_batches=1,
+                        bn_batch_size=32)
+        return c
+""")
+
+
+@pytest.mark.slow
+def test_evolve_shares_the_population_out_and_gives_the_one_process_result(run_env, tmp_path):
+    """``jmsnas evolve`` as two processes: each evaluates its half of every population (9 rows: 5 and 4 plus a
+    repeated row) and the gathered fitness is the one-process fitness, so the evolution and the winner agree."""
+    (tmp_path / "tiny.py").write_text(EVOLVE)
+    one, two = tmp_path / "one", tmp_path / "two"
+    _finish(run_env(one, cmd="evolve"))
+    _finish(run_env(two, n=2, cmd="evolve"))
+    ea, eb = (json.loads((w / "evolution.json").read_text()) for w in (one, two))
+    assert ea["winner"] == eb["winner"] and ea["best"]["ops"] == eb["best"]["ops"]
+    for ga, gb in zip(ea["generations"], eb["generations"], strict=True):  # the whole population's accuracies
+        assert ga["mean_accuracy"] == pytest.approx(gb["mean_accuracy"], abs=1e-6)
+        assert ga["best_accuracy"] == pytest.approx(gb["best_accuracy"], abs=1e-6)
+    ra, rb = (json.loads((w / "result.json").read_text()) for w in (one, two))
+    assert ra["architecture"] == rb["architecture"]
+
+
 @pytest.mark.parametrize("flags, needle", [
     (["--num-processes", "0"], "--num-processes"),
     (["--coordinator", "localhost", "--num-processes", "2", "--process-id", "0"], "HOST:PORT"),
