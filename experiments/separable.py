@@ -99,6 +99,37 @@ def decisions(results) -> str:
     return "\n".join(lines)
 
 
+def summary(results) -> str:
+    """Per variant over its seeds: mean test accuracy and bytes of both arms, and in how many runs the
+    controller's mean validation reward was above the random sampler's (last round, and over all steps)."""
+    by = {}
+    for name, (res, _) in results.items():
+        by.setdefault(name.partition("_")[0], []).append(res)
+    lines = ["| variant | method | seeds | test acc. controller (mean, min-max) | test acc. random | "
+             "comm. controller | comm. random | controller > random: last round / all steps | "
+             "mean val. reward, last round: controller / random |", "|---|---|---|---|---|---|---|---|---|"]
+    ref_done = set()
+    for v, runs in by.items():
+        g = runs[0]["network"]["G"]
+        if g not in ref_done and all("reference" in r for r in runs):
+            ref_done.add(g)
+            ref = [100 * r["reference"]["test_acc"] for r in runs]
+            lines.append(f"| ResNeXt G={g} | non-separated, ring all-reduce | {len(runs)} | {np.mean(ref):.2f}% "
+                         f"({min(ref):.2f}-{max(ref):.2f}) | | 100.00% | | | |")
+        acc = {a: [100 * r[a]["test_acc"] for r in runs] for a in ("controller", "random")}
+        comm = {a: np.mean([100 * r[a]["cost"]["bytes_ratio"] for r in runs]) for a in ("controller", "random")}
+        rs = [r["reward_summary"] for r in runs]
+        last = sum(x["controller"]["last_round_mean_reward"] > x["random"]["last_round_mean_reward"] for x in rs)
+        allr = sum(x["controller"]["mean_reward"] > x["random"]["mean_reward"] for x in rs)
+        lc = np.mean([x["controller"]["last_round_mean_reward"] for x in rs])
+        lr = np.mean([x["random"]["last_round_mean_reward"] for x in rs])
+        lines.append(f"| {v} | {label(runs[0])} | {len(runs)} | {np.mean(acc['controller']):.2f}% "
+                     f"({min(acc['controller']):.2f}-{max(acc['controller']):.2f}) | {np.mean(acc['random']):.2f}% | "
+                     f"{comm['controller']:.2f}% | {comm['random']:.2f}% | {last}/{len(runs)} / {allr}/{len(runs)} | "
+                     f"{lc:.3f} / {lr:.3f} |")
+    return "\n".join(lines)
+
+
 def fig4(results, path):
     names = list(results)
     cols = min(3, len(names))
@@ -134,8 +165,10 @@ def main():
             results[v if seed == 0 else f"{v}_seed{seed}"] = run_variant(v, a.runs, seed)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "separable_table5.md"), "w") as f:
-        f.write(table(results) + "\n\n" + decisions(results) + "\n")
+        f.write(summary(results) + "\n\n" + table(results) + "\n\n" + decisions(results) + "\n")
     fig4(results, os.path.join(a.out, "separable_fig4.png"))
+    print(summary(results))
+    print()
     print(table(results))
     print()
     print(decisions(results))

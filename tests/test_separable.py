@@ -240,6 +240,7 @@ def test_bad_decisions_and_cluster():
     ("--config.cluster.num_devices=3", "G=4 does not match topology 'cluster3' with 3 devices"),
     ("--config.net.alpha=0", "alpha (staleness factor) must be an integer >= 1, got 0"),
     ("--config.net.num_levels=0", "K (sparsity levels) must be an integer >= 1, got 0"),
+    ("--config.search.baseline_decay=1.0", "search.baseline_decay must be a number in [0, 1), got 1.0"),
     ("--config.decisions=[[1,0,3,2],[0,0,1,3]]", "decision at step 1 [0, 0, 1, 3] is not a permutation of 0..3"),
     ("--config.cluster.topology=experiments/topologies/paper_chain.yaml", "is a 'chain' topology; a separable"),
     ("--config.net.num_groups=2 --config.cluster.topology=experiments/topologies/pi_cluster4.yaml",

@@ -31,9 +31,13 @@ def default_config() -> ml_collections.ConfigDict:
     # experiments/topologies/pi_cluster4.yaml; it replaces the numbers above
     c.cluster.topology = ml_collections.FieldReference(None, field_type=str)
     c.search = ml_collections.ConfigDict(dict(
-        rounds=4, net_steps=25, decisions_per_step=1, batch_size=64, lr=3e-3, ctrl_steps=6, population=8,
+        rounds=8, net_steps=50, decisions_per_step=1, batch_size=64, lr=3e-3, ctrl_steps=10, population=8,
         ctrl_lr=0.02, hidden=100, entropy_coef=1e-3, comm_cost=0.0, final_samples=8, finetune_steps=30,
-        finetune_lr=1e-3))
+        finetune_lr=1e-3, baseline_decay=0.0))
+    # baseline_decay: the controller's REINFORCE baseline is b <- d b + (1 - d) mean(rewards of this step). d = 0
+    # (default) uses the mean reward of the step's own P decisions, judged with the same weights; an EMA (d > 0)
+    # lags behind the jump in accuracy after each round of network training and so rewards every decision sampled
+    # in the first steps of a round
     # a decision sequence to report as well (S permutations, Table 3 reading: entry i = destination of node i),
     # e.g. ((1, 0, 3, 2), (0, 1, 2, 3)); levels: S sparsity levels (None: 100 %)
     c.decisions = ml_collections.FieldReference(None, field_type=tuple)
@@ -80,6 +84,9 @@ def validate(cfg) -> None:
     for name in ("entropy_coef", "comm_cost"):
         if not _num(s[name]) or not s[name] >= 0:
             raise SeparableConfigError(f"search.{name} must be a number >= 0, got {s[name]!r}")
+    d = s.get("baseline_decay", 0.0)
+    if not _num(d) or not 0 <= d < 1:
+        raise SeparableConfigError(f"search.baseline_decay must be a number in [0, 1), got {d!r}")
     cl = cfg.cluster
     for name in ("efficiency", "link_latency_ms"):
         if not _num(cl[name]):

@@ -144,7 +144,8 @@ class Run:
         self.cfg, self.ds, self.spec, self.ref_spec, self.topo = cfg, ds, spec, ref_spec, topo
         self.space = spec.decision_space()
         strategies = {"controller": make_controller(self.space, population=s.population, learning_rate=s.ctrl_lr,
-                                                    hidden=s.hidden, entropy_coef=s.entropy_coef),
+                                                    hidden=s.hidden, entropy_coef=s.entropy_coef,
+                                                    baseline_decay=s.get("baseline_decay", 0.0)),
                       "random": make_random(self.space, population=s.population)}
         # jitted: eager ask/tell would compile every small op of the policy update separately
         self.strategies = {a: Strategy(*(jax.jit(f) for f in st)) for a, st in strategies.items()}
