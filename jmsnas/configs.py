@@ -30,6 +30,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.retrain = ml_collections.ConfigDict(dict(epochs=15, lr=2e-3))
     c.eval_batch_size = 256
     c.checkpoint_every = 50
+    # epoch-end checkpoints: written when this many seconds have passed since the stage's last checkpoint, and
+    # always after a stage's last epoch (0: after every epoch). A kill loses at most this much work.
+    c.checkpoint_min_interval_s = 30.0
     c.dw_impl = "auto"
     # how the supernet computes candidates: "own" size (lax.switch), "padded" to the widest, or "auto" (own for
     # all-path gates, and for sampled paths on layers whose input has >= 4096 values per image, e.g. 16x16x16;

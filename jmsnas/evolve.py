@@ -168,7 +168,8 @@ def make_sandwich_step(space: SearchSpace, lr: float, lambda1: float, num_random
 
 
 def _train_supernet(cfg, space, table, ds, mesh, ckpt, fp, resume, progress):
-    """Stage 1 with checkpoints every ``checkpoint_every`` steps and at every epoch end; returns (state, history)."""
+    """Stage 1 with checkpoints every ``checkpoint_every`` steps and at epoch ends (``pipeline.EpochSaves``);
+    returns (state, history)."""
     s, e = cfg.search, cfg.evolve
     step = make_sandwich_step(space, s.weight_lr, s.lambda1, e.num_random, cfg.dw_impl)
     _, _, eval_step = pipeline.search_steps(cfg, space, table)
@@ -178,7 +179,7 @@ def _train_supernet(cfg, space, table, ds, mesh, ckpt, fp, resume, progress):
     nb = data.num_batches(ds.train, s.batch_size)
     bar = timing.label(tqdm(total=e.epochs * nb, initial=epoch * nb + start, disable=not progress, desc="supernet",
                             unit="step"))
-    m = {}
+    m, saves = {}, pipeline.EpochSaves(cfg)
     while epoch < e.epochs:
         for i, (x, y) in enumerate(data.epoch_batches(ds.train, s.batch_size, seed=cfg.seed, epoch=epoch,
                                                       start=start), start=start):
@@ -187,12 +188,14 @@ def _train_supernet(cfg, space, table, ds, mesh, ckpt, fp, resume, progress):
             if (i + 1) % cfg.checkpoint_every == 0 and i + 1 < nb:
                 pipeline._save(ckpt, int(st.step), st, {"epoch": epoch, "batch": i + 1, "history": history,
                                                         "fingerprint": fp})
+                saves.saved()
             if i % 5 == 0:
                 bar.set_postfix(loss=f"{float(m['loss']):.3f}", big=f"{float(m['acc_largest']):.3f}",
                                 small=f"{float(m['acc_smallest']):.3f}")
         history.append(_epoch_entry(cfg, space, table, ds, mesh, st, eval_step, epoch, m))
         epoch, start = epoch + 1, 0
-        pipeline._save(ckpt, int(st.step), st, {"epoch": epoch, "batch": 0, "history": history, "fingerprint": fp})
+        saves.save(ckpt, int(st.step), st, {"epoch": epoch, "batch": 0, "history": history, "fingerprint": fp},
+                   last_epoch=epoch == e.epochs)
     bar.close()
     return st, history
 

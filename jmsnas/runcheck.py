@@ -54,6 +54,8 @@ def check_values(cfg) -> None:
     _number(cfg, "seed", low=0, integer=True)
     _number(cfg, "val_fraction", low=0, high=1, low_open=True)
     _number(cfg, "checkpoint_every", low=1, integer=True)
+    if "checkpoint_min_interval_s" in cfg:
+        _number(cfg, "checkpoint_min_interval_s", low=0)
     _number(cfg, "eval_batch_size", low=1, integer=True)
     for key in ("search.weight_lr", "search.arch_lr", "retrain.lr", "search.tau0", "search.tau_min"):
         _number(cfg, key, low=0, low_open=True)
@@ -156,10 +158,14 @@ def _flat(d, prefix=""):
     return out
 
 
+CHECKPOINT_KEYS = ("checkpoint_every", "checkpoint_min_interval_s")  # how often, not what: free to change on resume
+
+
 def config_diff(saved: dict, now: dict) -> list:
-    """``key: stored X, now Y`` for every setting that differs (checkpoint_every may change on resume)."""
+    """``key: stored X, now Y`` for every setting that differs (how often checkpoints are written may change on
+    resume: ``CHECKPOINT_KEYS``)."""
     a, b = _flat(saved), _flat(now)
-    keys = sorted(k for k in set(a) | set(b) if k != "checkpoint_every" and a.get(k, "<unset>") != b.get(k, "<unset>"))
+    keys = sorted(k for k in set(a) | set(b) if k not in CHECKPOINT_KEYS and a.get(k, "<unset>") != b.get(k, "<unset>"))
     return [f"{k}: stored {safeio.short(a.get(k, '<unset>'), 60)}, now {safeio.short(b.get(k, '<unset>'), 60)}"
             for k in keys]
 
@@ -169,7 +175,7 @@ def check_workdir(workdir: str, resume: bool, config: dict, command: str) -> Non
 
     A new run needs a workdir that is creatable/writable and holds no run output (checkpoints with files,
     result.json, history.json, summary.txt, plots, parts/, evolution.json, config.json); a resumed one needs
-    checkpoints, a stored configuration (when there is one) equal to ``config`` except checkpoint_every, and the
+    checkpoints, a stored configuration (when there is one) equal to ``config`` except ``CHECKPOINT_KEYS``, and the
     same command.
     """
     if os.path.exists(workdir) and not os.path.isdir(workdir):

@@ -56,6 +56,7 @@ def workdir(tmp_path):
     ("--config.search.arch_lr=-1", ["search.arch_lr", "-1"]),  # C57
     ("--config.retrain.lr=-1", ["retrain.lr", "-1"]),  # C58
     ("--config.checkpoint_every=0", ["checkpoint_every", "0"]),  # C25
+    ("--config.checkpoint_min_interval_s=-1.0", ["checkpoint_min_interval_s", ">= 0", "-1"]),
     ("--config.eval_batch_size=0", ["eval_batch_size", "0"]),  # C26
     ("--config.search.weight_lr=.nan", ["search.weight_lr", "nan"]),  # C37
     ("--config.search.tau_decay=1.5", ["search.tau_decay", "1.5"]),

@@ -271,3 +271,27 @@ def test_kill_during_save_keeps_previous_checkpoint(tmp_path):
         state, meta = ck.restore(template)
     assert meta == {"epoch": 2}
     np.testing.assert_array_equal(state["w"], np.full((4, 4), 3.0))
+
+
+def test_epoch_end_checkpoints_follow_the_minimum_interval(tmp_path):
+    """pipeline.EpochSaves with a hand-driven clock: the first epoch end saves, later ones only once the interval
+    has passed since the last save (a mid-epoch save counts), the stage's last epoch always; 0 saves every epoch."""
+    import ml_collections
+    from jmsnas import pipeline
+    now = [0.0]
+    saves = pipeline.EpochSaves(ml_collections.ConfigDict({"checkpoint_min_interval_s": 30.0}), clock=lambda: now[0])
+    ckpt = Checkpointer(str(tmp_path / "a"))
+    state = {"w": np.zeros(3, np.float32)}
+    done = []
+    for step, t, last in [(1, 1.0, False), (2, 20.0, False), (3, 31.5, False), (4, 40.0, False), (5, 45.0, True)]:
+        now[0] = t
+        done.append(saves.save(ckpt, step, state, {"epoch": step}, last_epoch=last))
+    assert done == [True, False, True, False, True]
+    now[0] = 70.0
+    saves.saved()  # a mid-epoch checkpoint at t = 70
+    now[0] = 95.0
+    assert not saves.save(ckpt, 6, state, {"epoch": 6}, last_epoch=False)
+    assert ckpt.all_steps() == [3, 5]  # max_to_keep = 2: the newest two of 1, 3, 5
+    every = pipeline.EpochSaves(ml_collections.ConfigDict({"checkpoint_min_interval_s": 0.0}), clock=lambda: 0.0)
+    ckpt0 = Checkpointer(str(tmp_path / "b"))
+    assert all(every.save(ckpt0, s, state, {"epoch": s}, last_epoch=False) for s in (1, 2, 3))
