@@ -4,6 +4,7 @@ one process, outputs written once, a killed-and-resumed two-process run, and a p
 Bounded: every process runs under a timeout and is killed at the end of its test whatever happens."""
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -143,14 +144,18 @@ EVOLVE = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_evolve_shares_the_population_out_and_gives_the_one_process_result(run_env, tmp_path):
-    """``jmsnas evolve`` as two processes: each evaluates its half of every population (9 rows: 5 and 4 plus a
-    repeated row) and the gathered fitness is the one-process fitness, so the evolution and the winner agree."""
+    """``jmsnas evolve`` as two processes evaluates each population half and half (9 rows: 5 and 4 plus a repeated
+    row) and gathers the fitness. Both runs start the evolution from the same trained supernet (the one-process
+    run's checkpoint, resumed by two processes), so the evolution must be the one-process evolution exactly."""
     (tmp_path / "tiny.py").write_text(EVOLVE)
     one, two = tmp_path / "one", tmp_path / "two"
     _finish(run_env(one, cmd="evolve"))
-    _finish(run_env(two, n=2, cmd="evolve"))
+    (two / "checkpoints").mkdir(parents=True)
+    shutil.copy(one / "config.json", two / "config.json")
+    shutil.copytree(one / "checkpoints" / "supernet", two / "checkpoints" / "supernet")
+    _finish(run_env(two, "--resume", n=2, cmd="evolve"))
     ea, eb = (json.loads((w / "evolution.json").read_text()) for w in (one, two))
-    assert ea["winner"] == eb["winner"] and ea["best"]["ops"] == eb["best"]["ops"]
+    assert len(eb["generations"]) == 2 and ea["winner"] == eb["winner"] and ea["best"]["ops"] == eb["best"]["ops"]
     for ga, gb in zip(ea["generations"], eb["generations"], strict=True):  # the whole population's accuracies
         assert ga["mean_accuracy"] == pytest.approx(gb["mean_accuracy"], abs=1e-6)
         assert ga["best_accuracy"] == pytest.approx(gb["best_accuracy"], abs=1e-6)
