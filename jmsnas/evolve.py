@@ -185,10 +185,8 @@ def _train_supernet(cfg, space, table, ds, mesh, ckpt, fp, resume, progress):
                                                       start=start), start=start):
             st, m = step(st, *train.shard_batch((x, y), mesh))
             bar.update(1)
-            if (i + 1) % cfg.checkpoint_every == 0 and i + 1 < nb:
-                pipeline._save(ckpt, int(st.step), st, {"epoch": epoch, "batch": i + 1, "history": history,
-                                                        "fingerprint": fp})
-                saves.saved()
+            saves.mid_epoch(ckpt, i + 1, nb, lambda: (int(st.step), st, {"epoch": epoch, "batch": i + 1,
+                                                                          "history": history, "fingerprint": fp}))
             if i % 5 == 0:
                 bar.set_postfix(loss=f"{float(m['loss']):.3f}", big=f"{float(m['acc_largest']):.3f}",
                                 small=f"{float(m['acc_smallest']):.3f}")

@@ -209,16 +209,26 @@ def _save(ckpt: Checkpointer, step: int, state, meta: dict) -> None:
 
 
 class EpochSaves:
-    """When a stage writes its epoch-end checkpoint: always after its last epoch, otherwise when at least
-    ``cfg.checkpoint_min_interval_s`` seconds (0: always) have passed since the stage's last checkpoint (epoch end
-    or mid-epoch). A run that is killed resumes from the latest checkpoint and repeats the epochs after it, to the
-    same result; a save costs a device-to-host copy and an orbax write (0.2 s in the main job)."""
+    """A stage's checkpoints: mid-epoch every ``cfg.checkpoint_every`` batches (``mid_epoch``), and at epoch ends
+    (``save``) always after the last epoch, otherwise when at least ``cfg.checkpoint_min_interval_s`` seconds (0:
+    always) have passed since the stage's last checkpoint of either kind. A run that is killed resumes from the
+    latest checkpoint and repeats the epochs after it, to the same result; a save costs a device-to-host copy and an
+    orbax write (0.2 s in the main job)."""
 
     def __init__(self, cfg, clock=time.monotonic):
-        self.interval, self.clock, self.last = float(cfg.get("checkpoint_min_interval_s", 0.0)), clock, None
+        self.every, self.clock, self.last = cfg.checkpoint_every, clock, None
+        self.interval = float(cfg.get("checkpoint_min_interval_s", 0.0))
 
     def saved(self) -> None:
         self.last = self.clock()
+
+    def mid_epoch(self, ckpt: Checkpointer, batches_done: int, batches: int, what) -> None:
+        """After ``batches_done`` of an epoch's ``batches``: the checkpoint every ``checkpoint_every`` batches (none
+        at the epoch's end, which ``save`` decides). ``what() -> (step, state, meta)`` is called only when one is
+        written, so the step counter is not read back from the device every batch."""
+        if batches_done % self.every == 0 and batches_done < batches:
+            _save(ckpt, *what())
+            self.saved()
 
     def save(self, ckpt: Checkpointer, step: int, state, meta: dict, *, last_epoch: bool) -> bool:
         """Writes the epoch-end checkpoint if it is due; returns whether it did."""
@@ -281,9 +291,8 @@ def _stage1(cfg, space, table, ds, mesh, ckpt, fp, resume, progress):
                 st, m = arch_step(st, *train.shard_batch((xv, yv), mesh))
                 metrics.update(m)
             bar.update(1)
-            if (i + 1) % cfg.checkpoint_every == 0 and i + 1 < nb:
-                _save(ckpt, int(st.step), st, {"epoch": epoch, "batch": i + 1, "history": history, "fingerprint": fp})
-                saves.saved()
+            saves.mid_epoch(ckpt, i + 1, nb, lambda: (int(st.step), st, {"epoch": epoch, "batch": i + 1,
+                                                                          "history": history, "fingerprint": fp}))
             if i % 5 == 0:
                 bar.set_postfix(loss=f"{float(metrics['loss']):.3f}", acc=f"{float(metrics['acc']):.3f}",
                                 ET=f"{float(expected_latency(space, table, st.alpha).total):.3f}ms")
@@ -329,10 +338,9 @@ def _stage2(cfg, space, ds, mesh, st, ops, workdir, fp, resume, progress, histor
             bar.update(1)
             if i % 5 == 0:
                 bar.set_postfix(loss=f"{float(metrics['loss']):.3f}", acc=f"{float(metrics['acc']):.3f}")
-            if (i + 1) % cfg.checkpoint_every == 0 and i + 1 < nb:
-                _save(ckpt, int(rt.step), rt, {"epoch": epoch, "batch": i + 1, "history": history,
-                                                "fingerprint": fp, "ops": list(ops)})
-                saves.saved()
+            saves.mid_epoch(ckpt, i + 1, nb, lambda: (int(rt.step), rt, {"epoch": epoch, "batch": i + 1,
+                                                                          "history": history, "fingerprint": fp,
+                                                                          "ops": list(ops)}))
         acc, _ = train.evaluate(lambda x, y, v: eval_step(rt.params, rt.bn, x, y, v), ds.val, cfg.eval_batch_size, mesh)
         history.append({"epoch": len(history), "stage": "retrain", "train_loss": float(metrics["loss"]),
                         "train_acc": float(metrics["acc"]), "val_acc": acc, "expected_latency_ms": None,

@@ -279,7 +279,8 @@ def test_epoch_end_checkpoints_follow_the_minimum_interval(tmp_path):
     import ml_collections
     from jmsnas import pipeline
     now = [0.0]
-    saves = pipeline.EpochSaves(ml_collections.ConfigDict({"checkpoint_min_interval_s": 30.0}), clock=lambda: now[0])
+    saves = pipeline.EpochSaves(ml_collections.ConfigDict({"checkpoint_every": 2, "checkpoint_min_interval_s": 30.0}),
+                                clock=lambda: now[0])
     ckpt = Checkpointer(str(tmp_path / "a"))
     state = {"w": np.zeros(3, np.float32)}
     done = []
@@ -288,10 +289,14 @@ def test_epoch_end_checkpoints_follow_the_minimum_interval(tmp_path):
         done.append(saves.save(ckpt, step, state, {"epoch": step}, last_epoch=last))
     assert done == [True, False, True, False, True]
     now[0] = 70.0
-    saves.saved()  # a mid-epoch checkpoint at t = 70
+    written = []
+    for done_batches in (1, 2, 3, 4):  # a 4-batch epoch: a mid-epoch checkpoint after batch 2 only, at t = 70
+        saves.mid_epoch(ckpt, done_batches, 4, lambda b=done_batches: written.append(b) or (6 + b, state, {"b": b}))
+    assert written == [2]
     now[0] = 95.0
-    assert not saves.save(ckpt, 6, state, {"epoch": 6}, last_epoch=False)
-    assert ckpt.all_steps() == [3, 5]  # max_to_keep = 2: the newest two of 1, 3, 5
-    every = pipeline.EpochSaves(ml_collections.ConfigDict({"checkpoint_min_interval_s": 0.0}), clock=lambda: 0.0)
+    assert not saves.save(ckpt, 9, state, {"epoch": 9}, last_epoch=False)
+    assert ckpt.all_steps() == [5, 8]  # max_to_keep = 2: the newest two of 1, 3, 5, 8
+    every = pipeline.EpochSaves(ml_collections.ConfigDict({"checkpoint_every": 2, "checkpoint_min_interval_s": 0.0}),
+                                clock=lambda: 0.0)
     ckpt0 = Checkpointer(str(tmp_path / "b"))
     assert all(every.save(ckpt0, s, state, {"epoch": s}, last_epoch=False) for s in (1, 2, 3))
