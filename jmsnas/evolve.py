@@ -121,7 +121,7 @@ def sandwich_archs(key, mask, largest, smallest, num_random: int) -> jnp.ndarray
 def init_sandwich_state(key, space: SearchSpace, lr: float, shared_weights: bool = True) -> SandwichState:
     k_init, k_run = jax.random.split(key)
     params, bn = supernet.init(k_init, space, shared_weights=shared_weights)
-    return SandwichState(params, bn, optax.adam(lr).init(params), k_run, jnp.zeros((), jnp.int32))
+    return SandwichState(params, bn, train.init_optimizer(optax.adam(lr), params), k_run, train.zeros((), np.int32))
 
 
 def sandwich_step(space: SearchSpace, lr: float, lambda1: float, num_random: int, dw_impl: str = "auto"):

@@ -22,14 +22,26 @@ BN_EPS = 1e-5
 NORM_IMPLS = ("auto", "xla", "native")
 
 
+def _scaled_normal(key, shape, scale: float):
+    """float32 N(0, 1) draws times ``scale``. The product is taken in NumPy (float32, correctly rounded: the same
+    bits as jnp's multiply) and placed with device_put, so initialising a network compiles one executable per
+    shape (the draws) instead of three (draws, multiply, constant)."""
+    z = np.asarray(jax.random.normal(key, shape, jnp.float32))
+    return jax.device_put(z * np.sqrt(np.float32(scale)))
+
+
 def _he(key, shape, fan_in):
-    return jax.random.normal(key, shape, jnp.float32) * jnp.sqrt(2.0 / fan_in)
+    return _scaled_normal(key, shape, 2.0 / fan_in)
+
+
+def _filled(ch: int, value: float):
+    return jax.device_put(np.full((ch,), value, np.float32))
 
 
 def bn_init(ch: int):
-    """Batch-norm parameters and running statistics for ``ch`` channels."""
-    params = {"scale": jnp.ones((ch,), jnp.float32), "bias": jnp.zeros((ch,), jnp.float32)}
-    state = {"mean": jnp.zeros((ch,), jnp.float32), "var": jnp.ones((ch,), jnp.float32)}
+    """Batch-norm parameters and running statistics for ``ch`` channels (placed, not computed: no executable)."""
+    params = {"scale": _filled(ch, 1.0), "bias": _filled(ch, 0.0)}
+    state = {"mean": _filled(ch, 0.0), "var": _filled(ch, 1.0)}
     return params, state
 
 
@@ -242,8 +254,8 @@ def head_init(key, in_ch: int, head_ch: int, num_classes: int):
     """1x1 conv -> BN -> ReLU6 -> global average pool -> dense classifier."""
     k1, k2 = jax.random.split(key)
     params = {"conv": _he(k1, (in_ch, head_ch), in_ch),
-              "dense_w": jax.random.normal(k2, (head_ch, num_classes), jnp.float32) * jnp.sqrt(1.0 / head_ch),
-              "dense_b": jnp.zeros((num_classes,), jnp.float32)}
+              "dense_w": _scaled_normal(k2, (head_ch, num_classes), 1.0 / head_ch),
+              "dense_b": _filled(num_classes, 0.0)}
     params["bn"], bn = bn_init(head_ch)
     return params, {"bn": bn}
 

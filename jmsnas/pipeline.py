@@ -278,7 +278,7 @@ def _stage1(cfg, space, table, ds, mesh, ckpt, fp, resume, progress):
     total = s.warmup_epochs + s.epochs
     bar = timing.label(tqdm(total=total * nb, initial=epoch * nb + start, disable=not progress, desc="search",
                             unit="step"))
-    metrics, saves = {}, EpochSaves(cfg)
+    metrics, saves, latencies = {}, EpochSaves(cfg), _EpochLatencies(cfg, space, table)
     while epoch < total:
         warm = epoch < s.warmup_epochs
         for i, (x, y) in enumerate(data.epoch_batches(ds.train, s.batch_size, seed=cfg.seed, epoch=epoch,
@@ -293,10 +293,10 @@ def _stage1(cfg, space, table, ds, mesh, ckpt, fp, resume, progress):
             bar.update(1)
             saves.mid_epoch(ckpt, i + 1, nb, lambda: (int(st.step), st, {"epoch": epoch, "batch": i + 1,
                                                                           "history": history, "fingerprint": fp}))
-            if i % 5 == 0:
+            if progress and i % 5 == 0:  # the postfix costs a device sync and E[T]: only for a visible bar
                 bar.set_postfix(loss=f"{float(metrics['loss']):.3f}", acc=f"{float(metrics['acc']):.3f}",
-                                ET=f"{float(expected_latency(space, table, st.alpha).total):.3f}ms")
-        history.append(_epoch_entry(cfg, space, table, ds, mesh, st, eval_step, epoch, warm, metrics))
+                                ET=f"{float(latencies.expected(st.alpha)):.3f}ms")
+        history.append(_epoch_entry(cfg, space, table, ds, mesh, st, eval_step, epoch, warm, metrics, latencies))
         epoch, start = epoch + 1, 0
         saves.save(ckpt, int(st.step), st, {"epoch": epoch, "batch": 0, "history": history, "fingerprint": fp},
                    last_epoch=epoch == total)
@@ -304,15 +304,23 @@ def _stage1(cfg, space, table, ds, mesh, ckpt, fp, resume, progress):
     return st, (epoch, start), history
 
 
-def _epoch_entry(cfg, space, table, ds, mesh, st, eval_step, epoch, warm, metrics) -> dict:
+class _EpochLatencies:
+    """E[T] of alpha (the objective's) and T of a derived architecture, each one executable for the whole stage
+    (evaluated eagerly they dispatched a few hundred small operations per call)."""
+
+    def __init__(self, cfg, space, table):
+        self.expected = jax.jit(lambda alpha: train.step_latency(space, table, alpha, cfg.split))
+        self.derived = jax.jit(lambda ops, assignment: arch_latency(space, table, ops, assignment).total)
+
+
+def _epoch_entry(cfg, space, table, ds, mesh, st, eval_step, epoch, warm, metrics, latencies) -> dict:
     ops = G.derive(st.alpha, space.mask())
     acc, _ = train.evaluate(lambda x, y, v: eval_step(st.params, st.bn, ops, x, y, v), ds.val,
                             cfg.eval_batch_size, mesh)
     return {"epoch": epoch, "stage": "warmup" if warm else "search", "train_loss": float(metrics["loss"]),
             "train_acc": float(metrics["acc"]), "val_acc": acc,
-            "expected_latency_ms": float(train.step_latency(space, table, st.alpha, cfg.split)),
-            "derived_latency_ms": float(arch_latency(space, table, ops,
-                                                     _assignment(cfg, space, table, np.asarray(ops))).total)}
+            "expected_latency_ms": float(latencies.expected(st.alpha)),
+            "derived_latency_ms": float(latencies.derived(ops, _assignment(cfg, space, table, np.asarray(ops))))}
 
 
 def _stage2(cfg, space, ds, mesh, st, ops, workdir, fp, resume, progress, history):

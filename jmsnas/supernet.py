@@ -95,7 +95,7 @@ def _init_layer(key, space: SearchSpace, n: int, shared: bool):
         widest = OpSpec("widest", lay.kmax, M // s.in_ch, False)
         q, _ = O.mbconv_init(key, widest, s.in_ch, s.out_ch)
         p["expand"][0], p["dw"][0], p["project"][0] = q["expand"], q["dw"], q["project"]
-    return jax.tree_util.tree_map(jnp.asarray, p), jax.tree_util.tree_map(jnp.asarray, st)
+    return jax.device_put(p), jax.device_put(st)  # placed as they are: no executable per shape
 
 
 def is_shared(params_n) -> bool:

@@ -12,6 +12,7 @@ same code is single-device, multi-device and (after ``jax.distributed.initialize
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -83,12 +84,23 @@ def shard_batch(batch, mesh: Mesh):
         lambda a: jax.make_array_from_process_local_data(sharding, np.array_split(a, n)[i], a.shape), batch)
 
 
+def init_optimizer(tx: optax.GradientTransformation, params):
+    """``tx.init(params)`` as one executable: called eagerly, optax's zeros compile one executable per parameter
+    shape (dozens for a supernet), each traced and looked up again on every run."""
+    return jax.jit(tx.init)(params)
+
+
+def zeros(shape, dtype=np.float32):
+    """A zero array placed on the default device without compiling anything."""
+    return jax.device_put(np.zeros(shape, dtype))
+
+
 def init_search_state(key, space: SearchSpace, hp: SearchHParams, shared_weights: bool = True) -> SearchState:
     k_init, k_run = jax.random.split(key)
     params, bn = supernet.init(k_init, space, shared_weights=shared_weights)
-    alpha = jnp.zeros((space.num_layers, NUM_OPS), jnp.float32)
-    return SearchState(params, bn, alpha, optax.adam(hp.weight_lr).init(params), optax.adam(hp.arch_lr).init(alpha),
-                       k_run, jnp.zeros((), jnp.int32))
+    alpha = zeros((space.num_layers, NUM_OPS))
+    return SearchState(params, bn, alpha, init_optimizer(optax.adam(hp.weight_lr), params),
+                       init_optimizer(optax.adam(hp.arch_lr), alpha), k_run, zeros((), np.int32))
 
 
 def _accuracy(logits, y):
@@ -168,9 +180,10 @@ def _eval_sums(logits, y, valid):
 
 def init_retrain_state(space: SearchSpace, st: SearchState, ops, lr) -> RetrainState:
     params, bn = supernet.extract(space, st.params, st.bn, ops)
-    return RetrainState(params, bn, optax.adam(lr).init(params), jnp.zeros((), jnp.int32))
+    return RetrainState(params, bn, init_optimizer(optax.adam(lr), params), zeros((), np.int32))
 
 
+@functools.lru_cache(maxsize=16)  # the same jitted steps for the same network: _finish reuses the retraining trace
 def make_retrain_steps(space: SearchSpace, ops: tuple, lr, lambda1: float, dw_impl: str = "auto"):
     """(train_step, eval_step) of the compact network ``ops`` (static)."""
     tx = optax.adam(lr)
