@@ -678,3 +678,16 @@ def test_pointwise_is_the_one_by_one_convolution():
     np.testing.assert_allclose(np.asarray(O.pointwise(x, w)), np.asarray(conv(x, w)), rtol=1e-5, atol=1e-5)
     loss = lambda f: lambda x, w: jnp.sum(jnp.sin(f(x, w)))
     assert_trees_close(jax.grad(loss(O.pointwise), (0, 1))(x, w), jax.grad(loss(conv), (0, 1))(x, w))
+
+
+def test_initial_weights_are_the_normal_draws_times_the_he_scale_bit_for_bit():
+    """The init takes the He-scale product in NumPy (no executable per shape): the same bits as jnp's multiply."""
+    key = jax.random.PRNGKey(7)
+    for shape, fan_in in (((16, 96), 16), ((7, 7, 96), 49), ((3, 3, 1, 16), 9)):
+        want = jax.random.normal(key, shape, jnp.float32) * jnp.sqrt(2.0 / fan_in)
+        got = O._he(key, shape, fan_in)
+        assert isinstance(got, jax.Array) and got.dtype == jnp.float32
+        assert np.array_equal(np.asarray(got), np.asarray(want))
+    p, s = O.bn_init(5)
+    assert [np.asarray(a).tolist() for a in (p["scale"], p["bias"], s["mean"], s["var"])] == \
+        [[1.0] * 5, [0.0] * 5, [0.0] * 5, [1.0] * 5]
