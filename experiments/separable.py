@@ -22,6 +22,7 @@ from jmsnas.separable import search
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 VARIANTS = ("g2a1", "g2a2", "g4a1", "g4a2", "g4a2k9", "g4a2k9f16")
+CONTROL = "random_on_controller_weights"  # section 4.5's control group (jmsnas.separable.search)
 
 
 def _config(arg):
@@ -99,15 +100,22 @@ def decisions(results) -> str:
     return "\n".join(lines)
 
 
+def _wins(rs, other: str, key: str) -> int:
+    """Runs whose controller's mean validation reward (``key``: last round or all steps) is above ``other``'s."""
+    return sum(x["controller"][key] > x[other][key] for x in rs)
+
+
 def summary(results) -> str:
     """Per variant over its seeds: mean test accuracy and bytes of both arms, and in how many runs the
-    controller's mean validation reward was above the random sampler's (last round, and over all steps)."""
+    controller's mean validation reward was above the random sampler's and above the control group's (uniform
+    decisions on the controller's network; last round, and over all steps)."""
     by = {}
     for name, (res, _) in results.items():
         by.setdefault(name.partition("_")[0], []).append(res)
     lines = ["| variant | method | seeds | test acc. controller (mean, min-max) | test acc. random | "
-             "comm. controller | comm. random | controller > random: last round / all steps | "
-             "mean val. reward, last round: controller / random |", "|---|---|---|---|---|---|---|---|---|"]
+             "comm. controller | comm. random | controller > random sampler: last round / all steps | "
+             "mean val. reward, last round: controller / random | controller > control group: last round / "
+             "all steps | mean val. reward, last round: control group |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     ref_done = set()
     for v, runs in by.items():
         g = runs[0]["network"]["G"]
@@ -115,18 +123,22 @@ def summary(results) -> str:
             ref_done.add(g)
             ref = [100 * r["reference"]["test_acc"] for r in runs]
             lines.append(f"| ResNeXt G={g} | non-separated, ring all-reduce | {len(runs)} | {np.mean(ref):.2f}% "
-                         f"({min(ref):.2f}-{max(ref):.2f}) | | 100.00% | | | |")
+                         f"({min(ref):.2f}-{max(ref):.2f}) | | 100.00% | | | | | |")
         acc = {a: [100 * r[a]["test_acc"] for r in runs] for a in ("controller", "random")}
         comm = {a: np.mean([100 * r[a]["cost"]["bytes_ratio"] for r in runs]) for a in ("controller", "random")}
         rs = [r["reward_summary"] for r in runs]
-        last = sum(x["controller"]["last_round_mean_reward"] > x["random"]["last_round_mean_reward"] for x in rs)
-        allr = sum(x["controller"]["mean_reward"] > x["random"]["mean_reward"] for x in rs)
+        last, allr = _wins(rs, "random", "last_round_mean_reward"), _wins(rs, "random", "mean_reward")
         lc = np.mean([x["controller"]["last_round_mean_reward"] for x in rs])
         lr = np.mean([x["random"]["last_round_mean_reward"] for x in rs])
+        control = " | |"
+        if all(CONTROL in x for x in rs):
+            control = (f" {_wins(rs, CONTROL, 'last_round_mean_reward')}/{len(runs)} / "
+                       f"{_wins(rs, CONTROL, 'mean_reward')}/{len(runs)} | "
+                       f"{np.mean([x[CONTROL]['last_round_mean_reward'] for x in rs]):.3f} |")
         lines.append(f"| {v} | {label(runs[0])} | {len(runs)} | {np.mean(acc['controller']):.2f}% "
                      f"({min(acc['controller']):.2f}-{max(acc['controller']):.2f}) | {np.mean(acc['random']):.2f}% | "
                      f"{comm['controller']:.2f}% | {comm['random']:.2f}% | {last}/{len(runs)} / {allr}/{len(runs)} | "
-                     f"{lc:.3f} / {lr:.3f} |")
+                     f"{lc:.3f} / {lr:.3f} |" + control)
     return "\n".join(lines)
 
 
@@ -144,6 +156,10 @@ def fig4(results, path):
             r = np.array([v for h in hist for v in h[arm]["rewards"]])
             ax.plot(np.arange(1, r.size + 1), 100 * r, color=color, lw=1,
                     label="LSTM controller" if arm == "controller" else "random sampler")
+        if all(CONTROL in h["controller"] for h in hist):
+            r = np.array([v for h in hist for v in h["controller"][CONTROL]])
+            ax.plot(np.arange(1, r.size + 1), 100 * r, color="#999999", lw=1,
+                    label="control group: random decisions\non the controller's network")
         ax.set_title(f"{name}: " + label(res).replace("Sep-ResNeXt ", ""), fontsize=8)
         ax.set_xlabel("controller step")
     for i in range(0, len(names), cols):

@@ -133,12 +133,14 @@ def test_plot_has_the_scatter_and_one_stage1_panel_pair_per_topology(tmp_path):
     assert len(fig.axes[0].collections) >= 4  # filled + hollow point per run (plus legend proxies)
 
 
-def _separable_result(g, acc_c, acc_r, last_c, last_r, mean_c, mean_r, ref=0.9):
+def _separable_result(g, acc_c, acc_r, last_c, last_r, mean_c, mean_r, ref=0.9, control=(0.75, 0.65)):
     arm = lambda acc: {"test_acc": acc, "cost": {"bytes_ratio": 0.5}}
     return {"network": {"G": g, "alpha": 2, "K": 1, "float16": False}, "controller": arm(acc_c),
             "random": arm(acc_r), "reference": {"test_acc": ref},
             "reward_summary": {"controller": {"last_round_mean_reward": last_c, "mean_reward": mean_c},
-                               "random": {"last_round_mean_reward": last_r, "mean_reward": mean_r}}}
+                               "random": {"last_round_mean_reward": last_r, "mean_reward": mean_r},
+                               "random_on_controller_weights": {"last_round_mean_reward": control[0],
+                                                                "mean_reward": control[1]}}}
 
 
 def test_separable_summary_counts_the_runs_where_the_controller_wins():
@@ -150,4 +152,7 @@ def test_separable_summary_counts_the_runs_where_the_controller_wins():
     assert rows[2].startswith("| ResNeXt G=4 | non-separated") and "90.00% (90.00-90.00)" in rows[2]
     g4 = rows[3].split(" | ")
     assert g4[0] == "| g4a2" and g4[2] == "2" and g4[3] == "85.00% (80.00-90.00)" and g4[4] == "75.00%"
-    assert g4[7] == "1/2 / 2/2" and g4[8] == "0.800 / 0.800 |"
+    assert g4[7] == "1/2 / 2/2" and g4[8] == "0.800 / 0.800"
+    # the control group (0.75 last round, 0.65 all steps in both runs): beaten in the last round by seed 0's 0.9
+    # only, over all steps by both (0.7 > 0.65)
+    assert g4[9] == "1/2 / 2/2" and g4[10] == "0.750 |"

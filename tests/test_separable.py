@@ -13,6 +13,7 @@ import pytest
 from jmsnas import cli
 from jmsnas.separable import config as sconfig, cost, decisions as dec, network as net, search
 from jmsnas.separable.controller import ask_many, make_controller, make_random
+from jmsnas.strategies.base import sample_valid
 from jmsnas.topology import DeviceProfile, LinkProfile, TopologyError, cluster
 
 
@@ -318,3 +319,31 @@ def test_cluster_from_a_topology_file_equals_the_config_numbers():
         [(d.peak_gflops, d.efficiency) for d in from_numbers.devices]
     assert sorted((l.src, l.dst, l.bandwidth_mbps, l.latency_ms) for l in from_file.links) == \
         sorted((l.src, l.dst, l.bandwidth_mbps, l.latency_ms) for l in from_numbers.links)
+
+
+def test_control_group_is_uniform_decisions_judged_on_the_controller_arms_weights(tmp_path):
+    """Section 4.5's control group: at every controller step, population-many uniform decisions evaluated on the
+    controller arm's network (trained this round, fixed during the controller steps) and the validation data."""
+    cfg = sconfig.tiny(sconfig.default_config())
+    cfg.search.rounds = 1
+    run, cfg = search.prepare(cfg, str(tmp_path / "run"), resume=False)
+    state, entry = run.round(run.init_state(), 0)
+    control = entry["controller"]["random_on_controller_weights"]
+    assert len(control) == cfg.search.ctrl_steps
+    params = state["arms"]["controller"]["params"]
+    mask = jnp.asarray(run.space.mask())
+    for t, got in enumerate(control):
+        key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(cfg.seed + 2), 0), t)
+        ops = np.asarray(sample_valid(key, mask, cfg.search.population))
+        assert all(sorted(p) == list(range(run.spec.num_groups))
+                   for p in dec.permutation_table(run.spec.num_groups)[run.space.decode(ops)[0].reshape(-1)])
+        want = np.mean(run.acc(params, ops) - cfg.search.comm_cost * run.ratio(ops))
+        assert got == pytest.approx(float(want), abs=1e-12)
+    # on other weights (the random arm's) the same draws score differently: the measurement reads the weights
+    other = np.mean([np.mean(run.acc(state["arms"]["random"]["params"],
+                                     np.asarray(sample_valid(jax.random.fold_in(jax.random.fold_in(
+                                         jax.random.PRNGKey(cfg.seed + 2), 0), t), mask, cfg.search.population))))
+                     for t in range(len(control))])
+    assert other != pytest.approx(np.mean(control), abs=1e-9)
+    assert set(search.reward_summary([entry])["random_on_controller_weights"]) == {"mean_reward",
+                                                                                  "last_round_mean_reward"}

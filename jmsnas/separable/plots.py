@@ -7,17 +7,21 @@ import os
 import numpy as np
 from matplotlib.figure import Figure
 
-_COLORS = {"controller": "#1f77b4", "random": "#ff7f0e", "reference": "#555555"}
+_COLORS = {"controller": "#1f77b4", "random": "#ff7f0e", "control": "#999999", "reference": "#555555"}
 
 
 def reward_curve(history, path) -> Figure:
-    """Mean validation reward of each controller step, both arms, round boundaries dashed."""
+    """Mean validation reward of each controller step, both arms and the control group, round boundaries dotted."""
     fig = Figure(figsize=(7, 4), layout="constrained")
     ax = fig.subplots()
     for arm in ("controller", "random"):
         r = [v for h in history for v in h[arm]["rewards"]]
         label = "LSTM controller" if arm == "controller" else "random sampler"
         ax.plot(np.arange(1, len(r) + 1), r, "-", color=_COLORS[arm], label=label, lw=1.2)
+    if all("random_on_controller_weights" in h["controller"] for h in history):
+        r = [v for h in history for v in h["controller"]["random_on_controller_weights"]]
+        ax.plot(np.arange(1, len(r) + 1), r, "-", color=_COLORS["control"], lw=1.2,
+                label="random decisions on the controller's network (control group)")
     per = len(history[0]["controller"]["rewards"])
     for i in range(1, len(history)):
         ax.axvline(i * per + 0.5, color="k", lw=0.5, ls=":")

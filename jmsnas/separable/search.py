@@ -4,7 +4,10 @@ accuracy (minus ``comm_cost`` x transmitted bytes relative to the non-separated 
 sampling ``final_samples`` decisions and keeping the best one with its weights; then fine-tune the best.
 
 The random sampler of section 4.5 runs in the same run as a second arm: the same initial network, the same
-batches, the same number of network, reward and sample evaluations, decisions drawn uniformly. Optionally the
+batches, the same number of network, reward and sample evaluations, decisions drawn uniformly. Section 4.5's
+control group (a random sampler on the network the controller trained) is measured at every controller step:
+as many uniformly drawn decisions as the controller's, on the controller arm's weights and the same validation
+data (``random_on_controller_weights``; evaluated only, so it changes nothing else in the run). Optionally the
 non-separated network (``reference``) is trained for the same number of steps.
 
 Every round ends with a checkpoint (both arms, the reference, the history); ``resume=True`` continues from the
@@ -28,7 +31,7 @@ from jmsnas import data, pipeline
 from jmsnas.checkpoint import Checkpointer
 from jmsnas.separable import config as sconfig, cost, decisions as dec, network as net, plots
 from jmsnas.separable.controller import ask_many, make_controller, make_random
-from jmsnas.strategies.base import Strategy
+from jmsnas.strategies.base import Strategy, sample_valid
 from jmsnas.topology import DeviceProfile, LinkProfile, TopologyError, cluster
 
 ARMS = ("controller", "random")
@@ -150,6 +153,8 @@ class Run:
         # jitted: eager ask/tell would compile every small op of the policy update separately
         self.strategies = {a: Strategy(*(jax.jit(f) for f in st)) for a, st in strategies.items()}
         self.opt, self.step, self.correct = make_fns(spec)
+        mask = jnp.asarray(self.space.mask())
+        self.uniform = jax.jit(lambda key: sample_valid(key, mask, s.population))  # the control group's draws
         self.ref_opt, self.ref_step, self.ref_correct = make_fns(ref_spec)
         self.lr, self.ft_lr = jnp.float32(s.lr), jnp.float32(s.finetune_lr)
         self.ref_bytes = cost.reference_bytes(spec)
@@ -186,6 +191,15 @@ class Run:
             out.append(accuracy(self.correct, params, split, self.cfg.eval_batch_size, p, l)[:chunk.shape[0]])
         return np.concatenate(out)
 
+    def control_reward(self, params, r: int, t: int) -> np.ndarray:
+        """Rewards of ``population`` uniformly drawn decisions on ``params`` (validation data): section 4.5's
+        control group at controller step t of round r. Its keys are a stream of their own, so measuring it leaves
+        every other draw of the run as it was."""
+        s = self.cfg.search
+        key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(self.cfg.seed + 2), r), t)
+        ops = np.asarray(self.uniform(key))
+        return self.acc(params, ops) - s.comm_cost * self.ratio(ops)
+
     def round(self, state: dict, r: int) -> tuple[dict, dict]:
         """One round for both arms and the reference; returns (state, history entry)."""
         s = self.cfg.search
@@ -202,7 +216,7 @@ class Run:
                 p, l = self.decode(toks)
                 st["params"], st["opt"], loss, _ = self.step(st["params"], st["opt"], self.lr, x, y, p, l)
                 losses.append(float(loss))
-            rewards = []
+            rewards, control = [], []
             for t in range(s.ctrl_steps):
                 ka, kt = jax.random.split(jax.random.fold_in(k_ctrl, t))
                 archs, st["strategy"] = strat.ask(ka, st["strategy"])
@@ -210,6 +224,8 @@ class Run:
                 reward = acc - s.comm_cost * self.ratio(archs.ops)
                 st["strategy"], _ = strat.tell(kt, archs, jnp.asarray(reward, jnp.float32), st["strategy"])
                 rewards.append(float(np.mean(reward)))
+                if arm == "controller":  # the control group: uniform decisions judged on the same weights and data
+                    control.append(float(np.mean(self.control_reward(st["params"], r, t))))
             toks = ask_many(strat, k_samp, st["strategy"], -(-s.final_samples // s.population))[:s.final_samples]
             acc = self.acc(st["params"], toks)
             i = int(np.argmax(acc))
@@ -219,6 +235,8 @@ class Run:
             entry[arm] = {"train_loss": float(np.mean(losses)), "rewards": rewards,
                           "sample_acc": acc.tolist(), "sample_bytes_ratio": self.ratio(toks).tolist(),
                           "best_acc": float(st["best_acc"])}
+            if arm == "controller":
+                entry[arm]["random_on_controller_weights"] = control
             state["arms"][arm] = st
         if self.cfg.reference:
             ref = dict(state["ref"])
@@ -323,13 +341,19 @@ def _search(cfg, run, workdir, resume, progress) -> dict:
 
 
 def reward_summary(history) -> dict:
-    """Mean validation reward per arm over all controller steps and over the last round's steps."""
+    """Mean validation reward per arm over all controller steps and over the last round's steps, and the same for
+    the control group (uniform decisions on the controller arm's weights, ``random_on_controller_weights``)."""
     out = {}
     for arm in ARMS:
         allr = [v for h in history for v in h[arm]["rewards"]]
         out[arm] = {"mean_reward": float(np.mean(allr)), "last_round_mean_reward": float(np.mean(history[-1][arm]
                                                                                                ["rewards"])),
                     "last_round_mean_sample_acc": float(np.mean(history[-1][arm]["sample_acc"]))}
+    if all("random_on_controller_weights" in h["controller"] for h in history):
+        control = [v for h in history for v in h["controller"]["random_on_controller_weights"]]
+        out["random_on_controller_weights"] = {
+            "mean_reward": float(np.mean(control)),
+            "last_round_mean_reward": float(np.mean(history[-1]["controller"]["random_on_controller_weights"]))}
     return out
 
 
