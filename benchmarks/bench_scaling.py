@@ -37,7 +37,7 @@ import numpy as np  # noqa: E402
 from jmsnas import evaluate as E  # noqa: E402
 from jmsnas import presets, train  # noqa: E402
 from jmsnas.cost.tables import analytic_table  # noqa: E402
-from jmsnas.space import build_space  # noqa: E402
+from jmsnas.space import OPS, build_space, op_flops  # noqa: E402
 from jmsnas.topology import LinkProfile, make_topology  # noqa: E402
 
 STEPS = ("weight", "arch", "gumbel_arch", "eval64")
@@ -135,6 +135,17 @@ def measure(space, split: str, step: str, batch: int, reps: int) -> dict:
     return {"compile_wall_s": cw, "compile_cpu_s": cc, "step_s": statistics.median(times)}
 
 
+def work(space) -> dict:
+    """What a step has to compute, from the space alone: the valid candidates over all layers, and the forward
+    MFLOP per image of every valid candidate (what the Gumbel-softmax step runs) and of the mean sampled path (one
+    uniformly drawn candidate per layer; the two-path steps run two). ``jmsnas.space.op_flops``, 2 per
+    multiply-add, convolutions only."""
+    mask = space.mask()
+    per_layer = [[op_flops(OPS[i], s) for i in np.flatnonzero(mask[n])] for n, s in enumerate(space.layers)]
+    return {"valid_candidates": int(mask.sum()), "all_candidates_mflop": sum(map(sum, per_layer)) / 1e6,
+            "mean_path_mflop": sum(float(np.mean(f)) for f in per_layer) / 1e6}
+
+
 def random_population(space, size: int, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     mask = space.mask()
@@ -190,19 +201,25 @@ def main(argv=None) -> int:
         for step in args.steps:
             if sweep == "split" and step in ("weight", "eval64"):
                 continue  # no latency in these steps: the split does not change them
-            r = measure(space, split, step, args.batch, args.reps)
+            r = {**measure(space, split, step, args.batch, args.reps), **work(space)}
             rows.append({"sweep": sweep, "x": x, "label": label, "step": step, "layers": space.num_layers, **r})
             print(f"| {sweep} | {label} | {step} | {r['compile_wall_s']:.1f} | {r['compile_cpu_s']:.1f} | "
                   f"{1e3 * r['step_s']:.1f} |  (load {os.getloadavg()[0]:.1f})", flush=True)
-    table = ["| sweep | case | step | compile wall s | compile CPU s | step ms (median) |", "|---|---|---|---:|---:|---:|"]
+    table = ["| sweep | case | step | compile wall s | compile CPU s | step ms (median) | valid candidates | "
+             "forward MFLOP/image: all candidates / mean path |", "|---|---|---|---:|---:|---:|---:|---:|"]
     table += [f"| {r['sweep']} | {r['label']} | {r['step']} | {r['compile_wall_s']:.1f} | {r['compile_cpu_s']:.1f} | "
-              f"{1e3 * r['step_s']:.1f} |" for r in rows]
+              f"{1e3 * r['step_s']:.1f} | {r['valid_candidates']} | {r['all_candidates_mflop']:.1f} / "
+              f"{r['mean_path_mflop']:.2f} |" for r in rows]
     notes = []
     for sweep in ("layers", "split"):
         for step in args.steps:
             g = growth(rows, sweep, step)
             if g:
-                notes.append(f"{sweep} {step}: compile CPU x{g[0]:.2f} for x{g[1]:.0f} layers")
+                t = growth(rows, sweep, step, "step_s")
+                w = growth(rows, sweep, step, "all_candidates_mflop" if step == "gumbel_arch" else "mean_path_mflop")
+                notes.append(f"{sweep} {step}: compile CPU x{g[0]:.2f}, step x{t[0]:.2f}, forward FLOPs "
+                             f"({'all candidates' if step == 'gumbel_arch' else 'mean path'}) x{w[0]:.2f} "
+                             f"for x{g[1]:.0f} layers")
     text = "\n".join(table) + "\n\n" + "\n".join(f"- {n}" for n in notes) + \
         f"\n\nload average at end: {os.getloadavg()}\n"
     print("\n" + text)

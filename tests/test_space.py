@@ -198,3 +198,25 @@ def test_analytic_table_zero_for_identity_and_increasing_in_kernel_and_expansion
     # the same op is slower on the Pi (UE) than on the V100 server (cloud)
     ue, cloud = 0, sp.topology.num_devices - 1
     assert np.all(u[ue][mask & (np.arange(NUM_OPS) != IDENTITY)] > u[cloud][mask & (np.arange(NUM_OPS) != IDENTITY)])
+
+
+def test_scaling_benchmark_counts_the_work_each_step_computes():
+    """bench_scaling.work on the 8- and 16-layer chains: valid candidates by hand (a device's first layer changes
+    the shape, so it has no shortcut candidates: 6; the others 13) and the FLOPs as the sum of op_flops."""
+    import importlib.util
+    import os
+    from jmsnas.space import OPS, op_flops
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "bench_scaling.py")
+    spec = importlib.util.spec_from_file_location("bench_scaling", path)
+    B = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(B)
+    w8, w16 = (B.work(B.space_of(B.chain(4, k))) for k in (2, 4))
+    assert w8["valid_candidates"] == 4 * (6 + 13) and w16["valid_candidates"] == 4 * (6 + 3 * 13)
+    space = B.space_of(B.chain(4, 2))
+    mask = space.mask()
+    first = space.layers[0]
+    by_hand = [op_flops(OPS[i], first) for i in range(len(OPS)) if mask[0, i]]
+    assert len(by_hand) == 6 and w8["all_candidates_mflop"] > sum(by_hand) / 1e6
+    assert w8["mean_path_mflop"] < w8["all_candidates_mflop"] / 6
+    # the added layers keep their shape: more candidates per layer, so the Gumbel step's work grows faster
+    assert w16["all_candidates_mflop"] / w8["all_candidates_mflop"] > 2.0
