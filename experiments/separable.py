@@ -5,7 +5,8 @@ Runs ``jmsnas.separable.search`` for each variant of ``experiments/configs/separ
 ``jmsnas separable``) into ``--runs`` (a finished variant is read back, not rerun), then writes
 ``experiments/results/separable_table5.md`` and ``experiments/results/separable_fig4.png``.
 
-Run: /work/venv/bin/python experiments/separable.py [--variants g2a1,g2a2,g4a1,g4a2,g4a2k9,g4a2k9f16]
+Run: python experiments/separable.py [--seeds 0,1,2] [--variants g2a1,g2a2,g4a1,g4a2,g4a2k9,g4a2k9f16]
+     [--augment-shift N] [--runs DIR] [--out DIR]
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def _config(arg):
     return mod.get_config(arg)
 
 
-def run_variant(name, runs, seed=0):
+def run_variant(name, runs, seed=0, augment_shift=None):
     wd = os.path.join(runs, name if seed == 0 else f"{name}_seed{seed}")
     if os.path.isfile(os.path.join(wd, "result.json")):
         with open(os.path.join(wd, "result.json")) as f:
@@ -41,6 +42,8 @@ def run_variant(name, runs, seed=0):
         t0 = time.time()
         cfg = _config(name)
         cfg.seed = seed
+        if augment_shift is not None:
+            cfg.search.augment_shift = augment_shift
         res = search.search(cfg, wd, progress=False)
         res["wall_s"] = time.time() - t0
         with open(os.path.join(wd, "result.json"), "w") as f:
@@ -174,15 +177,19 @@ def main():
     ap.add_argument("--runs", default="runs/separable")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     ap.add_argument("--seeds", default="0", help="comma-separated seeds; the table shows each run")
+    ap.add_argument("--augment-shift", type=int, default=None,
+                    help="search.augment_shift for every run (default: the config's, 1); another value names the "
+                         "outputs separable_table5_shift<N>.md and separable_fig4_shift<N>.png")
     a = ap.parse_args()
     results = {}
     for seed in (int(x) for x in a.seeds.split(",")):
         for v in a.variants.split(","):
-            results[v if seed == 0 else f"{v}_seed{seed}"] = run_variant(v, a.runs, seed)
+            results[v if seed == 0 else f"{v}_seed{seed}"] = run_variant(v, a.runs, seed, a.augment_shift)
     os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "separable_table5.md"), "w") as f:
+    suffix = "" if a.augment_shift is None else f"_shift{a.augment_shift}"
+    with open(os.path.join(a.out, f"separable_table5{suffix}.md"), "w") as f:
         f.write(summary(results) + "\n\n" + table(results) + "\n\n" + decisions(results) + "\n")
-    fig4(results, os.path.join(a.out, "separable_fig4.png"))
+    fig4(results, os.path.join(a.out, f"separable_fig4{suffix}.png"))
     print(summary(results))
     print()
     print(table(results))

@@ -242,6 +242,7 @@ def test_bad_decisions_and_cluster():
     ("--config.net.alpha=0", "alpha (staleness factor) must be an integer >= 1, got 0"),
     ("--config.net.num_levels=0", "K (sparsity levels) must be an integer >= 1, got 0"),
     ("--config.search.baseline_decay=1.0", "search.baseline_decay must be a number in [0, 1), got 1.0"),
+    ("--config.search.augment_shift=-1", "search.augment_shift must be a non-negative integer (pixels), got -1"),
     ("--config.decisions=[[1,0,3,2],[0,0,1,3]]", "decision at step 1 [0, 0, 1, 3] is not a permutation of 0..3"),
     ("--config.cluster.topology=experiments/topologies/paper_chain.yaml", "is a 'chain' topology; a separable"),
     ("--config.net.num_groups=2 --config.cluster.topology=experiments/topologies/pi_cluster4.yaml",
@@ -347,3 +348,24 @@ def test_control_group_is_uniform_decisions_judged_on_the_controller_arms_weight
     assert other != pytest.approx(np.mean(control), abs=1e-9)
     assert set(search.reward_summary([entry])["random_on_controller_weights"]) == {"mean_reward",
                                                                                   "last_round_mean_reward"}
+
+
+def test_shifted_batches_by_hand_and_the_same_for_every_arm():
+    """augment_shift: each image moved by its own offset in [-s, s]^2 with the edge rows/columns repeated; the
+    training batch of a step is a pure function of (seed, step), so both arms and the reference see the same."""
+    x = np.arange(2 * 4 * 4, dtype=np.float32).reshape(2, 4, 4, 1)
+    y = search.shift_images(x, 1, np.random.default_rng(0))
+    # default_rng(0).integers(0, 3, size=(2, 2)) -> dy = [2, 1], dx = [1, 0]: image 0 one row up, image 1 one
+    # column right (offsets dy - 1, dx - 1)
+    assert np.array_equal(y[0, :, :, 0], np.array([[4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15], [12, 13, 14, 15]]))
+    assert np.array_equal(y[1, :, :, 0], np.array([[16, 16, 17, 18], [20, 20, 21, 22], [24, 24, 25, 26],
+                                                   [28, 28, 29, 30]]))
+    assert search.shift_images(x, 0, np.random.default_rng(0)) is x
+    cfg = sconfig.tiny(sconfig.default_config())
+    assert cfg.search.augment_shift == 1  # the default
+    ds = search.data.load("digits", max_train=cfg.max_train)
+    a, b = search._batch(ds, cfg, 3), search._batch(ds, cfg, 3)
+    cfg.search.augment_shift = 0
+    plain = search._batch(ds, cfg, 3)
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], plain[1])
+    assert not np.array_equal(a[0], plain[0]) and a[0].shape == plain[0].shape

@@ -132,9 +132,24 @@ def accuracy(correct, params, split: data.Split, batch: int, pids=None, lvls=Non
     return hits / split.labels.shape[0]
 
 
+def shift_images(images: np.ndarray, shift: int, rng: np.random.Generator) -> np.ndarray:
+    """Each image [B, H, W, C] moved by its own (dy, dx) drawn uniformly from [-shift, shift]², edges repeated."""
+    if shift == 0:
+        return images
+    b, h, w, _ = images.shape
+    padded = np.pad(images, ((0, 0), (shift, shift), (shift, shift), (0, 0)), mode="edge")
+    dy, dx = rng.integers(0, 2 * shift + 1, size=(2, b))
+    rows = dy[:, None] + np.arange(h)[None, :]
+    cols = dx[:, None] + np.arange(w)[None, :]
+    return padded[np.arange(b)[:, None, None], rows[:, :, None], cols[:, None, :]]
+
+
 def _batch(ds, cfg, step: int):
+    """Training batch ``step`` (a pure function of seed and step: every arm sees the same images)."""
     nb = data.num_batches(ds.train, cfg.search.batch_size)
-    return next(data.epoch_batches(ds.train, cfg.search.batch_size, seed=cfg.seed, epoch=step // nb, start=step % nb))
+    x, y = next(data.epoch_batches(ds.train, cfg.search.batch_size, seed=cfg.seed, epoch=step // nb, start=step % nb))
+    shift = cfg.search.get("augment_shift", 0)
+    return shift_images(x, shift, np.random.default_rng([int(cfg.seed), int(step), 7])) if shift else x, y
 
 
 # ---------------------------------------------------------------------------------------------------- the run
