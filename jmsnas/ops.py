@@ -23,11 +23,14 @@ NORM_IMPLS = ("auto", "xla", "native")
 
 
 def _scaled_normal(key, shape, scale: float):
-    """float32 N(0, 1) draws times ``scale``. The product is taken in NumPy (float32, correctly rounded: the same
-    bits as jnp's multiply) and placed with device_put, so initialising a network compiles one executable per
-    shape (the draws) instead of three (draws, multiply, constant)."""
-    z = np.asarray(jax.random.normal(key, shape, jnp.float32))
-    return jax.device_put(z * np.sqrt(np.float32(scale)))
+    """float32 N(0, 1) draws times sqrt(``scale``). Called eagerly, the product is taken in NumPy (float32,
+    correctly rounded: the same bits as jnp's multiply) and placed with device_put, so initialising a network
+    compiles one executable per shape (the draws) instead of three (draws, multiply, constant); under a trace
+    (jit, eval_shape) it stays a traced product."""
+    z = jax.random.normal(key, shape, jnp.float32)
+    if isinstance(z, jax.core.Tracer):
+        return z * jnp.sqrt(scale)
+    return jax.device_put(np.asarray(z) * np.sqrt(np.float32(scale)))
 
 
 def _he(key, shape, fan_in):

@@ -688,6 +688,12 @@ def test_initial_weights_are_the_normal_draws_times_the_he_scale_bit_for_bit():
         got = O._he(key, shape, fan_in)
         assert isinstance(got, jax.Array) and got.dtype == jnp.float32
         assert np.array_equal(np.asarray(got), np.asarray(want))
+    # traceable as before: under eval_shape and jit the product stays traced
+    op = OPS[1]
+    shapes = jax.eval_shape(lambda k: O.mbconv_init(k, op, 16, 24), key)
+    assert shapes[0]["expand"].shape == (16, 16 * op.expand)
+    traced = jax.jit(lambda k: O._he(k, (16, 96), 16))(key)
+    assert np.allclose(np.asarray(traced), np.asarray(O._he(key, (16, 96), 16)), rtol=1e-6, atol=1e-7)
     p, s = O.bn_init(5)
     assert [np.asarray(a).tolist() for a in (p["scale"], p["bias"], s["mean"], s["var"])] == \
         [[1.0] * 5, [0.0] * 5, [0.0] * 5, [1.0] * 5]
