@@ -65,10 +65,30 @@ class _DropOrbaxNoise(logging.Filter):
         return not ("could not be restored" in msg or msg.startswith("Task exception was never retrieved"))
 
 
+class _DropFailedSiblingReads(logging.Filter):
+    """asyncio's 'Task exception was never retrieved' for a failed tensorstore read of a checkpoint (the sibling
+    reads of a corrupt one, whose first error this module reports as a CheckpointError). Installed for good at the
+    first restore: the failed task is finalised when the garbage collector gets to it, which can be after the read
+    has returned; every other asyncio record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = str(record.msg)
+        return not (msg.startswith("Task exception was never retrieved")
+                    and any(k in msg for k in ("OCDBT", "tensorstore", "TensorStore", "Error reading")))
+
+
+def _drop_failed_sibling_reads() -> None:
+    lg = logging.getLogger("asyncio")
+    if not any(isinstance(f, _DropFailedSiblingReads) for f in lg.filters):
+        lg.addFilter(_DropFailedSiblingReads())
+
+
 @contextlib.contextmanager
 def _quiet_orbax():
-    """Install :class:`_DropOrbaxNoise` on the absl and asyncio loggers for the duration of the block."""
+    """Install :class:`_DropOrbaxNoise` on the absl and asyncio loggers for the duration of the block (and
+    :class:`_DropFailedSiblingReads` for good)."""
     _drop_closed_loop_tracebacks()
+    _drop_failed_sibling_reads()
     noise = _DropOrbaxNoise()
     loggers = [logging.getLogger("absl"), logging.getLogger("asyncio")]
     for lg in loggers:
