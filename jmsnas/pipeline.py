@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from jmsnas import budget, data, gates as G, presets, report, runcheck, safeio, supernet, timing, topofile, train
 from jmsnas.checkpoint import CheckpointError, Checkpointer
-from jmsnas.cost.latency import arch_latency, best_chain_assignment, breakdown_dict, expected_latency
+from jmsnas.cost.latency import arch_latency, best_chain_assignment, breakdown_dict
 from jmsnas.cost.tables import CostTable, analytic_table
 from jmsnas.deploy.spec import space_to_dict
 from jmsnas.runcheck import ConfigError

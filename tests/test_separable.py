@@ -333,18 +333,15 @@ def test_control_group_is_uniform_decisions_judged_on_the_controller_arms_weight
     assert len(control) == cfg.search.ctrl_steps
     params = state["arms"]["controller"]["params"]
     mask = jnp.asarray(run.space.mask())
-    for t, got in enumerate(control):
-        key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(cfg.seed + 2), 0), t)
-        ops = np.asarray(sample_valid(key, mask, cfg.search.population))
+    draws = [np.asarray(sample_valid(jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(cfg.seed + 2), 0), t),
+                                     mask, cfg.search.population)) for t in range(len(control))]
+    for got, ops in zip(control, draws):
         assert all(sorted(p) == list(range(run.spec.num_groups))
                    for p in dec.permutation_table(run.spec.num_groups)[run.space.decode(ops)[0].reshape(-1)])
         want = np.mean(run.acc(params, ops) - cfg.search.comm_cost * run.ratio(ops))
         assert got == pytest.approx(float(want), abs=1e-12)
     # on other weights (the random arm's) the same draws score differently: the measurement reads the weights
-    other = np.mean([np.mean(run.acc(state["arms"]["random"]["params"],
-                                     np.asarray(sample_valid(jax.random.fold_in(jax.random.fold_in(
-                                         jax.random.PRNGKey(cfg.seed + 2), 0), t), mask, cfg.search.population))))
-                     for t in range(len(control))])
+    other = np.mean([np.mean(run.acc(state["arms"]["random"]["params"], ops)) for ops in draws])
     assert other != pytest.approx(np.mean(control), abs=1e-9)
     assert set(search.reward_summary([entry])["random_on_controller_weights"]) == {"mean_reward",
                                                                                   "last_round_mean_reward"}

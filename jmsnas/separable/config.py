@@ -80,17 +80,16 @@ def validate(cfg) -> None:
         v = s[name]
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise SeparableConfigError(f"search.{name} must be a positive integer, got {v!r}")
-    if isinstance(s.finetune_steps, bool) or not isinstance(s.finetune_steps, int) or s.finetune_steps < 0:
-        raise SeparableConfigError(f"search.finetune_steps must be a non-negative integer, got {s.finetune_steps!r}")
+    for name, unit in (("finetune_steps", ""), ("augment_shift", " (pixels)")):
+        v = s.get(name, 0)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise SeparableConfigError(f"search.{name} must be a non-negative integer{unit}, got {v!r}")
     for name in ("lr", "ctrl_lr", "finetune_lr"):
         if not _num(s[name]) or not s[name] > 0:
             raise SeparableConfigError(f"search.{name} must be a positive number, got {s[name]!r}")
     for name in ("entropy_coef", "comm_cost"):
         if not _num(s[name]) or not s[name] >= 0:
             raise SeparableConfigError(f"search.{name} must be a number >= 0, got {s[name]!r}")
-    a = s.get("augment_shift", 0)
-    if isinstance(a, bool) or not isinstance(a, int) or a < 0:
-        raise SeparableConfigError(f"search.augment_shift must be a non-negative integer (pixels), got {a!r}")
     d = s.get("baseline_decay", 0.0)
     if not _num(d) or not 0 <= d < 1:
         raise SeparableConfigError(f"search.baseline_decay must be a number in [0, 1), got {d!r}")
