@@ -6,6 +6,8 @@ The cache root is ``$JMSNAS_CACHE_DIR``, else ``$XDG_CACHE_HOME/jmsnas``, else `
   of its program (StableHLO), the compile options, the backend and the jax/jaxlib versions, so a second run of the
   same configuration loads its steps instead of compiling them again (the same executable, so the same numbers).
 - ``<root>/native/``: the C++ kernels of :mod:`jmsnas.native`, named by a hash of their sources and compiler.
+- ``<root>/programs/``: the traced programs of the commands' steps (:mod:`jmsnas.programs`), so that a rerun
+  skips tracing and lowering them as well; kept only while the compilation cache is on.
 
 Every ``jmsnas`` command turns the compilation cache on (:func:`enable_compilation_cache`); ``--no-compile-cache``
 or ``JMSNAS_COMPILE_CACHE=0`` leave it off. A library user calls :func:`enable_compilation_cache` once before the

@@ -33,7 +33,7 @@ import numpy as np
 import optax
 from tqdm import tqdm
 
-from jmsnas import budget, data, pipeline, runcheck, safeio, strategies, supernet, timing, train
+from jmsnas import budget, data, pipeline, programs, runcheck, safeio, strategies, supernet, timing, train
 from jmsnas.checkpoint import Checkpointer
 from jmsnas.cost.latency import arch_latency, latency, searched_latency
 from jmsnas.evaluate import evaluate_loop, evaluate_population
@@ -171,7 +171,9 @@ def _train_supernet(cfg, space, table, ds, mesh, ckpt, fp, resume, progress):
     """Stage 1 with checkpoints every ``checkpoint_every`` steps and at epoch ends (``pipeline.EpochSaves``);
     returns (state, history)."""
     s, e = cfg.search, cfg.evolve
-    step = make_sandwich_step(space, s.weight_lr, s.lambda1, e.num_random, cfg.dw_impl)
+    made = (space, s.weight_lr, s.lambda1, e.num_random, cfg.dw_impl)
+    step = programs.persistent_jit(make_sandwich_step(*made), name="evolve.sandwich_step", identity=made,
+                                   donate_argnums=0)
     _, _, eval_step = pipeline.search_steps(cfg, space, table)
     st = init_sandwich_state(jax.random.PRNGKey(cfg.seed), space, s.weight_lr, cfg.shared_weights)
     st, epoch, start, history = pipeline.restore_progress(ckpt, st, fp, resume)

@@ -9,6 +9,7 @@ a resumed run ends with the same architecture as an uninterrupted one.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -20,7 +21,8 @@ import ml_collections
 import numpy as np
 from tqdm import tqdm
 
-from jmsnas import budget, data, gates as G, presets, report, runcheck, safeio, supernet, timing, topofile, train
+from jmsnas import (budget, data, gates as G, presets, programs, report, runcheck, safeio, supernet, timing, topofile,
+                    train)
 from jmsnas.checkpoint import CheckpointError, Checkpointer
 from jmsnas.cost.latency import arch_latency, best_chain_assignment, breakdown_dict
 from jmsnas.cost.tables import CostTable, analytic_table
@@ -240,8 +242,21 @@ class EpochSaves:
 
 
 def search_steps(cfg, space: SearchSpace, table: CostTable):
-    """(weight_step, arch_step, eval_step) of ``train.make_search_steps`` as the configuration asks."""
-    return train.make_search_steps(space, table, _hparams(cfg), cfg.dw_impl, cfg.get("candidate_impl", "auto"))
+    """(weight_step, arch_step, eval_step) of ``train.make_search_steps`` as the configuration asks, each with
+    its traced program kept for later runs (``programs.persistent_jit``)."""
+    made = (space, table, _hparams(cfg), cfg.dw_impl, cfg.get("candidate_impl", "auto"))
+    steps = train.make_search_steps(*made)
+    return tuple(programs.persistent_jit(step, name=f"search.{name}", identity=made, donate_argnums=donate)
+                 for step, name, donate in zip(steps, ("weight_step", "arch_step", "eval_step"), (0, 0, ())))
+
+
+@functools.lru_cache(maxsize=16)  # the same steps for the same network: _finish reuses the retraining's
+def retrain_steps(space: SearchSpace, ops: tuple, lr: float, lambda1: float, dw_impl: str):
+    """(train_step, eval_step) of ``train.make_retrain_steps``, each with its traced program kept for later runs."""
+    made = (space, ops, lr, lambda1, dw_impl)
+    train_step, eval_step = train.make_retrain_steps(*made)
+    return (programs.persistent_jit(train_step, name="retrain.train_step", identity=made, donate_argnums=0),
+            programs.persistent_jit(eval_step, name="retrain.eval_step", identity=made))
 
 
 META_TYPES = {"epoch": "count", "batch": "count", "history": list}  # what a training checkpoint's meta holds
@@ -333,7 +348,7 @@ def _stage2(cfg, space, ds, mesh, st, ops, workdir, fp, resume, progress, histor
                                 meta_types=META_TYPES)
         epoch, start, history = meta["epoch"], meta["batch"], meta["history"]
     rt = train.replicate(rt, mesh)
-    train_step, eval_step = train.make_retrain_steps(space, ops, r.lr, cfg.search.lambda1, cfg.dw_impl)
+    train_step, eval_step = retrain_steps(space, ops, r.lr, cfg.search.lambda1, cfg.dw_impl)
     bs = cfg.search.batch_size
     nb = data.num_batches(ds.train, bs)
     bar = timing.label(tqdm(total=r.epochs * nb, initial=epoch * nb + start, disable=not progress, desc="retrain",
@@ -364,7 +379,7 @@ def _finish(cfg, space, table, ds, mesh, rt, ops, assignment, fix, derived, hist
             note: str | None = None, extra: dict | None = None) -> dict:
     """Evaluates the retrained net and writes result.json, history.json, the report and parts/. ``note``
     replaces the budget note and ``extra`` adds keys to result.json (for flows other than the search)."""
-    _, eval_step = train.make_retrain_steps(space, ops, cfg.retrain.lr, cfg.search.lambda1, cfg.dw_impl)
+    _, eval_step = retrain_steps(space, ops, cfg.retrain.lr, cfg.search.lambda1, cfg.dw_impl)
     ev = lambda split: train.evaluate(lambda x, y, v: eval_step(rt.params, rt.bn, x, y, v), split,
                                       cfg.eval_batch_size, mesh)[0]
     val_acc, test_acc = ev(ds.val), ev(ds.test)

@@ -3,10 +3,11 @@
 :class:`Phases` listens to JAX's monitoring events for the three stages of turning a Python function into an
 executable — tracing to a jaxpr, lowering to StableHLO, and the XLA compilation (or, with the persistent cache
 of :mod:`jmsnas.cache`, loading the stored executable) — and adds up the wall time and the process CPU time spent
-inside them (nested events count once). Everything else between :meth:`Phases.start` and :meth:`Phases.summary`
-is run time. CPU time is the whole process's (``time.process_time``: every thread), so XLA's compiler threads
-count as compiling and, while a step still runs asynchronously when the next compilation starts, that step's CPU
-counts there too. The summary also counts persistent-cache hits and misses.
+inside them (nested events count once), and inside blocks marked with :func:`compiling` (loading a stored program
+of :mod:`jmsnas.programs`). Everything else between :meth:`Phases.start` and :meth:`Phases.summary` is run time.
+CPU time is the whole process's (``time.process_time``: every thread), so XLA's compiler threads count as
+compiling and, while a step still runs asynchronously when the next compilation starts, that step's CPU counts
+there too. The summary also counts persistent-cache hits and misses.
 
 ``measure()`` is the context manager the flows use (``pipeline.search``, ``evolve.run``): nested uses share the
 outer timer, :func:`active` returns it, and :func:`label` makes a tqdm progress bar read "<desc> (compiling)"
@@ -45,20 +46,28 @@ class Phases:
 
     # -- JAX monitoring listeners (JAX calls record_scalar(event, start) on entry, the duration on exit)
     def _on_scalar(self, event, value, **kw):
+        if event in COMPILE_EVENTS:
+            self.begin()
+
+    def _on_duration(self, event, duration, **kw):
         if event not in COMPILE_EVENTS:
             return
+        if event == BACKEND_COMPILE:
+            with self._lock:
+                self.compilations += 1
+        self.end()
+
+    def begin(self) -> None:
+        """Compiling from now (nested begin/end pairs count once)."""
         with self._lock:
             self._depth += 1
             if self._depth == 1:
                 self._enter = (time.perf_counter(), time.process_time())
                 self._show(True)
 
-    def _on_duration(self, event, duration, **kw):
-        if event not in COMPILE_EVENTS:
-            return
+    def end(self) -> None:
+        """The end of the innermost :meth:`begin`."""
         with self._lock:
-            if event == BACKEND_COMPILE:
-                self.compilations += 1
             if self._depth == 0:  # its start came before this timer existed
                 return
             self._depth -= 1
@@ -139,6 +148,21 @@ def measured(fn):
 def active() -> Phases | None:
     """The timer of the innermost ``measure()`` block, or None."""
     return _stack[-1] if _stack else None
+
+
+@contextlib.contextmanager
+def compiling():
+    """Count the block as compiling in the active timer (work that prepares an executable without JAX's own
+    compile events: loading a stored program, building the native kernels); outside ``measure()`` it does nothing."""
+    timer = active()
+    if timer is None:
+        yield
+        return
+    timer.begin()
+    try:
+        yield
+    finally:
+        timer.end()
 
 
 def label(bar):
