@@ -214,51 +214,66 @@ def _bound(folder: Path, keep: Path, limit: int = MAX_BYTES) -> None:
 
 
 class _Persistent:
-    """The callable :func:`persistent_jit` returns: one stored program per argument signature."""
+    """The callable :func:`persistent_jit` returns.
+
+    It is itself a ``jax.jit`` function (so JAX's own dispatch tells argument signatures apart, at no cost per
+    call), whose Python body runs only when JAX traces it for a new signature: it then finds or makes the stored
+    program for the concrete arguments of the call (their shardings included, which a trace does not see) and
+    inlines it."""
 
     def __init__(self, jitted, name: str, identity, donate_argnums: tuple):
         self._jitted, self._name, self._donate = jitted, name, donate_argnums
-        self._calls: dict = {}
+        self._local = threading.local()
+        self._outer = jax.jit(self._trace, donate_argnums=donate_argnums)
+        self.why_plain = None  # why the last trace ran the step as plain jax.jit, if it did
         try:
             self._identity = digest((name, identity))
         except TypeError as e:
-            self._identity, self._why_plain = None, str(e)
+            self._identity, self.why_plain = None, str(e)
         self.__name__ = name
         self.__wrapped__ = jitted
 
     def __call__(self, *args):
         if self._identity is None or not enabled():
             return self._jitted(*args)
-        sig = _signature(args)
-        fn = self._calls.get(sig)
-        if fn is None:
-            with timing.compiling():
-                fn = self._prepare(sig, args)
-            self._calls[sig] = fn
-        return fn(*args)
+        self._local.args = args
+        try:
+            return self._outer(*args)
+        finally:
+            self._local.args = None
 
-    def _prepare(self, sig: str, args):
-        key = hashlib.sha256(f"{self._identity}|{environment_digest()}|{sig}|{self._donate}".encode()).hexdigest()
+    def _trace(self, *tracers):
+        with timing.compiling():
+            exported = self._program(self._local.args)
+        return self._jitted(*tracers) if exported is None else exported.call(*tracers)
+
+    def _program(self, args):
+        """The stored program for these concrete arguments (exported and stored on a miss), or None."""
+        key = hashlib.sha256(f"{self._identity}|{environment_digest()}|{_signature(args)}|{self._donate}"
+                             .encode()).hexdigest()
         path = directory() / f"{self._name}-{key[:40]}{SUFFIX}"
         try:
             _register_namedtuples(args)
         except Exception as e:  # noqa: BLE001 - a tree export cannot describe runs as plain jit
-            return self._plain(f"its arguments cannot be serialized: {e}")
+            self.why_plain = f"its arguments cannot be serialized: {e}"
+            return None
         exported = self._load(path)
-        if exported is None:
-            try:
-                exported = export.export(self._jitted, disabled_checks=_native_checks())(*args)
-                data = exported.serialize()
-            except Exception as e:  # noqa: BLE001 - callbacks, effects, unserializable outputs: plain jit
-                return self._plain(f"jax.export cannot take it: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
-            try:
-                _write(path, bytes(data))
-            except OSError as e:
-                warnings.warn(f"jmsnas: could not store the traced program {path}: {e}", RuntimeWarning,
-                              stacklevel=3)
-        return jax.jit(exported.call, donate_argnums=self._donate)
+        if exported is not None:
+            return exported
+        try:
+            exported = export.export(self._jitted, disabled_checks=_native_checks())(*args)
+            data = exported.serialize()
+        except Exception as e:  # noqa: BLE001 - callbacks, effects, unserializable outputs: plain jit
+            self.why_plain = f"jax.export cannot take it: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            return None
+        try:
+            _write(path, bytes(data))
+        except OSError as e:
+            warnings.warn(f"jmsnas: could not store the traced program {path}: {e}", RuntimeWarning, stacklevel=2)
+        return exported
 
-    def _load(self, path: Path):
+    @staticmethod
+    def _load(path: Path):
         try:
             data = path.read_bytes()
         except OSError:
@@ -272,10 +287,6 @@ class _Persistent:
         except OSError:
             pass
         return exported
-
-    def _plain(self, why: str):
-        self._why_plain = why
-        return self._jitted
 
 
 def persistent_jit(jitted, *, name: str, identity, donate_argnums=()):

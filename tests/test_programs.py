@@ -111,6 +111,14 @@ def test_other_identity_or_shape_is_another_program(program_cache):
         f(_state(), jnp.ones((rows, 8), jnp.float32))
         assert traces == [1]
     assert len(list(program_cache.glob("test.other-*.jaxprog"))) == 3
+    # one wrapper called with two shapes: one program each, the right one for each call
+    traces = []
+    f = programs.persistent_jit(jax.jit(_step_factory(traces)), name="test.two", identity=0)
+    plain = jax.jit(_step_factory([]))
+    for rows in (4, 5, 4, 5):
+        x = jnp.ones((rows, 8), jnp.float32)
+        assert _bits(f(_state(), x)) == _bits(plain(_state(), x))
+    assert len(traces) == 2 and len(list(program_cache.glob("test.two-*.jaxprog"))) == 2
 
 
 def test_a_damaged_entry_is_replaced(program_cache):
