@@ -10,7 +10,9 @@ Sources:
 * ``digits`` (default, offline): scikit-learn's ``load_digits``, 1797 real 8x8 grayscale handwritten digits
   that ship inside the scikit-learn wheel. A fixed stratified test split of 270 images (15 %, the same for
   every ``seed``) is held out first; the remaining 1527 are split, stratified and shuffled with ``seed``, into
-  ``val`` (``round(val_fraction * 1527)``, 229 at the default 0.15) and ``train`` (the rest, 1298).
+  ``val`` (``round(val_fraction * 1527)``, 229 at the default 0.15) and ``train`` (the rest, 1298). The splits
+  are kept in ``<cache root>/data/`` (:mod:`jmsnas.cache`; not with ``JMSNAS_COMPILE_CACHE=0``), so a later run
+  reads them without importing scikit-learn.
 * ``cifar10``, ``cifar100``, ``imagenet2012``: tensorflow-datasets, read from a prepared ``data_dir`` without
   downloading. tfds ``train[:P%]`` becomes ``train`` and ``train[P%:]`` becomes ``val`` with
   ``P = 100 * (1 - val_fraction)``; ``test`` is tfds ``test`` (cifar) or ``validation`` (imagenet2012).
@@ -164,12 +166,14 @@ def _digits_sizes(val_fraction: float) -> tuple[int, int]:
     return pool - n_val, n_val
 
 
-def _load_digits(val_fraction, seed, max_train, max_eval) -> tuple[Split, Split, Split]:
+_DIGITS_KEYS = ("x_train", "x_val", "x_test", "y_train", "y_val", "y_test")
+
+
+def _split_digits(n_val: int, seed: int) -> dict:
     """scikit-learn digits: fixed stratified test split, then a seeded stratified train/val split."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
-    _, n_val = _digits_sizes(val_fraction)
     digits = load_digits()
     images = digits.images.astype(np.float32)[..., None]  # [1797, 8, 8, 1], intensities 0..16
     labels = digits.target.astype(np.int32)
@@ -181,6 +185,76 @@ def _load_digits(val_fraction, seed, max_train, max_eval) -> tuple[Split, Split,
     x_train, x_val, y_train, y_val = train_test_split(
         x_pool, y_pool, test_size=n_val, stratify=y_pool, random_state=seed
     )
+    return dict(zip(_DIGITS_KEYS, (x_train, x_val, x_test, y_train, y_val, y_test)))
+
+
+def _digits_cache_path(n_val: int, seed: int):
+    """Where the splits for (n_val, seed) are kept: ``<cache root>/data/digits-<hash>.npz``, named by the split
+    sizes, the seed and scikit-learn's version (its data and its splitting); None when jmsnas keeps nothing
+    between runs (``JMSNAS_COMPILE_CACHE=0``)."""
+    import hashlib
+    import importlib.metadata
+
+    from jmsnas import cache
+
+    try:
+        if not cache.requested():
+            return None
+        version = importlib.metadata.version("scikit-learn")
+    except (ValueError, importlib.metadata.PackageNotFoundError):
+        return None
+    key = hashlib.sha256(f"digits|{_DIGITS_TOTAL}|{_DIGITS_TEST}|{n_val}|{seed}|{version}".encode()).hexdigest()
+    return cache.root() / "data" / f"digits-{key[:32]}.npz"
+
+
+def _read_digits(path, n_val: int):
+    """The stored splits, or None when the file is missing or not what (n_val) implies."""
+    n_train = _DIGITS_TOTAL - _DIGITS_TEST - n_val
+    shapes = {"x_train": (n_train, 8, 8, 1), "x_val": (n_val, 8, 8, 1), "x_test": (_DIGITS_TEST, 8, 8, 1),
+              "y_train": (n_train,), "y_val": (n_val,), "y_test": (_DIGITS_TEST,)}
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            arrays = {k: f[k] for k in _DIGITS_KEYS}
+    except (OSError, KeyError, ValueError, EOFError):
+        return None
+    for k, a in arrays.items():
+        if a.shape != shapes[k] or a.dtype != (np.float32 if k[0] == "x" else np.int32):
+            return None
+    return arrays
+
+
+def _write_digits(path, arrays: dict) -> None:
+    """Store the splits atomically (a temporary file, then a rename); a directory that cannot be written is
+    skipped (the splits are made again next time)."""
+    import tempfile
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=path.parent)
+    except OSError:
+        return
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _load_digits(val_fraction, seed, max_train, max_eval) -> tuple[Split, Split, Split]:
+    """The digits splits (``_split_digits``), kept under the cache root after the first time, so that a later
+    run neither imports scikit-learn (about a second) nor splits again."""
+    _, n_val = _digits_sizes(val_fraction)
+    path = _digits_cache_path(n_val, seed)
+    arrays = _read_digits(path, n_val) if path is not None else None
+    if arrays is None:
+        arrays = _split_digits(n_val, seed)
+        if path is not None:
+            _write_digits(path, arrays)
+    x_train, x_val, x_test, y_train, y_val, y_test = (arrays[k] for k in _DIGITS_KEYS)
     return (
         Split(x_train[:max_train], y_train[:max_train]),
         Split(x_val[:max_eval], y_val[:max_eval]),

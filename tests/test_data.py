@@ -285,3 +285,58 @@ def test_memory_guard_refuses_loads_larger_than_half_of_memory(monkeypatch):
     data._check_memory("cifar10", builder, wanted, 16)
     # sizes unknown (not prepared or mocked): nothing to check
     data._check_memory("cifar10", _fake_builder({}), wanted, None)
+
+
+# ---------------------------------------------------------------- digits kept between runs
+
+
+def test_kept_digits_equal_a_fresh_split_and_need_no_sklearn(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    # a position-weighted sum per split: equal only for the same images and labels in the same order
+    probe = ("import json, sys, numpy as np\n"
+             "from jmsnas import data\n"
+             "ds = data.load('digits', seed=int(sys.argv[1]))\n"
+             "w = lambda s: np.arange(1, len(s.labels) + 1)\n"
+             "sums = [float(np.sum(s.images * w(s)[:, None, None, None]) + np.sum(s.labels * w(s)))\n"
+             "        for s in (ds.train, ds.val, ds.test)]\n"
+             "print(json.dumps({'sklearn': 'sklearn' in sys.modules, 'sums': sums}))\n")
+    env = dict(os.environ, JMSNAS_CACHE_DIR=str(tmp_path / "root"))
+    env.pop("JMSNAS_COMPILE_CACHE", None)
+
+    def run(seed, **extra):
+        out = subprocess.run([sys.executable, "-c", probe, str(seed)], env=dict(env, **extra), capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    first, second = run(0), run(0)
+    assert first["sklearn"] and not second["sklearn"]  # the second run reads the kept splits
+    assert second["sums"] == first["sums"]
+    assert run(1)["sums"] != first["sums"]  # another seed: another split, kept apart
+    assert len(list((tmp_path / "root" / "data").glob("digits-*.npz"))) == 2
+    off = run(2, JMSNAS_COMPILE_CACHE="0")
+    assert off["sklearn"] and len(list((tmp_path / "root" / "data").glob("digits-*.npz"))) == 2
+
+
+def test_kept_digits_damaged_or_missing_are_made_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("JMSNAS_CACHE_DIR", str(tmp_path / "root"))
+    monkeypatch.delenv("JMSNAS_COMPILE_CACHE", raising=False)
+    fresh = data._split_digits(229, 0)
+    got = data._load_digits(0.15, 0, None, None)
+    (path,) = (tmp_path / "root" / "data").glob("digits-*.npz")
+    for split, (x, y) in zip(got, (("x_train", "y_train"), ("x_val", "y_val"), ("x_test", "y_test"))):
+        np.testing.assert_array_equal(split.images, fresh[x])
+        np.testing.assert_array_equal(split.labels, fresh[y])
+    for damage in (b"not an npz", None):
+        if damage is None:
+            np.savez(path, x_train=np.zeros((3, 8, 8, 1), np.float32))  # a readable file of the wrong content
+        else:
+            path.write_bytes(damage)
+        assert data._read_digits(path, 229) is None
+        again = data._load_digits(0.15, 0, None, None)
+        np.testing.assert_array_equal(again[0].images, fresh["x_train"])
+        assert data._read_digits(path, 229) is not None  # replaced
