@@ -8,6 +8,8 @@ The cache root is ``$JMSNAS_CACHE_DIR``, else ``$XDG_CACHE_HOME/jmsnas``, else `
 - ``<root>/native/``: the C++ kernels of :mod:`jmsnas.native`, named by a hash of their sources and compiler.
 - ``<root>/programs/``: the traced programs of the commands' steps (:mod:`jmsnas.programs`), so that a rerun
   skips tracing and lowering them as well; kept only while the compilation cache is on.
+- ``<root>/data/``: the embedded digits' splits (:mod:`jmsnas.data`), so that a rerun need not import
+  scikit-learn to make them again.
 
 Every ``jmsnas`` command turns the compilation cache on (:func:`enable_compilation_cache`); ``--no-compile-cache``
 or ``JMSNAS_COMPILE_CACHE=0`` leave it off. A library user calls :func:`enable_compilation_cache` once before the
