@@ -50,7 +50,7 @@ _PACKAGES = ("jax", "jaxlib", "optax", "flax", "chex", "numpy")
 _IGNORED_OPTION_WORDS = ("cache", "log", "explain", "dump", "debug_info")
 
 _lock = threading.Lock()
-_environment: list = []  # [digest] once computed
+_environment: list = []  # [digest of the sources and versions] once computed
 _registered: set = set()
 
 
@@ -112,14 +112,11 @@ def _package_sources() -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.suffix in (".py", ".cc", ".h") and p.is_file())
 
 
-def environment_digest() -> str:
-    """The hash of what shapes a trace besides a step's own arguments (see the module docstring); computed once
-    per process. On the CPU backend it loads the native kernels, which a stored program may call."""
+def _installed_digest() -> str:
+    """The hash of the package's source files and the libraries' versions (fixed for a process: computed once)."""
     with _lock:
         if _environment:
             return _environment[0]
-    from jmsnas import native
-
     h = hashlib.sha256()
     root = Path(__file__).resolve().parent
     for path in _package_sources():
@@ -130,6 +127,19 @@ def environment_digest() -> str:
         except importlib.metadata.PackageNotFoundError:
             version = None
         h.update(f"{pkg}={version};".encode())
+    with _lock:
+        if not _environment:
+            _environment.append(h.hexdigest())
+        return _environment[0]
+
+
+def environment_digest() -> str:
+    """The hash of what shapes a trace besides a step's own arguments (see the module docstring). The options,
+    variables and devices are read at every call (a notebook may change them between runs); on the CPU backend
+    it loads the native kernels, which a stored program may call."""
+    from jmsnas import native
+
+    h = hashlib.sha256(_installed_digest().encode())
     for key in sorted(jax.config.values):
         if not any(word in key for word in _IGNORED_OPTION_WORDS):
             h.update(f"{key}={jax.config.values[key]!r};".encode())
@@ -139,10 +149,7 @@ def environment_digest() -> str:
     backend = jax.default_backend()
     h.update(f"backend={backend};devices={[d.device_kind for d in jax.devices()]};".encode())
     h.update(f"native={native.load() if backend == 'cpu' else None};".encode())
-    with _lock:
-        if not _environment:
-            _environment.append(h.hexdigest())
-        return _environment[0]
+    return h.hexdigest()
 
 
 def _register_namedtuples(tree) -> None:

@@ -212,3 +212,15 @@ def test_next_process_skips_the_trace(tmp_path):
     other = _run_probe(tmp_path, "4")  # another identity: traced and stored anew
     assert other["traces"] == 1 and other["y"] != first["y"]
     assert len(list((tmp_path / "root" / "programs").glob("probe.step-*.jaxprog"))) == 2
+
+
+def test_environment_digest_follows_options_and_variables(monkeypatch):
+    before = programs.environment_digest()
+    assert programs.environment_digest() == before
+    monkeypatch.setenv("JMSNAS_SOMETHING_NEW", "1")
+    assert programs.environment_digest() != before
+    monkeypatch.delenv("JMSNAS_SOMETHING_NEW")
+    monkeypatch.setenv(cache.ENV_DIR, "/elsewhere")  # where things are kept does not change a program
+    assert programs.environment_digest() == before
+    with jax.default_matmul_precision("highest"):
+        assert programs.environment_digest() != before
