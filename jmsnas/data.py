@@ -224,24 +224,16 @@ def _read_digits(path, n_val: int):
 
 
 def _write_digits(path, arrays: dict) -> None:
-    """Store the splits atomically (a temporary file, then a rename); a directory that cannot be written is
-    skipped (the splits are made again next time)."""
-    import tempfile
+    """Store the splits atomically (``safeio.atomic_write``); a directory that cannot be written is skipped (the
+    splits are made again next time)."""
+    from jmsnas import safeio
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=path.parent)
-    except OSError:
-        return
-    try:
-        with os.fdopen(fd, "wb") as f:
+        with safeio.atomic_write(path, "wb") as f:
             np.savez(f, **arrays)
-        os.replace(tmp, path)
     except OSError:
         pass
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def _load_digits(val_fraction, seed, max_train, max_eval) -> tuple[Split, Split, Split]:

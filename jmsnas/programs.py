@@ -32,7 +32,6 @@ import enum
 import hashlib
 import importlib.metadata
 import os
-import tempfile
 import threading
 import warnings
 from pathlib import Path
@@ -41,7 +40,7 @@ import jax
 import numpy as np
 from jax import export
 
-from jmsnas import cache, timing
+from jmsnas import cache, safeio, timing
 
 MAX_BYTES = 512 * 1024 ** 2  # the main job's five steps take 1.1 MB
 SUFFIX = ".jaxprog"
@@ -188,14 +187,8 @@ def _native_checks():
 
 def _write(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=SUFFIX, dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with safeio.atomic_write(path, "wb") as f:  # its temporary name does not end in SUFFIX: _bound skips it
+        f.write(data)
     _bound(path.parent, keep=path)
 
 
@@ -232,11 +225,10 @@ class _Persistent:
         self._jitted, self._name, self._donate = jitted, name, donate_argnums
         self._local = threading.local()
         self._outer = jax.jit(self._trace, donate_argnums=donate_argnums)
-        self.why_plain = None  # why the last trace ran the step as plain jax.jit, if it did
         try:
             self._identity = digest((name, identity))
-        except TypeError as e:
-            self._identity, self.why_plain = None, str(e)
+        except TypeError:  # a closure value without a content hash: plain jax.jit
+            self._identity = None
         self.__name__ = name
         self.__wrapped__ = jitted
 
@@ -261,8 +253,7 @@ class _Persistent:
         path = directory() / f"{self._name}-{key[:40]}{SUFFIX}"
         try:
             _register_namedtuples(args)
-        except Exception as e:  # noqa: BLE001 - a tree export cannot describe runs as plain jit
-            self.why_plain = f"its arguments cannot be serialized: {e}"
+        except Exception:  # noqa: BLE001 - a tree export cannot describe runs as plain jit
             return None
         exported = self._load(path)
         if exported is not None:
@@ -270,8 +261,7 @@ class _Persistent:
         try:
             exported = export.export(self._jitted, disabled_checks=_native_checks())(*args)
             data = exported.serialize()
-        except Exception as e:  # noqa: BLE001 - callbacks, effects, unserializable outputs: plain jit
-            self.why_plain = f"jax.export cannot take it: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        except Exception:  # noqa: BLE001 - callbacks, effects, unserializable outputs: plain jit
             return None
         try:
             _write(path, bytes(data))
