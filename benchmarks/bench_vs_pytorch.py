@@ -31,7 +31,7 @@ x3 for a weight step (forward, input and weight gradients), x2 for an arch step 
 x1 for a forward. They are the useful FLOPs of the sampled candidates, the work PyTorch does.
 
 XLA flags must be set before jax is imported: ``--xla-vector-width`` sets ``--xla_cpu_prefer_vector_width``.
-``--allocator``: ``default`` runs jmsnas as a user gets it (``jmsnas.hostmem.keep_step_memory``: steps on the
+``--allocator``: ``default`` runs jmsnas as the command runs it (``jmsnas.hostmem.apply``, i.e. ``keep_step_memory``: steps on the
 calling thread, large blocks kept in its untrimmed heap; one process, so PyTorch's main-thread allocations share
 that heap setting); ``off`` is ``JMSNAS_KEEP_FREED_MEMORY=0`` (glibc and JAX's dispatch left as they are);
 ``keep`` is ``JMSNAS_KEEP_FREED_MEMORY=1`` (one untrimmed heap for every thread). Page faults per step are printed
@@ -64,7 +64,9 @@ def _early_flags() -> None:
 
 _early_flags()
 
-import jmsnas  # noqa: E402,F401  (first: applies JMSNAS_KEEP_FREED_MEMORY before any thread allocates)
+import jmsnas.hostmem  # noqa: E402
+
+jmsnas.hostmem.apply()  # first, as the jmsnas command does: JMSNAS_KEEP_FREED_MEMORY's setting before JAX allocates
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -384,7 +386,7 @@ def main() -> None:
     p.add_argument("--xla-vector-width", type=int, default=None, help="sets --xla_cpu_prefer_vector_width")
     p.add_argument("--no-check", action="store_true", help="skip the value check of the torch reference")
     p.add_argument("--allocator", choices=("default", "off", "keep"), default="default",
-                   help="default: jmsnas as a user gets it (jmsnas.hostmem.keep_step_memory); off: "
+                   help="default: jmsnas as the command runs it (jmsnas.hostmem.apply); off: "
                         "JMSNAS_KEEP_FREED_MEMORY=0; keep: JMSNAS_KEEP_FREED_MEMORY=1 (one untrimmed heap)")
     p.add_argument("--layers-per-device", type=int, nargs=4, default=[2, 2, 2, 2],
                    help="searchable layers per device of the chain (5 5 5 5: experiments/configs/cifar_chain.py)")

@@ -28,6 +28,8 @@ def _available():
 
 
 def main(argv=None) -> int:
+    if not _host_settings():
+        return 2
     parser = argparse.ArgumentParser(prog="jmsnas", description=__doc__)
     parser.add_argument("--no-compile-cache", action="store_true",
                         help="compile every step anew (default: reuse executables from the persistent compilation "
@@ -59,6 +61,18 @@ def _closed_stdout() -> int:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     return 141
+
+
+def _host_settings() -> bool:
+    """The command's host-memory and dispatch settings (jmsnas.hostmem.apply), before any command module can start
+    JAX; False on a bad JMSNAS_KEEP_FREED_MEMORY. A library import sets nothing: only the command does this."""
+    from jmsnas import hostmem
+    try:
+        hostmem.apply()
+    except ValueError as e:
+        print(f"jmsnas: error: {e}", file=sys.stderr)
+        return False
+    return True
 
 
 def _compile_cache(on: bool) -> bool:

@@ -11,12 +11,11 @@ The cost: the process keeps its peak heap size until it exits.
 It is opt-in, because one arena also has a price: threads that allocate at the same time wait for each other.
 XLA's compiler does, and compiling a supernet step took ~25% longer with it (the README's main job, small images
 and compile-bound, 62 → 74 s), while the steps themselves ran up to 1.5x faster on 32x32 images (README benchmark).
-``JMSNAS_KEEP_FREED_MEMORY=1`` applies it when jmsnas is imported; :func:`keep_freed_memory` applies it on call.
+``JMSNAS_KEEP_FREED_MEMORY=1`` makes :func:`apply` choose it; :func:`keep_freed_memory` applies it on call.
 Either must come before JAX creates its CPU client (the first array or jit call), because threads that already
 own an arena keep it. Only glibc (Linux) has these settings; elsewhere nothing is changed.
 
-The default (``JMSNAS_KEEP_FREED_MEMORY`` unset): :func:`keep_step_memory`, applied when jmsnas is imported,
-gets the same steady heap without one shared arena, so XLA's compiler threads keep theirs. JAX's CPU client runs
+The default (``JMSNAS_KEEP_FREED_MEMORY`` unset): :func:`keep_step_memory` gets the same steady heap without one shared arena, so XLA's compiler threads keep theirs. JAX's CPU client runs
 each computation on the thread that calls it (``jax_cpu_enable_async_dispatch=False``; the calling thread
 waits for the step, which the search loop does within a few steps anyway), so XLA allocates a step's temporaries
 from the main thread's arena, the main heap; and glibc is told to serve large blocks from that heap rather than
@@ -25,6 +24,13 @@ once on the main arena whenever they are made, and neither touches the other thr
 faults: blocks that XLA's worker threads allocate themselves inside a kernel (in their own arenas) and
 computations over several devices, which JAX dispatches asynchronously whatever the setting.
 ``JMSNAS_KEEP_FREED_MEMORY=0`` leaves glibc and JAX's dispatch as they are; ``=1`` applies the full setting above.
+
+Importing jmsnas changes none of this: the process belongs to its caller. The ``jmsnas`` command calls
+:func:`apply` first thing, before JAX starts; a program that uses the library and wants the same fast CPU steps
+calls it too, before its first JAX array::
+
+    import jmsnas.hostmem
+    jmsnas.hostmem.apply()   # what the jmsnas command does; JMSNAS_KEEP_FREED_MEMORY chooses the setting
 """
 from __future__ import annotations
 
@@ -59,6 +65,21 @@ def _setting() -> str | None:
                          f"for every thread) or unset (the default: steps on the calling thread's untrimmed heap), "
                          f"got {value!r}")
     return value
+
+
+def apply() -> dict:
+    """The jmsnas command's host settings, chosen by ``JMSNAS_KEEP_FREED_MEMORY`` (module doc): unset,
+    :func:`keep_step_memory`; ``1``, :func:`keep_freed_memory`; ``0``, nothing. Call it before JAX's first array.
+
+    Returns {"one_heap": whether keep_freed_memory is in force, "dispatch": whether JAX's CPU dispatch is
+    synchronous by it, "heap": whether glibc's main heap keeps large freed blocks by it}. Raises ValueError naming a
+    bad ``JMSNAS_KEEP_FREED_MEMORY`` value.
+    """
+    if requested():
+        return {"one_heap": keep_freed_memory(), "dispatch": False, "heap": False}
+    if forbidden():
+        return {"one_heap": False, "dispatch": False, "heap": False}
+    return {"one_heap": False, **keep_step_memory()}
 
 
 def requested() -> bool:
@@ -103,7 +124,8 @@ def keep_freed_memory() -> bool:
     if ok and _backends_exist():
         warnings.warn("jmsnas.hostmem.keep_freed_memory() ran after JAX created its backends: XLA's worker "
                       "threads keep their own malloc arenas, so its per-step temporaries are still mapped afresh "
-                      f"every step (slower on CPU). Import jmsnas ({ENV}=1) or call it before JAX's first array, "
+                      f"every step (slower on CPU). Call it (or jmsnas.hostmem.apply() with {ENV}=1) before JAX's first "
+                      f"array, "
                       f"or set {ENV}=0 to silence this.", RuntimeWarning, stacklevel=2)
     return ok
 
@@ -122,8 +144,8 @@ def keep_step_memory() -> dict:
     Returns {"dispatch": whether JAX's CPU dispatch is synchronous, "heap": whether glibc's main heap keeps large
     freed blocks}; both False with ``JMSNAS_KEEP_FREED_MEMORY=0``. Synchronous dispatch can only be chosen before
     JAX creates its CPU client (later, "dispatch" reports the flag as it stands; a user who wants asynchronous
-    dispatch back sets ``jax.config.update("jax_cpu_enable_async_dispatch", True)`` after importing jmsnas). The
-    heap part works at any time.
+    dispatch back sets ``jax.config.update("jax_cpu_enable_async_dispatch", True)`` after calling it). The heap
+    part works at any time.
     """
     if _step_memory:
         return dict(_step_memory)
