@@ -17,6 +17,7 @@ COMMANDS = {
     "autosplit": "autosplit",
     "export": "deploy", "pipeline": "deploy",
     "separable": "separable",
+    "measure": "tables", "adapt": "tables", "validate": "tables",
 }
 
 

@@ -1,0 +1,201 @@
+"""``jmsnas measure``, ``jmsnas adapt`` and ``jmsnas validate``: per-layer latency tables for devices we do not
+have, and how well any table predicts measured networks.
+
+    jmsnas measure --space fbnet_c100 --networks 10 --out nets.json [--remote HOST:PORT] [--seed 0] [--reps 20]
+    jmsnas adapt --table BASE --measured nets.json --out target.json [--device NAME]
+    jmsnas validate --table TABLE (--measured nets.json | --networks N [--remote HOST:PORT]) [--json OUT]
+                    [--plot OUT.png] [--no-record]
+
+``measure`` times N random whole networks of the space here, or on a timer at HOST:PORT (``python -m
+jmsnas.deploy.timer --listen HOST:PORT`` on the target: each network goes there as a ``jax.export`` program), and
+writes them as a measured-networks file (jmsnas/cost/networks.py). ``adapt`` fits the target's table from a base
+table and such a file (the model and its choice by leave-one-out: jmsnas/cost/adapt.py) and writes an ordinary
+table file. ``validate`` compares a table with measured networks (a file, or N random networks measured now) and
+reports % within +-10%, MAPE, median/max error, bias, Spearman and Kendall (jmsnas/cost/accuracy.py); unless
+``--no-record``, the report is stored in the table file (``validation``). A TABLE is a per-layer table file
+(jmsnas/cost/layertable.py) or HELP's relative-form file with the device after a colon
+(``fbnet_lut_pixel3_raspi4.json:raspi4``). Errors print one ``jmsnas CMD: error: ...`` line and exit with 2,
+before anything is written.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+
+from jmsnas import safeio
+
+
+def add_parser(sub) -> None:
+    doc = __doc__.split("\n\n")[0]
+    m = sub.add_parser("measure", help="time random whole networks of a space here or on a remote timer",
+                       description=doc)
+    m.add_argument("--space", default="fbnet_c100", help="registered space (jmsnas.spaces; default fbnet_c100)")
+    m.add_argument("--networks", type=int, required=True, help="how many random networks")
+    m.add_argument("--out", required=True, help="measured-networks file to write (JSON)")
+    m.add_argument("--remote", default=None, help="HOST:PORT of a timer (python -m jmsnas.deploy.timer)")
+    m.add_argument("--device", default=None, help="name of the device measured (default: here, or HOST:PORT)")
+    m.add_argument("--seed", type=int, default=0)
+    _timing_flags(m)
+    a = sub.add_parser("adapt", help="a device's latency table from a base table and a few measured networks",
+                       description=doc)
+    a.add_argument("--table", required=True, help="base table: table file, or HELP's file:DEVICE")
+    a.add_argument("--measured", required=True, help="measured-networks file of the target device")
+    a.add_argument("--out", required=True, help="target table file to write (JSON)")
+    a.add_argument("--device", default=None, help="name of the target device (default: the measured file's)")
+    v = sub.add_parser("validate", help="how well a latency table predicts measured networks", description=doc)
+    v.add_argument("--table", required=True, help="table file, or HELP's file:DEVICE")
+    v.add_argument("--measured", default=None, help="measured-networks file to compare with")
+    v.add_argument("--networks", type=int, default=None, help="or: measure N random networks now")
+    v.add_argument("--remote", default=None, help="with --networks: HOST:PORT of a timer")
+    v.add_argument("--seed", type=int, default=1)
+    v.add_argument("--json", default=None, help="write the report here")
+    v.add_argument("--plot", default=None, help="write a scatter plot (PNG) here")
+    v.add_argument("--no-record", action="store_true", help="do not store the report in the table file")
+    _timing_flags(v)
+
+
+def _timing_flags(p) -> None:
+    p.add_argument("--reps", type=int, default=20, help="timed calls per network (median kept; default 20)")
+    p.add_argument("--batch", type=int, default=1, help="images per call (default 1)")
+
+
+def _fail(cmd: str, message) -> int:
+    print(f"jmsnas {cmd}: error: {safeio.clip(message, 600)}", file=sys.stderr)
+    return 2
+
+
+def load_table(spec: str):
+    """A LayerTable from a table file or ``HELP_FILE:DEVICE``; (table, path of a file it may be recorded in)."""
+    from jmsnas.cost import layertable as LT
+    path, sep, device = spec.rpartition(":")
+    if sep and path and os.path.isfile(path) and not os.path.isfile(spec):
+        from jmsnas.fbnet import help as H
+        tables = H.tables(os.path.dirname(path) or ".") if os.path.basename(path) == H.LUT_FILE else None
+        if tables is None:
+            raise LT.TableError(f"{path!r}: only HELP's {H.LUT_FILE} takes a :DEVICE suffix")
+        if device not in tables:
+            raise LT.TableError(f"{path!r} has no device {device!r}; devices are {sorted(tables)}")
+        return tables[device], None
+    return LT.load(spec), spec
+
+
+def _check_out(path: str) -> None:
+    d = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(d):
+        raise ValueError(f"output directory {d!r} does not exist")
+
+
+def _check_counts(args) -> None:
+    for name in ("networks", "reps", "batch"):
+        v = getattr(args, name, None)
+        low = 2 if name == "networks" and args.command == "validate" else 1
+        if v is not None and v < low:
+            raise ValueError(f"--{name} must be an integer >= {low}, got {v}")
+
+
+def measure_networks(space, archs, args) -> np.ndarray:
+    """Median ms of each network, here or on ``args.remote``."""
+    from jmsnas.fbnet import measure
+    if args.remote:
+        from jmsnas.deploy import timer
+        timer.parse_address(args.remote)
+        return np.array(timer.time_programs(args.remote, [measure.export_network(space, a, args.batch)
+                                                          for a in archs], reps=args.reps))
+    return measure.measure_networks(space, archs, batch=args.batch, reps=args.reps)
+
+
+def _random_archs(space, n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, len(space.op_names), (n, space.num_layers))
+
+
+def run(args) -> int:
+    from jmsnas.cost import layertable as LT
+    try:
+        _check_counts(args)
+        if args.command == "measure":
+            return _measure(args)
+        if args.command == "adapt":
+            return _adapt(args)
+        return _validate(args)
+    except (LT.TableError, ValueError) as e:
+        return _fail(args.command, e)
+
+
+def _measure(args) -> int:
+    from jmsnas import spaces
+    from jmsnas.cost import networks as NW
+    from jmsnas.deploy import timer
+    space = spaces.get(args.space)
+    if args.remote:
+        timer.parse_address(args.remote)
+    _check_out(args.out)
+    archs = _random_archs(space, args.networks, args.seed)
+    ms = measure_networks(space, archs, args)
+    device = args.device or (args.remote or "here")
+    NW.save(NW.make(archs, ms, space.op_names, space=space.name, device=device,
+                    info={"seed": args.seed, "reps": args.reps, "batch": args.batch}), args.out)
+    print(f"measured {len(ms)} networks of {space.name} on {device}: {np.min(ms):.3f}-{np.max(ms):.3f} ms "
+          f"(median {np.median(ms):.3f}); wrote {args.out}")
+    return 0
+
+
+def _adapt(args) -> int:
+    from jmsnas.cost import adapt, networks as NW
+    from jmsnas.cost import layertable as LT
+    base, _ = load_table(args.table)
+    measured = NW.load(args.measured)
+    _check_out(args.out)
+    out = adapt.adapt(base, measured, device=args.device)
+    LT.save(out, args.out)
+    a = out.adaptation
+    lam = "inf (single factor)" if a["lambda"] is None else f"{a['lambda']:g}"
+    loo = "n/a (one network)" if a["loo_mape_pct"] is None else f"{a['loo_mape_pct']:.2f}% (max {a['loo_max_pct']:.2f}%)"
+    print(f"adapted {base.device} -> {out.device} from {a['networks']} networks: types {a['grouping']}, "
+          f"lambda {lam}; leave-one-out MAPE {loo}")
+    print("scales: const x" + f"{a['theta_const']:.4g}; " + "; ".join(f"{k} x{v:.4g}" for k, v in a["theta"].items()))
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _validate(args) -> int:
+    from jmsnas import spaces
+    from jmsnas.cost import accuracy, networks as NW
+    from jmsnas.cost import layertable as LT
+    if (args.measured is None) == (args.networks is None):
+        raise ValueError("give exactly one of --measured FILE or --networks N")
+    if args.remote and args.networks is None:
+        raise ValueError("--remote needs --networks N (the networks to measure there)")
+    table, record = load_table(args.table)
+    for p in (args.json, args.plot):
+        if p:
+            _check_out(p)
+    if args.measured:
+        m = NW.load(args.measured)
+        archs, ms, where = NW.for_table(m, table), m.ms, f"{args.measured} ({m.device})"
+    else:
+        space = spaces.get(table.space)
+        archs = _random_archs(space, args.networks, args.seed)
+        ms = measure_networks(space, archs, args)
+        where = f"{len(ms)} random networks measured {'on ' + args.remote if args.remote else 'here'}"
+    if len(ms) < 2:
+        raise ValueError(f"need at least 2 measured networks to validate, got {len(ms)}")
+    pred = LT.predict_ms(table, archs)
+    rep = accuracy.report(pred, ms)
+    rep["against"] = where
+    print(f"{table.source} against {where}:")
+    print(f"  within ±10%: {rep['within_10pct']:.1f}%   MAPE {rep['mape_pct']:.2f}%   median error "
+          f"{rep['median_error_pct']:.2f}%   max {rep['max_error_pct']:.2f}%   bias {rep['bias_pct']:+.2f}%")
+    print(f"  Spearman {rep['spearman']:.3f}   Kendall {rep['kendall']:.3f}   (n = {rep['n']})")
+    if args.json:
+        with safeio.atomic_write(args.json) as f:
+            json.dump({**rep, "predicted_ms": pred.tolist(), "measured_ms": list(map(float, ms))}, f, indent=1)
+    if args.plot:
+        accuracy.scatter(args.plot, pred, ms, f"{table.device}: {rep['within_10pct']:.0f}% within ±10%, "
+                                              f"rho {rep['spearman']:.2f}")
+    if record and not args.no_record:
+        LT.save(table._replace(validation=rep), record)
+        print(f"  recorded in {record}")
+    return 0

@@ -1,0 +1,83 @@
+"""``jmsnas adapt`` / ``validate`` / ``measure`` on HELP's data, and the remote timer (jmsnas.deploy.timer)."""
+import json
+import os
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import export
+
+from jmsnas.cli import main
+from jmsnas.cost import layertable as LT
+from jmsnas.cost import networks as NW
+from jmsnas.deploy import timer
+from jmsnas.fbnet import help as H
+
+DATA = os.path.join(os.path.dirname(__file__), "data", "help_fbnet")
+HELP_PIXEL3 = os.path.join(DATA, H.LUT_FILE) + ":pixel3"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("nets")
+    data = H.load(DATA)
+    NW.save(H.measured(data, "titan_rtx_32", data["reference"]), d / "ten.json")
+    NW.save(H.measured(data, "titan_rtx_32", range(4000, 4100)), d / "test.json")
+    return d
+
+
+def test_adapt_then_validate_records_the_report(files, capsys):
+    out = files / "titan.json"
+    assert main(["adapt", "--table", HELP_PIXEL3, "--measured", str(files / "ten.json"), "--out", str(out)]) == 0
+    assert "leave-one-out MAPE" in capsys.readouterr().out
+    t = LT.load(out)
+    assert t.device == "titan_rtx_32" and t.adaptation["networks"] == 10
+    assert main(["validate", "--table", str(out), "--measured", str(files / "test.json"), "--json",
+                 str(files / "v.json"), "--plot", str(files / "v.png")]) == 0
+    rep = json.loads((files / "v.json").read_text())
+    t = LT.load(out)
+    assert t.validation["n"] == rep["n"] == 100 and t.validation["mape_pct"] == pytest.approx(rep["mape_pct"])
+    pred = LT.predict_ms(t, NW.load(files / "test.json").archs)
+    np.testing.assert_allclose(rep["predicted_ms"], pred)
+    assert os.path.getsize(files / "v.png") > 1000
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["adapt", "--table", HELP_PIXEL3 + "x", "--measured", "ten.json", "--out", "o.json"], "no device 'pixel3x'"),
+    (["adapt", "--table", HELP_PIXEL3, "--measured", "missing.json", "--out", "o.json"], "cannot read measured"),
+    (["adapt", "--table", HELP_PIXEL3, "--measured", "ten.json", "--out", "no/dir/o.json"], "does not exist"),
+    (["validate", "--table", HELP_PIXEL3], "exactly one of --measured FILE or --networks N"),
+    (["validate", "--table", HELP_PIXEL3, "--networks", "1"], "--networks must be an integer >= 2, got 1"),
+    (["measure", "--space", "nope", "--networks", "2", "--out", "o.json"], "unknown search space 'nope'"),
+    (["measure", "--networks", "2", "--out", "o.json", "--remote", "host"], "must be HOST:PORT"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(files, monkeypatch, capsys, argv, message):
+    monkeypatch.chdir(files)
+    before = sorted(os.listdir(files))
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert sorted(os.listdir(files)) == before
+
+
+def test_remote_timer_times_an_exported_program():
+    import socket
+    srv = socket.create_server(("127.0.0.1", 0))
+    port = srv.getsockname()[1]
+    srv.close()
+    th = threading.Thread(target=timer.serve, args=("127.0.0.1", port), kwargs={"announce": lambda *a, **k: None,
+                                                                               "sessions": 1}, daemon=True)
+    th.start()
+    prog = export.export(jax.jit(lambda x: jnp.tanh(x @ x)))(jax.ShapeDtypeStruct((16, 16), jnp.float32))
+    for _ in range(50):
+        try:
+            ms = timer.time_programs(f"127.0.0.1:{port}", [bytes(prog.serialize())] * 2, reps=3, warmup=0)
+            break
+        except ValueError:
+            threading.Event().wait(0.1)
+    assert len(ms) == 2 and all(0 < m < 1000 for m in ms)
+    th.join(5)
+    with pytest.raises(ValueError, match="cannot reach the timer"):
+        timer.time_programs(f"127.0.0.1:{port}", [b""], reps=1)
