@@ -65,10 +65,10 @@ def main(argv=None) -> int:
         child = subprocess.Popen([sys.executable, __file__, "--_child", "--archs", path, "--out", out,
                                   "--target-cpus", args.target_cpus, "--reps", str(args.reps),
                                   "--width", str(args.width)], env=env)
+        if child.wait() != 0:  # one configuration at a time: the two would compete for the cores
+            raise SystemExit("target measurement failed")
         base = measure.profile_table(sp, device="all_cores", reps=args.reps)
         base_here = measure.measure_networks(sp, archs[10:], reps=args.reps, seed=2)
-        if child.wait() != 0:
-            raise SystemExit("target measurement failed")
         target = NW.load(out)
     print(f"load average after: {os.getloadavg()}")
     samples = NW.make(target.archs[:10], target.ms[:10], sp.op_names, space=sp.name, device="one_core")

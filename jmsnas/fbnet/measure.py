@@ -25,10 +25,24 @@ from jmsnas.fbnet.space import FBNetSpace
 _KEY = 0  # weight values do not change timings
 
 
+def _fill(shapes):
+    """Arrays of ``shapes`` (a pytree of ShapeDtypeStructs) drawn in NumPy, scaled by 1/sqrt(fan-in) (values do not
+    change timings, but they must stay normal floats: denormals are slow on CPUs); batch-norm variances 1."""
+    rng = np.random.default_rng(_KEY)
+
+    def one(path, s):
+        name = jax.tree_util.keystr(path)
+        if "'var'" in name or "'scale'" in name:
+            return jnp.ones(s.shape, s.dtype)
+        fan = max(1, int(np.prod(s.shape[:-1])))
+        return jnp.asarray((rng.standard_normal(s.shape) / np.sqrt(fan)).astype(s.dtype))
+    return jax.tree_util.tree_map_with_path(one, shapes)
+
+
 def network_call(space: FBNetSpace, arch, batch: int = 1):
     """(jitted fn, args): the inference forward of network ``arch`` on a batch of ``batch`` images."""
     arch = tuple(int(i) for i in arch)
-    params, state = net.init(jax.random.PRNGKey(_KEY), space, arch)
+    params, state = _fill(jax.eval_shape(lambda: net.init(jax.random.PRNGKey(_KEY), space, arch)))
     x = jnp.ones((batch, space.image_size, space.image_size, space.in_channels), jnp.float32)
     fn = jax.jit(lambda p, s, x: net.apply(space, arch, p, s, x, train=False)[0])
     return fn, (params, state, x)
@@ -53,13 +67,13 @@ def measure_networks(space: FBNetSpace, archs, *, batch: int = 1, reps: int = 20
 
 def _block_call(space: FBNetSpace, n: int, i: int, batch: int):
     lay, b = space.layers[n], space.blocks[i]
-    p, s = net.block_init(jax.random.PRNGKey(_KEY), b, lay)
+    p, s = _fill(jax.eval_shape(lambda: net.block_init(jax.random.PRNGKey(_KEY), b, lay)))
     x = jnp.ones((batch, lay.in_hw, lay.in_hw, lay.in_ch), jnp.float32)
     return jax.jit(lambda p, s, x: net.block_apply(p, s, x, b, lay, train=False)[0]), (p, s, x)
 
 
 def _stem_head_call(space: FBNetSpace, batch: int):
-    params, state = net._stem_head_init(jax.random.PRNGKey(_KEY), space)
+    params, state = _fill(jax.eval_shape(lambda: net._stem_head_init(jax.random.PRNGKey(_KEY), space)))
     x = jnp.ones((batch, space.image_size, space.image_size, space.in_channels), jnp.float32)
     last = space.layers[-1]
 
