@@ -1,10 +1,12 @@
 """``jmsnas autosplit``: Auto-Split's split and mixed-precision bit widths of the edge part, with baselines.
 
-    jmsnas autosplit --model resnet50|RUN_DIR --topology autosplit|chain|mesh|splitnets --memory-mb 8
+    jmsnas autosplit --model resnet50|RUN_DIR|pkg.module:factory [--data FILE.npz] --topology autosplit|chain|mesh|splitnets --memory-mb 8
                      --max-accuracy-drop 0.01 [--bits 2,4,6,8,16] [--bandwidth MBPS ...] [--json]
                      [--write-parts DIR]
 
-``--model``: a zoo network (no trained weights: distortion from its shapes, see ``jmsnas.quant.autosplit``) or the
+``--model``: a model reference ``pkg.module:factory`` or ``file.py:factory`` (your own JAX model,
+docs/your_model.md; ``--data FILE.npz`` (images, labels) or ``--data tfds:NAME[:SPLIT] --data-dir DIR`` holds
+the evaluation data, its first half checks A, its second half reports), a zoo network (no trained weights: distortion from its shapes, see ``jmsnas.quant.autosplit``) or the
 workdir of a ``jmsnas search`` run (accuracy measured before and after quantization). ``--topology``: a preset;
 the edge is the first device of its chain, the cloud the last. ``--select-on val|test``: the split on which a
 candidate's accuracy drop is checked against A (run directories; default val). ``--memory-mb``: the edge memory limit M in MiB.
@@ -24,7 +26,11 @@ from jmsnas.topology import TopologyError
 def add_parser(sub) -> None:
     p = sub.add_parser("autosplit", help="Auto-Split: split + mixed-precision quantization of the edge part",
                        description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True, help="zoo network name or a jmsnas search workdir")
+    p.add_argument("--model", required=True, help="zoo network name, a jmsnas search workdir or a model reference "
+                   "pkg.module:factory (docs/your_model.md)")
+    p.add_argument("--data", default=None, help="evaluation data of a model reference: FILE.npz (images, labels) or "
+                   "tfds:NAME[:SPLIT]")
+    p.add_argument("--data-dir", default=None, help="tfds data directory for --data tfds:NAME")
     p.add_argument("--topology", required=True, help="topology preset: autosplit, chain, mesh, splitnets")
     p.add_argument("--memory-mb", type=float, required=True, help="edge memory limit M in MiB")
     p.add_argument("--max-accuracy-drop", type=float, required=True, help="A, a fraction (0.01 = 1 point)")
@@ -63,8 +69,9 @@ def text(out: dict) -> str:
         lines.append(f"note: {out['note']}")
     if "float_accuracy" in out:
         fa = out["float_accuracy"]
+        data = f" of {out['data']['source']}" if "data" in out else ""
         lines.append(f"float accuracy: val {fa['val']:.4f}, test {fa['test']:.4f}; A checked on the "
-                     f"{out['selected_on']} split")
+                     f"{out['selected_on']} split{data}")
     lines.append(f"potential splits P = {out['potential_splits']}; {out['candidates']} candidates, "
                  f"{out['candidates_checked']} checked for accuracy before one met A")
     for name, j in out["methods"].items():
@@ -94,7 +101,8 @@ def run(args) -> int:
         if args.write_parts and os.path.exists(args.write_parts) and os.listdir(args.write_parts):
             raise ValueError(f"--write-parts directory {args.write_parts!r} is not empty")
         out, (prob, chosen, ctx) = AS.autosplit(args.model, topo, args.memory_mb * 2**20, args.max_accuracy_drop,
-                                                bits, select_on=args.select_on)
+                                                bits, select_on=args.select_on, data=args.data,
+                                                data_dir=args.data_dir)
     except (ValueError, TopologyError) as e:
         return _fail(str(e))
     if args.write_parts:

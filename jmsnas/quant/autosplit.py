@@ -1,4 +1,5 @@
-"""Auto-Split end to end on a zoo network or a ``jmsnas search`` run: distortion tables, Algorithm 1, baselines.
+"""Auto-Split end to end on a zoo network, your own model or a ``jmsnas search`` run: distortion tables,
+Algorithm 1, baselines.
 
 ``autosplit(model, topology, memory_bytes, max_drop, bits)`` returns a JSON-ready dict with every method's split,
 per-layer bit widths, latency breakdown (ms), bytes sent and edge memory, and for a run its measured accuracy.
@@ -8,6 +9,8 @@ per-layer bit widths, latency breakdown (ms), bytes sent and edge memory, and fo
   validation split (float accuracy minus quantized accuracy, layers after the split in float; ``select_on="test"``
   checks A on the test split, the paper's protocol, where the evaluation set is the one A is stated on); the
   chosen solution and the baselines are then measured on both splits.
+* A model reference (``pkg.module:factory``, ``jmsnas.traced``) with evaluation data (``--data FILE.npz`` or
+  ``tfds:NAME``): the traced graph, its real weights, accuracy measured (``jmsnas.traced.quant``).
 * A zoo network has no trained weights: D^w comes from He-normal weights of each layer's real shape (fan-in and
   channels; at most 64 channels sampled), D^a from standard-normal samples of its output size (at most 65,536),
   both relative to the tensor's mean square (a noise-to-signal ratio). Accuracy cannot be measured, so the
@@ -116,9 +119,17 @@ def _check_fits(net, w_elems, memory_bytes: float, bits) -> None:
 SELECT_ON = ("val", "test")
 
 
-def prepare(model: str, topo: Topology, memory_bytes: float, bits, select_on: str = "val"):
-    """(problem, drop function, context dict) for a zoo name or a run directory; raises ValueError early."""
+def prepare(model: str, topo: Topology, memory_bytes: float, bits, select_on: str = "val", data=None,
+            data_dir=None):
+    """(problem, drop function, context dict) for a zoo name, a model reference (``jmsnas.traced``: your own
+    model, with evaluation ``data``) or a run directory; raises ValueError early."""
     bits = check_bit_set(bits)
+    from jmsnas.traced import quant as traced_quant
+    from jmsnas.traced.ref import UserModel, is_reference
+    if isinstance(model, UserModel) or (model not in zoo.NAMES and is_reference(model) and not os.path.isdir(model)):
+        return traced_quant.prepare(model, topo, memory_bytes, bits, select_on, data, data_dir, _check_fits)
+    if data is not None:
+        raise ValueError(f"--data is for model references (pkg.module:factory); {model!r} brings its own data")
     if model in zoo.NAMES:
         net = zoo.get(model)
         _check_fits(net, solver.folded_weight_elems(net), memory_bytes, bits)
@@ -148,20 +159,20 @@ def prepare(model: str, topo: Topology, memory_bytes: float, bits, select_on: st
             cache[s.key()] = ref - acc(split, s) if s.split else 0.0
         return cache[s.key()]
 
-    ctx = {"kind": "run", "name": fn.name, "run": run, "ranges": ranges, "acc": acc,
+    ctx = {"kind": "run", "name": fn.name, "run": run, "ranges": ranges, "acc": acc, "eval": {"val": val, "test": test},
            "float_accuracy": {"val": ref_val, "test": ref_test}, "result_test_accuracy":
            run.result.get("accuracy", {}).get("test")}
     return prob, drop, ctx
 
 
 def autosplit(model: str, topo: Topology, memory_bytes: float, max_drop: float, bits=(2, 4, 6, 8, 16),
-              latency_variants: bool = True, select_on: str = "val") -> dict:
+              latency_variants: bool = True, select_on: str = "val", data=None, data_dir=None) -> dict:
     """Runs Auto-Split and the baselines; returns (JSON-ready report, (problem, chosen solution, context))."""
     _check(memory_bytes, max_drop)
     if select_on not in SELECT_ON:
         raise ValueError(f"--select-on must be one of {list(SELECT_ON)}, got {select_on!r}")
     bits = check_bit_set(bits)
-    prob, drop, ctx = prepare(model, topo, memory_bytes, bits, select_on)
+    prob, drop, ctx = prepare(model, topo, memory_bytes, bits, select_on, data, data_dir)
     floor = solver.potential_splits(prob)
     cands = solver.candidates(prob, latency_variants)
     chosen, chosen_drop, tried = solver.select(cands, drop, max_drop)
@@ -180,16 +191,18 @@ def autosplit(model: str, topo: Topology, memory_bytes: float, max_drop: float, 
     for name, s in methods.items():
         j = _solution_json(s, prob)
         j["method"] = s.method
-        if ctx["kind"] == "run":
+        if "acc" in ctx:
             if j["fits_memory"]:
-                j["accuracy"] = {"val": ctx["acc"](ctx["run"].dataset.val, s),
-                                 "test": ctx["acc"](ctx["run"].dataset.test, s)}
+                j["accuracy"] = {k: ctx["acc"](split, s) for k, split in ctx["eval"].items()}
                 j["accuracy_drop"] = {k: ctx["float_accuracy"][k] - v for k, v in j["accuracy"].items()}
         else:
             j["relative_distortion"] = s.distortion
         out["methods"][name] = j
-    if ctx["kind"] == "run":
+    if "acc" in ctx:
         out["float_accuracy"] = ctx["float_accuracy"]
         out["selected_on"] = select_on
+    if ctx["kind"] == "run":
         out["search_result_test_accuracy"] = ctx["result_test_accuracy"]
+    if ctx["kind"] == "traced":
+        out["data"] = ctx["data"]
     return out, (prob, chosen, ctx)

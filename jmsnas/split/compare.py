@@ -20,6 +20,7 @@ the aggregator's chain, each sensor's link at its share of a shared bus); ``mesh
 from __future__ import annotations
 
 import json
+import os
 import math
 from typing import Callable, NamedTuple
 
@@ -86,10 +87,15 @@ def net_from_json(obj: dict, source: str = "<json>") -> NetSpec:
 
 
 def load_net(name_or_path: str) -> NetSpec:
-    """A zoo network by name, else a JSON network file (see ``net_from_json``) or a search run's result.json (its
+    """A zoo network by name, a model reference ``pkg.module:factory`` (``jmsnas.traced``: the traced layer graph
+    of your own JAX model), else a JSON network file (see ``net_from_json``) or a search run's result.json (its
     derived network, ``split.derived``)."""
     if name_or_path in zoo.NAMES:
         return zoo.get(name_or_path)
+    from jmsnas.traced import ref
+    if ref.is_reference(name_or_path) and not os.path.isfile(name_or_path):
+        from jmsnas.traced.trace import net_spec
+        return net_spec(name_or_path)  # your own model, traced (docs/your_model.md)
     try:
         with open(name_or_path, "r", encoding="utf-8") as f:
             obj = json.load(f)
