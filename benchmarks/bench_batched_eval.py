@@ -37,7 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jmsnas import evaluate as E
-from jmsnas import presets, supernet
+from jmsnas import supernet
+from jmsnas.topology import presets
 from jmsnas.cost.tables import analytic_table, head_flops, stem_flops
 from jmsnas.space import OPS, build_space, op_flops
 

@@ -35,7 +35,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from jmsnas import evaluate as E  # noqa: E402
-from jmsnas import presets, train  # noqa: E402
+from jmsnas import train  # noqa: E402
+from jmsnas.topology import presets
 from jmsnas.cost.tables import analytic_table  # noqa: E402
 from jmsnas.space import OPS, build_space, op_flops  # noqa: E402
 from jmsnas.topology import LinkProfile, make_topology  # noqa: E402

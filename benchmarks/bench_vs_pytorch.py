@@ -80,7 +80,8 @@ from bench_dwconv import median_seconds  # noqa: E402
 
 from jmsnas import gates as G  # noqa: E402
 from jmsnas import hostmem  # noqa: E402
-from jmsnas import presets, supernet, train  # noqa: E402
+from jmsnas import supernet, train  # noqa: E402
+from jmsnas.topology import presets
 from jmsnas.cost.latency import expected_latency  # noqa: E402
 from jmsnas.cost.tables import analytic_table, head_flops, stem_flops  # noqa: E402
 from jmsnas.objectives import cross_entropy, l2_norm_sq  # noqa: E402

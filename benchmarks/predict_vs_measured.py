@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from jmsnas import presets
+from jmsnas.topology import presets
 from jmsnas.cost import profile as P
 from jmsnas.space import OP_NAMES, build_space
 

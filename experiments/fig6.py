@@ -317,8 +317,9 @@ def network_rows(space, table, name: str, ops, accuracy: dict, t_const, splits, 
 
 def reference_rows(topo_name: str = "chain") -> list:
     """Zoo MobileNetV1/V2/V3-Large at 224x224x3 on the chain: cloud-only, edge-only, chain DP (latency only)."""
+    from jmsnas import topology
     from jmsnas.split import compare, zoo
-    topo = compare.topology(topo_name)
+    topo = topology.resolve(topo_name)
     rows = []
     for name in ("mobilenet_v1", "mobilenet_v2", "mobilenet_v3_large"):
         setup = compare.make_setup(zoo.get(name), topo)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 
 from jmsnas.split import compare, solvers, zoo
+from jmsnas.topology import presets
 
 BACKBONES = {"MobileNet-v2": "mobilenet_v2", "MNASNet-1.0": "mnasnet1_0", "EfficientNet-B0": "efficientnet_b0",
              "ResNet-152": "resnet152"}
@@ -80,7 +81,7 @@ def fmt(cells) -> str:
 
 def run() -> tuple:
     """{(method, backbone): SplitResult}, {backbone: (net, setup)}."""
-    topo = compare.splitnets_topology()
+    topo = presets.splitnets_preset()
     results, setups = {}, {}
     for label, name in BACKBONES.items():
         net = zoo.get(name)

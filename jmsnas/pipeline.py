@@ -21,7 +21,7 @@ import ml_collections
 import numpy as np
 from tqdm import tqdm
 
-from jmsnas import (budget, data, gates as G, presets, programs, report, runcheck, safeio, supernet, timing, topofile,
+from jmsnas import (budget, data, gates as G, programs, report, runcheck, safeio, supernet, timing, topology,
                     train)
 from jmsnas.checkpoint import CheckpointError, Checkpointer
 from jmsnas.cost.latency import arch_latency, best_chain_assignment, breakdown_dict
@@ -80,15 +80,9 @@ def validate_config(cfg) -> None:
 
 
 def resolve_topology(cfg) -> Topology:
-    """The topology ``cfg.topology`` names: a preset (``presets.TOPOLOGIES``) with ``cfg.layers_per_device``, or a
-    topology file (.yaml/.yml/.json, or a run's result.json) whose own layers_per_device wins."""
-    t, lpd = cfg.topology, cfg.get("layers_per_device")
-    if t in presets.TOPOLOGIES:
-        return presets.topology(t, lpd)
-    if topofile.is_file_name(t):
-        return topofile.load(t, lpd)
-    raise ConfigError(f"unknown topology {t!r}; expected a preset {sorted(presets.TOPOLOGIES)} or a topology "
-                      "file (.yaml, .yml or .json)")
+    """The topology ``cfg.topology`` names (``jmsnas.topology.resolve``): a preset with ``cfg.layers_per_device``,
+    or a topology file (.yaml/.yml/.json, or a run's result.json) whose own layers_per_device wins."""
+    return topology.resolve(cfg.topology, cfg.get("layers_per_device"))
 
 
 def build(cfg):
@@ -96,9 +90,9 @@ def build(cfg):
     (so the run's fingerprint covers the file's content); the space's per-device widths and strides are
     resampled to the topology's devices when the config gives another number (``space.adapt_schedule``)."""
     topo = resolve_topology(cfg)
-    if cfg.topology not in presets.TOPOLOGIES:
+    if cfg.topology not in topology.presets.TOPOLOGIES:
         with cfg.unlocked():
-            cfg.topology_resolved = topofile.to_dict(topo)
+            cfg.topology_resolved = topology.to_dict(topo)
     ds = cfg.space
     channels, strides = adapt_schedule(topo, tuple(ds.device_channels), tuple(ds.device_strides))
     space = build_space(topo, image_size=cfg.image_size_resolved, in_channels=cfg.channels_resolved,
@@ -391,7 +385,7 @@ def _finish(cfg, space, table, ds, mesh, rt, ops, assignment, fix, derived, hist
     names = space.topology.device_names
     params = jax.device_get(rt.params)
     result = {
-        "topology": space.topology.name, "topology_spec": topofile.to_dict(space.topology),
+        "topology": space.topology.name, "topology_spec": topology.to_dict(space.topology),
         "space": space_dict(space), "t_const_ms": float(cfg.t_const_ms),
         "architecture": [{"layer": s.index, "device": names[int(d)], "op": OP_NAMES[i]}
                          for s, i, d in zip(space.layers, ops, devices)],

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jmsnas import cli, configs, pipeline, supernet
+from jmsnas import cli, configs, pipeline, supernet, topology
 from jmsnas.quant import autosplit as AS, network, parts, solver
 from jmsnas.space import OP_NAMES, op_index
 from jmsnas.split import zoo
@@ -65,7 +65,7 @@ def test_written_parts_are_packed_and_reproduce_the_quantized_network(run_dir, t
     n = 5
     wbits, abits = (2, 3, 4, 16, 8), (8, 6, 4, 16, 3)
     sol = solver.Solution("autosplit", n, wbits, abits, 0, 0, 0, 0, 0, 0, 0)
-    topo = AS.topology("autosplit")
+    topo = topology.resolve("autosplit")
     m = parts.write_parts(fn, ranges, sol, str(tmp_path), topo)
     assert m["sent"] == [{"tensor": 4, "bits": 3, "bytes": -(-int(np.prod(fn.units[4].out_shape)) * 3 // 8)}]
     edge = np.load(tmp_path / "edge.npz")
@@ -158,13 +158,13 @@ def test_run_directory_without_config_is_refused(tmp_path, capsys):
 def test_result_json_with_topology_and_space_rebuilds_the_same_network(run_dir, tmp_path):
     """Runs written since result.json records topology_spec and space: the space comes from result.json."""
     import shutil
-    from jmsnas import topofile
+    from jmsnas import topology
     from jmsnas.pipeline import space_dict
     d, space = run_dir[0], run_dir[1]
     copy = tmp_path / "run"
     shutil.copytree(d, copy)
     result = json.loads((copy / "result.json").read_text())
-    result.update(topology_spec=topofile.to_dict(space.topology), space=space_dict(space))
+    result.update(topology_spec=topology.to_dict(space.topology), space=space_dict(space))
     (copy / "result.json").write_text(json.dumps(result))
     a, b = network.load_run(d).net, network.load_run(str(copy)).net
     assert a.units == b.units and a.input_shape == b.input_shape

@@ -251,7 +251,7 @@ def test_no_event_loop_tracebacks_after_a_failed_restore(tmp_path):  # K05, K11
 
 
 def test_nan_alpha_is_a_clear_error():  # C37, E05
-    from jmsnas import presets
+    from jmsnas.topology import presets
     from jmsnas.cost.tables import analytic_table
     from jmsnas.space import build_space
     sp = build_space(presets.chain_preset((1, 1, 1, 1)), image_size=8, in_channels=1, num_classes=10,
@@ -391,7 +391,7 @@ def test_short_never_expands_a_billion_laughs():
 
 @pytest.mark.parametrize("offset", [-2.2571, float("nan")])  # -2.26 ms: a fit seen under a load average of 21
 def test_noisy_network_offset_never_makes_a_latency_negative(tmp_path, offset):
-    from jmsnas import presets
+    from jmsnas.topology import presets
     from jmsnas.cost import build as B
     from jmsnas.cost import profile as P
     from jmsnas.space import build_space

@@ -8,7 +8,7 @@ import pytest
 
 from jmsnas import budget, gates
 from jmsnas.cost import latency, tables
-from jmsnas.presets import device
+from jmsnas.topology.presets import device
 from jmsnas.space import build_space
 from jmsnas.topology import LinkProfile, chain, make_topology
 

@@ -18,7 +18,8 @@ import jax
 import numpy as np
 import pytest
 
-from jmsnas import cli, ops as O, pipeline as main_job, presets
+from jmsnas import cli, ops as O, pipeline as main_job
+from jmsnas.topology import presets
 from jmsnas.cost.latency import arch_latency, breakdown_dict
 from jmsnas.cost.tables import analytic_table
 from jmsnas.deploy import links as L

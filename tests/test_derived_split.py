@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 import jax
 
-from jmsnas import presets, supernet
+from jmsnas import supernet
+from jmsnas.topology import presets
 from jmsnas.space import IDENTITY, OPS, build_space, op_flops, op_params
 from jmsnas.split import derived
 

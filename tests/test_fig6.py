@@ -13,7 +13,7 @@ import os
 import numpy as np
 import pytest
 
-from jmsnas import presets
+from jmsnas.topology import presets
 from jmsnas.cost.latency import arch_latency
 from jmsnas.cost.tables import analytic_table
 from jmsnas.space import NUM_OPS, OP_NAMES, build_space

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jmsnas import presets
+from jmsnas.topology import presets
 from jmsnas.cost import latency as L
 from jmsnas.cost.tables import CostTable, activation_bytes, analytic_table, from_compute, roofline_ms
 from jmsnas.space import NUM_OPS, build_space

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jmsnas import objectives as Obj
-from jmsnas import presets
+from jmsnas.topology import presets
 from jmsnas.cost.latency import expected_latency
 from jmsnas.cost.tables import analytic_table
 from jmsnas.space import NUM_OPS, build_space

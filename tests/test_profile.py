@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import yaml
 
-from jmsnas import cli, presets
+from jmsnas import cli
+from jmsnas.topology import presets
 from jmsnas.cost import profile as P
 from jmsnas.cost.build import build_table
 from jmsnas.cost.latency import arch_latency

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from jmsnas import budget, gates, safeio
 from jmsnas.cost import latency, lut, tables
-from jmsnas.presets import DEVICES, device
+from jmsnas.topology.presets import DEVICES, device
 from jmsnas.space import build_space
 from jmsnas.split import solvers
 from jmsnas.topology import DeviceProfile, LinkProfile, TopologyError, chain, make_topology

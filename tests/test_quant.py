@@ -12,7 +12,7 @@ from jmsnas.cost.memory import peak_memory_bytes
 from jmsnas.graph import LayerSpec, NetSpec
 from jmsnas.quant import packing, quantizers as Q, solver
 from jmsnas.split import zoo
-from jmsnas.split.compare import topology
+from jmsnas.topology import resolve as topology
 
 
 # ----------------------------------------------------------------------------------------------- packing

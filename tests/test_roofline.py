@@ -4,7 +4,8 @@ import pytest
 
 from jmsnas.cost import roofline
 from jmsnas.graph import LayerSpec, NetSpec
-from jmsnas.presets import DEVICES
+from jmsnas.topology import presets
+from jmsnas.topology.presets import DEVICES
 from jmsnas.split import zoo
 from jmsnas.topology import DeviceProfile, transfer_ms
 
@@ -46,17 +47,16 @@ def test_net_table_counts_every_producer():
 
 
 def test_presets():
-    assert set(DEVICES) <= set(roofline.NAMES)
-    assert roofline.preset("raspberry_pi4") is DEVICES["raspberry_pi4"]
+    assert presets.device("raspberry_pi4") is DEVICES["raspberry_pi4"]
     for name in ("splitnets_sensor", "splitnets_aggregator", "eyeriss", "tpu"):
-        d = roofline.preset(name)
+        d = presets.device(name)
         assert d.name == name and d.note
-    assert roofline.preset("splitnets_sensor").memory_bytes == 2 * 1024 ** 2
-    assert roofline.preset("eyeriss").mem_bandwidth_gbs == 1.0 and roofline.preset("tpu").mem_bandwidth_gbs == 13.0
-    with pytest.raises(ValueError, match="unknown roofline preset 'gpu'"):
-        roofline.preset("gpu")
-    table = roofline.net_latency_table(zoo.get("resnet18"), list(roofline.NAMES))
-    assert table.shape == (len(zoo.get("resnet18").layers), len(roofline.NAMES)) and np.all(table > 0)
+    assert presets.device("splitnets_sensor").memory_bytes == 2 * 1024 ** 2
+    assert presets.device("eyeriss").mem_bandwidth_gbs == 1.0 and presets.device("tpu").mem_bandwidth_gbs == 13.0
+    with pytest.raises(ValueError, match="unknown device preset 'gpu'"):
+        roofline.layer_latency_ms(zoo.get("resnet18").layers[0], "gpu")
+    table = roofline.net_latency_table(zoo.get("resnet18"), list(DEVICES))  # devices by preset name
+    assert table.shape == (len(zoo.get("resnet18").layers), len(DEVICES)) and np.all(table > 0)
 
 
 # SplitNets (paper 000) Table 4, weights and activations at 8 bits: all-on-sensor latency and the
@@ -79,8 +79,8 @@ def test_splitnets_presets_reproduce_table4(name):
 
 def test_splitnets_bus_share_matches_table4_raw_image_transfer():
     # 4 sensors at 25% of 1.2 Gb/s = 300 Mbit/s = 37.5 MB/s; a raw 3x224x224 8-bit image takes 4.01 ms (Table 4)
-    assert roofline.splitnets_sensor_link_mbps(4) == 300.0
-    assert transfer_ms(3 * 224 * 224, roofline.splitnets_sensor_link_mbps(4)) == pytest.approx(4.01, abs=0.005)
+    assert presets.splitnets_sensor_link_mbps(4) == 300.0
+    assert transfer_ms(3 * 224 * 224, presets.splitnets_sensor_link_mbps(4)) == pytest.approx(4.01, abs=0.005)
 
 
 def test_bad_inputs():

@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jmsnas import gates, presets, train
+from jmsnas import gates, train
+from jmsnas.topology import presets
 from jmsnas.cost import latency, tables
 from jmsnas.space import build_space
 

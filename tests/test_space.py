@@ -5,7 +5,7 @@ import re
 import numpy as np
 import pytest
 
-from jmsnas import presets
+from jmsnas.topology import presets
 from jmsnas.cost.tables import analytic_table
 from jmsnas.space import (IDENTITY, NUM_OPS, OP_NAMES, OPS, build_space, op_flops, op_index, op_params)
 from jmsnas.topology import TopologyError

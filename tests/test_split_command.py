@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from jmsnas import cli
+from jmsnas import cli, topology
 from jmsnas.cost.memory import peak_memory_bytes
 from jmsnas.split import compare, solvers, zoo
 
@@ -79,7 +79,7 @@ def test_zoo_peak_memory_grows_with_the_range(name):
 
 
 def test_monotone_peak_dp_equals_full_dp_on_zoo_net():
-    setup = compare.make_setup(zoo.mobilenet_v2(), compare.topology("chain"), act_bits=8, weight_bits=8)
+    setup = compare.make_setup(zoo.mobilenet_v2(), topology.resolve("chain"), act_bits=8, weight_bits=8)
     limits = [1.2e6, 2.5e6, 4e6, np.inf]
     args = (setup.compute_ms, setup.out_bytes, setup.input_bytes, setup.topo)
     full = solvers.chain_dp(*args, edges=setup.edges, peak=setup.peak, memory_limits=limits)

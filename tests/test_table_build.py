@@ -7,12 +7,11 @@ import numpy as np
 import pytest
 import yaml
 
-from jmsnas import presets
+from jmsnas.topology import presets
 from jmsnas.cost import build as B
 from jmsnas.cost import lut as L
 from jmsnas.cost import profile as P
 from jmsnas.cost import regression as RG
-from jmsnas.cost import roofline as RF
 from jmsnas.cost.latency import arch_latency
 from jmsnas.cost.tables import analytic_table, roofline_ms
 from jmsnas.space import IDENTITY, OP_NAMES, OPS, build_space, op_flops, op_index, op_memory_bytes
@@ -66,7 +65,7 @@ def test_default_is_the_analytic_roofline_table():
 def test_roofline_preset_row():
     space = _space()
     t = B.build_table(space, {"mbs": {"kind": "roofline", "preset": "eyeriss"}})
-    eyeriss = RF.preset("eyeriss")
+    eyeriss = presets.device("eyeriss")
     s, op = space.layers[2], OPS[op_index("mbconv_k5_e6_res")]  # 2x2x12 -> 2x2x12
     want = roofline_ms(op_flops(op, s), op_memory_bytes(op, s), eyeriss)
     assert float(t.compute_ms[2, 2, op_index("mbconv_k5_e6_res")]) == pytest.approx(want, rel=1e-6)
@@ -225,7 +224,7 @@ def test_scaled_row_and_chains_rejected(tmp_path):
     ({"mbs": {"kind": "scaled", "of": "ue", "factor": -1}}, "device 'mbs': factor must be a positive number"),
     ({"mbs": {"kind": "scaled", "of": "edge", "factor": 2}}, "'of' names unknown device 'edge'"),
     ({"cloud": {"kind": "regression", "path": "a.json", "fit": "b.yaml"}}, "exactly one of 'path'"),
-    ({"cloud": {"kind": "roofline", "preset": "abacus"}}, "unknown roofline preset 'abacus'"),
+    ({"cloud": {"kind": "roofline", "preset": "abacus"}}, "unknown device preset 'abacus'"),
     ({"cloud": {"kind": "measured", "path": 3}}, "path must be a file path"),
     (["ue"], "must be a mapping of device name"),
 ])

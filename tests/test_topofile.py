@@ -6,7 +6,8 @@ import textwrap
 import pytest
 import yaml
 
-from jmsnas import cli, presets, space, topofile, topology
+from jmsnas import cli, space, topology
+from jmsnas.topology import presets
 from jmsnas.split import compare
 from jmsnas.topology import BusGroup, DeviceProfile, TopologyError
 
@@ -32,7 +33,7 @@ def test_splitnets_hmd_is_a_star_on_a_shared_bus():
     assert t.buses == (BusGroup("sensor_bus", 1200, tuple((f"sensor{i}", "aggregator") for i in range(1, 5))),)
     # each sensor's link gets a quarter of the 1.2 Gbit/s bus: SplitNets' Table 4 setting
     assert [l.bandwidth_mbps for l in t.links] == [300.0] * 4
-    one = compare.splitnets_topology(4)
+    one = presets.splitnets_preset()
     sensor = one.devices[0]
     assert t.devices[0][1:-1] == sensor[1:-1]  # same figures as the roofline preset (name and note differ)
     assert t.bus_of(2) == t.buses[0]
@@ -79,7 +80,7 @@ def test_preset_overrides_memory_mb_and_layer_defaults(tmp_path):
 def test_a_run_result_json_loads_as_its_topology(tmp_path):
     t = presets.mesh_preset()
     p = tmp_path / "result.json"
-    p.write_text(json.dumps({"topology": t.name, "topology_spec": topofile.to_dict(t), "t_const_ms": 3.0}))
+    p.write_text(json.dumps({"topology": t.name, "topology_spec": topology.to_dict(t), "t_const_ms": 3.0}))
     assert topology.load(p) == t
 
 
@@ -209,7 +210,7 @@ def test_split_on_own_file_json_carries_its_names(capsys):
                      "--methods", "edge_only", "cloud_only", "chain_dp"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["topology"] == "phone_edge_cloud" and set(out["links_mbps"]) == {"phone->edge", "edge->cloud"}
-    assert topofile.from_dict(out["topology_spec"]) == topology.load(OWN)
+    assert topology.from_dict(out["topology_spec"]) == topology.load(OWN)
     cloud = out["methods"]["cloud_only"]["latency_ms"]
     assert set(cloud["per_device"]) == {"phone", "edge", "cloud"}
     # the raw 224x224x3 8-bit image over 10 Mbit/s plus the 40 ms link latency, by hand
@@ -256,7 +257,7 @@ def own_run(tmp_path_factory):
 def test_search_on_own_file_records_its_devices_links_and_topology(own_run):
     result = json.loads((own_run / "result.json").read_text())
     t = topology.load(OWN)
-    assert result["topology"] == "phone_edge_cloud" and topofile.from_dict(result["topology_spec"]) == t
+    assert result["topology"] == "phone_edge_cloud" and topology.from_dict(result["topology_spec"]) == t
     assert [a["device"] for a in result["architecture"]] == ["phone"] * 2 + ["edge"] * 2 + ["cloud"] * 2
     lat = result["latency_ms"]
     assert set(lat["per_device"]) == {"phone", "edge", "cloud"} and set(lat["per_link"]) == {"phone->edge",

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from jmsnas import presets
+from jmsnas.topology import presets
 from jmsnas.topology import (DeviceProfile, LinkProfile, TopologyError, chain, make_topology,
                              transfer_ms)
 
@@ -107,12 +107,15 @@ def test_mesh_preset_is_fig_2b():
 
 
 def test_device_presets_four_classes_with_sources():
-    assert set(presets.DEVICES) == {"raspberry_pi4", "xps15_rtx3050", "jetson_agx_xavier", "server_v100"}
+    assert set(presets.ROLES.values()) == {"raspberry_pi4", "xps15_rtx3050", "jetson_agx_xavier", "server_v100"}
+    # the roofline's devices are presets too: SplitNets' NPUs (paper 000) and Auto-Split's pair (paper 001)
+    assert set(presets.DEVICES) == set(presets.ROLES.values()) | {"splitnets_sensor", "splitnets_aggregator",
+                                                                  "eyeriss", "tpu"}
     for name, d in presets.DEVICES.items():
         assert d.name == name and d.note and d.peak_gflops > 0 and d.memory_bytes > 0
         assert 0 < d.efficiency <= 1
     # the cloud server is the fastest class and the Pi the slowest
-    peak = {n: d.peak_gflops for n, d in presets.DEVICES.items()}
+    peak = {n: presets.DEVICES[n].peak_gflops for n in presets.ROLES.values()}
     assert min(peak, key=peak.get) == "raspberry_pi4" and max(peak, key=peak.get) == "server_v100"
     assert presets.device("server_v100", "cloud").name == "cloud"
 
@@ -253,3 +256,43 @@ def test_buses_are_validated():
                                                    BusGroup("y", 10.0, (("a", "b"),))])
     with raises("bus 'x' has no links"):
         make_topology("t", ds, ls, [1] * 3, buses=[BusGroup("x", 10.0, ())])
+
+
+# ---------------------------------------------------------------- one resolver
+
+def test_resolve_presets_files_and_bandwidths(tmp_path):
+    from jmsnas import topology
+    assert topology.resolve("chain") == presets.chain_preset()
+    assert topology.resolve("mesh", [1] * 6) == presets.mesh_preset((1,) * 6)
+    # SplitNets' and Auto-Split's systems, from the roofline's device presets
+    sn = topology.resolve("splitnets")
+    assert sn.devices[0][1:] == presets.device("splitnets_sensor")[1:] and sn.links[0].bandwidth_mbps == 300.0
+    au = topology.resolve("autosplit", bandwidths_mbps=[5.0])
+    assert au.device_names == ("edge", "cloud") and au.links[0].bandwidth_mbps == 5.0
+    assert au.devices[0][1:] == presets.device("eyeriss")[1:]
+    # a file: what dump wrote reads back equal; its own layers_per_device wins
+    p = tmp_path / "t.yaml"
+    topology.dump(presets.chain_preset((1, 2, 3, 4)), p)
+    assert topology.resolve(str(p), [2, 2, 2, 2]) == presets.chain_preset((1, 2, 3, 4))
+    # one value for every link or one per link
+    bws = [l.bandwidth_mbps for l in topology.resolve("chain", bandwidths_mbps=[7, 8, 9]).links]
+    assert bws == [7.0, 8.0, 9.0]
+    with raises("needs 1 or 3 values"):
+        topology.resolve("chain", bandwidths_mbps=[1, 2])
+    with raises("unknown topology 'ring'; expected a preset ['autosplit', 'chain', 'mesh', 'splitnets']"):
+        topology.resolve("ring")
+
+
+def test_topology_package_has_no_import_cycle():
+    # types imports nothing of jmsnas, presets only types, file only types and presets
+    import ast
+    import pathlib
+    import jmsnas.topology as pkg
+    root = pathlib.Path(pkg.__file__).parent
+    imports = {}
+    for name in ("types", "presets", "file"):
+        tree = ast.parse((root / f"{name}.py").read_text())
+        imports[name] = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
+                         and n.module.startswith("jmsnas")}
+    assert imports == {"types": set(), "presets": {"jmsnas.topology.types"},
+                       "file": {"jmsnas.topology.types", "jmsnas.topology.presets"}}

@@ -35,7 +35,7 @@ VARIANTS = ("cifar10", "standin")
 @functools.lru_cache(maxsize=None)
 def reachable_range(in_channels: int) -> tuple[float, float]:
     """(T_min, T_max) in ms over the architectures of the space at 32x32 x in_channels, split fixed."""
-    from jmsnas import presets
+    from jmsnas.topology import presets
     from jmsnas.cost.latency import arch_latency
     from jmsnas.cost.tables import analytic_table
     from jmsnas.space import build_space

@@ -20,6 +20,7 @@ import json
 import os
 import sys
 
+from jmsnas import topology
 from jmsnas.topology import TopologyError
 
 
@@ -95,7 +96,7 @@ def run(args) -> int:
     from jmsnas.quant import parts
     try:
         bits = parse_bits(args.bits)
-        topo = AS.topology(args.topology, args.bandwidth)
+        topo = topology.resolve(args.topology, bandwidths_mbps=args.bandwidth)
         if args.write_parts and not os.path.isdir(args.model):
             raise ValueError(f"--write-parts needs a run directory as --model, got {args.model!r}")
         if args.write_parts and os.path.exists(args.write_parts) and os.listdir(args.write_parts):

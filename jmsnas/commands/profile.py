@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import sys
 
-from jmsnas import presets, safeio, topofile
+from jmsnas import safeio, topology
 from jmsnas.space import adapt_schedule, build_space
 
 _FIELDS = ("topology", "layers_per_device", "image_size", "in_channels", "num_classes", "device_channels",
@@ -99,10 +99,7 @@ def space_from_arg(arg: str):
         d = _from_file(arg)
     lpd = d.get("layers_per_device")
     t = d.get("topology", "chain")
-    if topofile.is_file_name(t):  # a topology file: its layers_per_device wins, the schedule adapts to its devices
-        topo = topofile.load(t, None if lpd is None else tuple(lpd))
-    else:
-        topo = presets.topology(t, None if lpd is None else tuple(lpd))
+    topo = topology.resolve(t, lpd)  # a topology file's own layers_per_device wins; the schedule adapts to its devices
     kw = {k: d[k] for k in ("stem_channels", "stem_stride", "head_channels") if d.get(k) is not None}
     channels, strides = adapt_schedule(topo, tuple(d["device_channels"]), tuple(d["device_strides"]))
     return build_space(topo, image_size=d["image_size"], in_channels=d["in_channels"], num_classes=d["num_classes"],

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import sys
 
-from jmsnas import topofile
+from jmsnas import topology
 from jmsnas.split import compare, derived
 from jmsnas.topology import TopologyError
 
@@ -28,7 +28,7 @@ def add_parser(sub) -> None:
                        description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="zoo network name, a search run's result.json or a JSON network file")
     p.add_argument("--topology", default=None,
-                   help=f"topology preset ({', '.join(sorted(compare.TOPOLOGIES))}) or topology file (.yaml/.json); "
+                   help=f"topology preset ({', '.join(sorted(topology.presets.TOPOLOGIES))}) or topology file (.yaml/.json); "
                         "default with a result.json model: the run's topology")
     p.add_argument("--bandwidth", type=float, nargs="+", metavar="MBPS",
                    help="link bandwidth(s) in Mbit/s: one for all links or one per link")
@@ -83,13 +83,13 @@ def run(args) -> int:
                 raise ValueError("--topology is required (a preset or a topology file) unless --model is a search "
                                  "run's result.json")
             name = args.model  # the run's topology_spec
-        topo = compare.topology(name, args.bandwidth)
+        topo = topology.resolve(name, bandwidths_mbps=args.bandwidth)
         setup = compare.make_setup(net, topo, act_bits=args.act_bits, weight_bits=args.weight_bits)
     except (ValueError, TopologyError) as e:
         return _fail(str(e))
     results = compare.run_all(setup, args.methods)
     if args.json:
-        print(json.dumps({"model": net.name, "topology": topo.name, "topology_spec": topofile.to_dict(topo),
+        print(json.dumps({"model": net.name, "topology": topo.name, "topology_spec": topology.to_dict(topo),
                           "links_mbps": {ln: l.bandwidth_mbps for ln, l in zip(topo.link_names, topo.links)},
                           "methods": {m: compare.result_json(r, setup) for m, r in results.items()}}, indent=2))
         return 0

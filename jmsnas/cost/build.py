@@ -4,7 +4,7 @@
 roofline of their own ``DeviceProfile`` (``jmsnas.cost.tables.analytic_table``). Sources (all latencies in ms):
 
     {"kind": "roofline"}                                 roofline of the device's own profile
-    {"kind": "roofline", "preset": "eyeriss"}            roofline of a preset of jmsnas.cost.roofline
+    {"kind": "roofline", "preset": "eyeriss"}            roofline of a device preset (jmsnas.topology.presets)
     {"kind": "measured", "path": "ue.yaml"}              a ``jmsnas profile`` table measured for this space
     {"kind": "regression", "path": "model.json"}         a fitted jmsnas.cost.regression model (model_to_json)
     {"kind": "regression", "fit": "other.yaml"}          a model fitted now on a measured table of any space
@@ -33,10 +33,9 @@ import numpy as np
 from jmsnas.cost import lut as L
 from jmsnas.cost import profile as P
 from jmsnas.cost import regression as RG
-from jmsnas.cost import roofline as RF
 from jmsnas.cost.tables import CostTable, from_compute, head_flops, roofline_ms, stem_flops
 from jmsnas.space import IDENTITY, OP_NAMES, OPS, LayerSlot, SearchSpace, op_flops, op_memory_bytes
-from jmsnas.topology import DeviceProfile
+from jmsnas.topology import DeviceProfile, presets
 
 KINDS = ("roofline", "measured", "regression", "lut", "scaled")
 _FIELDS = {"roofline": ((), ("preset",)), "measured": (("path",), ()), "regression": ((), ("path", "fit")),
@@ -110,8 +109,9 @@ def _check_fields(where: str, kind: str, src: Mapping, names: list, spec: Mappin
     if kind == "regression" and ("path" in src) == ("fit" in src):
         raise TableSpecError(f"{where}: a regression source needs exactly one of 'path' (model JSON) or 'fit' "
                              f"(measured table to fit on), got {sorted(k for k in src if k != 'kind')}")
-    if kind == "roofline" and "preset" in src and src["preset"] not in RF.PRESETS:
-        raise TableSpecError(f"{where}: unknown roofline preset {src['preset']!r}; expected one of {list(RF.NAMES)}")
+    if kind == "roofline" and "preset" in src and src["preset"] not in presets.DEVICES:
+        raise TableSpecError(f"{where}: unknown device preset {src['preset']!r}; expected one of "
+                             f"{list(presets.DEVICES)}")
     if kind == "lut" and src.get("fill", "error") not in ("error", "regression"):
         raise TableSpecError(f"{where}: fill must be 'error' or 'regression', got {src['fill']!r}")
     if kind == "scaled":
@@ -253,7 +253,7 @@ def build_rows(space: SearchSpace, spec=None) -> dict:
     for dev, src in spec.items():
         kind = src["kind"]
         if kind == "roofline":
-            rows[dev] = roofline_row(space, RF.preset(src["preset"]) if "preset" in src else devices[dev])
+            rows[dev] = roofline_row(space, presets.device(src["preset"]) if "preset" in src else devices[dev])
         elif kind == "measured":
             rows[dev] = measured_row(space, src["path"])
         elif kind == "regression":

@@ -30,7 +30,7 @@ from jax import export as jax_export
 
 from jmsnas import ops as O
 from jmsnas.deploy.runtime import FORMAT, MANIFEST, DeployError, sha256
-from jmsnas import topofile
+from jmsnas import topology
 from jmsnas.deploy.spec import space_from_dict
 from jmsnas.space import OPS, SearchSpace, op_index
 
@@ -207,7 +207,7 @@ def export_run(run: str, out: str | None = None, *, platforms=("cpu",), batch: i
                       "latency_ms": float(l.latency_ms), "bytes": nbytes,
                       "predicted_ms": predicted.get("per_link", {}).get(f"{l.src}->{l.dst}")})
     manifest = {"format": FORMAT, "run": os.path.abspath(run), "platforms": list(platforms), "batch": batch,
-                "kind": topo.kind, "topology": topofile.to_dict(topo), "order": order,
+                "kind": topo.kind, "topology": topology.to_dict(topo), "order": order,
                 "root": topo.device_names[topo.root] if topo.kind == "mesh" else None,
                 "branches": [topo.device_names[b] for b in topo.branches],
                 "parts": manifest_parts, "links": links, "predicted_latency_ms": predicted,

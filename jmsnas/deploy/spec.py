@@ -1,14 +1,14 @@
 """The search space as JSON: what a run's ``parts/manifest.json`` records so that its parts can be rebuilt.
 
-``space_to_dict(space)`` writes the topology in the topology-file format (``topofile.to_dict``: every device and
+``space_to_dict(space)`` writes the topology in the topology-file format (``topology.to_dict``: every device and
 link with its fields, buses, D^m) and every layer slot (device, branch, channels, spatial size, stride);
-``space_from_dict`` validates it again (``topofile.from_dict``) and returns an equal ``SearchSpace``. Only the
-ground floor is imported (topofile, space), so the main job can record the space without depending on the
+``space_from_dict`` validates it again (``topology.from_dict``) and returns an equal ``SearchSpace``. Only the
+ground floor is imported (topology, space), so the main job can record the space without depending on the
 deployment code.
 """
 from __future__ import annotations
 
-from jmsnas import topofile
+from jmsnas import topology
 from jmsnas.space import LayerSlot, SearchSpace
 
 _SCALARS = ("image_size", "in_channels", "num_classes", "stem_channels", "stem_stride", "head_channels")
@@ -17,7 +17,7 @@ _SCALARS = ("image_size", "in_channels", "num_classes", "stem_channels", "stem_s
 def space_to_dict(space: SearchSpace) -> dict:
     """Everything that fixes the network's shapes: topology, layer slots and the stem/head sizes."""
     out = {k: int(getattr(space, k)) for k in _SCALARS}
-    out["topology"] = topofile.to_dict(space.topology)
+    out["topology"] = topology.to_dict(space.topology)
     out["layers"] = [{k: int(v) for k, v in s._asdict().items()} for s in space.layers]
     return out
 
@@ -27,7 +27,7 @@ def space_from_dict(d: dict) -> SearchSpace:
     missing = [k for k in (*_SCALARS, "topology", "layers") if k not in d]
     if missing:
         raise ValueError(f"the recorded space lacks {missing}")
-    topo = topofile.from_dict(d["topology"], "the recorded topology")
+    topo = topology.from_dict(d["topology"], "the recorded topology")
     try:
         layers = tuple(LayerSlot(**s) for s in d["layers"])
     except TypeError as e:

@@ -28,39 +28,11 @@ import numpy as np
 from jmsnas.quant import network, solver
 from jmsnas.quant.quantizers import act_distortion, check_bit_set, weight_distortion
 from jmsnas.split import compare, zoo
-from jmsnas.topology import LinkProfile, Topology, make_topology
-from jmsnas.cost import roofline
+from jmsnas.topology import Topology
 
 ZOO_NOTE = ("zoo network without trained weights: distortion from its real shapes alone (He-normal weights, "
             "normal activations, relative to their mean square); accuracy is not measured and A bounds the total "
             "relative distortion of the edge layers")
-
-
-def autosplit_topology(uplink_mbps: float = roofline.AUTOSPLIT_UPLINK_MBPS) -> Topology:
-    """Auto-Split's simulated pair (paper 001, Table 1): Eyeriss edge -> TPU cloud over a 3 Mbit/s uplink."""
-    devs = [roofline.preset("eyeriss")._replace(name="edge"), roofline.preset("tpu")._replace(name="cloud")]
-    return make_topology("autosplit", devs, [LinkProfile("edge", "cloud", float(uplink_mbps), 0.0, True)], [1, 1])
-
-
-TOPOLOGIES = {"autosplit": autosplit_topology, **compare.TOPOLOGIES}
-
-
-def topology(name: str, bandwidths_mbps=None) -> Topology:
-    """"autosplit" (Auto-Split's Eyeriss -> TPU pair), another preset of ``split.compare`` or a topology file
-    (``jmsnas.topofile``); ``bandwidths_mbps`` overrides the links (one value for all or one per link)."""
-    if name != "autosplit":
-        try:
-            return compare.topology(name, bandwidths_mbps)
-        except ValueError as e:
-            if name in compare.TOPOLOGIES or not str(e).startswith("unknown topology"):
-                raise
-            raise ValueError(f"unknown topology {name!r}; expected a preset {sorted(TOPOLOGIES)} or a topology "
-                             "file (.yaml, .yml or .json)") from None
-    if not bandwidths_mbps:
-        return autosplit_topology()
-    if len(bandwidths_mbps) != 1:
-        raise ValueError(f"--bandwidth needs 1 value for topology 'autosplit', got {list(bandwidths_mbps)}")
-    return autosplit_topology(float(bandwidths_mbps[0]))
 
 
 def shape_distortion(net, bit_set, seed: int = 0, max_channels: int = 64, max_elems: int = 65536):

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jmsnas import data, presets
+from jmsnas import data, topology
 from jmsnas.dwconv import depthwise_conv
 from jmsnas.graph import LayerSpec, NetSpec
 from jmsnas.ops import BN_EPS, full_conv
@@ -137,7 +137,7 @@ def load_run(directory: str) -> Run:
     if derived.is_result(result):  # result.json records its topology and space (topology files included)
         _, _, space = derived.from_result(result, os.path.join(directory, "result.json"))
     else:
-        topo = presets.topology(cfg["topology"], cfg.get("layers_per_device"))
+        topo = topology.resolve(cfg["topology"], cfg.get("layers_per_device"))
         sp = cfg["space"]
         space = build_space(topo, image_size=cfg["image_size_resolved"], in_channels=cfg["channels_resolved"],
                             num_classes=cfg["num_classes_resolved"], device_channels=tuple(sp["device_channels"]),

@@ -26,47 +26,13 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from jmsnas import presets, topofile
 from jmsnas.cost import roofline
 from jmsnas.cost.memory import peak_memory_bytes
 from jmsnas.graph import LayerSpec, NetSpec
 from jmsnas.split import dag, derived, solvers, zoo
-from jmsnas.topology import LinkProfile, Topology, make_topology
+from jmsnas.topology import Topology
 
 METHODS = ("edge_only", "cloud_only", "neurosurgeon", "neurosurgeon_mem", "chain_dp", "dag_min_cut")
-
-
-def splitnets_topology(num_sensors: int = 4) -> Topology:
-    """SplitNets' single-sensor system (paper 000, Fig. 6): sensor NPU -> aggregator NPU over its bus share."""
-    devs = [roofline.preset("splitnets_sensor")._replace(name="sensor"),
-            roofline.preset("splitnets_aggregator")._replace(name="aggregator")]
-    link = LinkProfile("sensor", "aggregator", roofline.splitnets_sensor_link_mbps(num_sensors), 0.0, False)
-    return make_topology("splitnets", devs, [link], [1, 1])
-
-
-TOPOLOGIES: dict = {"chain": presets.chain_preset, "mesh": presets.mesh_preset, "splitnets": splitnets_topology}
-
-
-def topology(name: str, bandwidths_mbps=None) -> Topology:
-    """A topology preset or topology file (``jmsnas.topofile``); ``bandwidths_mbps``: one value for every link or
-    one per link (in ``topo.links`` order)."""
-    if name in TOPOLOGIES:
-        topo = TOPOLOGIES[name]()
-    elif topofile.is_file_name(name):
-        topo = topofile.load(name)
-    else:
-        raise ValueError(f"unknown topology {name!r}; expected a preset {sorted(TOPOLOGIES)} or a topology file "
-                         "(.yaml, .yml or .json)")
-    if not bandwidths_mbps:
-        return topo
-    bws = list(bandwidths_mbps)
-    if len(bws) == 1:
-        bws = bws * len(topo.links)
-    if len(bws) != len(topo.links):
-        raise ValueError(f"--bandwidth needs 1 or {len(topo.links)} values (links {list(topo.link_names)}), "
-                         f"got {len(bws)}: {bws}")
-    links = [l._replace(bandwidth_mbps=float(bw)) for l, bw in zip(topo.links, bws)]
-    return make_topology(topo.name, topo.devices, links, topo.layers_per_device, topo.buses)
 
 
 def net_from_json(obj: dict, source: str = "<json>") -> NetSpec:

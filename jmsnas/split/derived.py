@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 
-from jmsnas import topofile
+from jmsnas import topology
 from jmsnas.graph import LayerSpec, NetSpec
 from jmsnas.space import OPS, SearchSpace, build_space, op_index
 from jmsnas.topology import Topology, TopologyError
@@ -69,7 +69,7 @@ def is_result(obj) -> bool:
 
 def from_result(obj: dict, source: str = "result.json") -> tuple:
     """(NetSpec, Topology, SearchSpace) of a run's parsed result.json: the derived network with its shapes."""
-    topo: Topology = topofile.from_dict(obj["topology_spec"], source)
+    topo: Topology = topology.from_dict(obj["topology_spec"], source)
     try:
         sp = obj["space"]
         space = build_space(topo, image_size=sp["image_size"], in_channels=sp["in_channels"],

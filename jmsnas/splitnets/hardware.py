@@ -22,7 +22,7 @@ from jmsnas.cost import roofline
 from jmsnas.cost.memory import peak_memory_bytes
 from jmsnas.graph import LayerSpec, NetSpec
 from jmsnas.splitnets.space import SplitArch, SplitSpace
-from jmsnas.topology import DeviceProfile, TopologyError
+from jmsnas.topology import DeviceProfile, TopologyError, presets
 
 MB = 1e6  # the paper's MB are decimal (Table 4)
 
@@ -41,7 +41,7 @@ class HMD(NamedTuple):
     input_bits: int = 8
 
 
-def hmd(num_sensors: int = 1, *, bus_mbps: float = roofline.SPLITNETS_BUS_MBPS,
+def hmd(num_sensors: int = 1, *, bus_mbps: float = presets.SPLITNETS_BUS_MBPS,
         sensor_memory_bytes: float = 2 * MB) -> HMD:
     """SplitNets' HMD numbers (Fig. 6): 125 GOP/s sensors with 2 MB, a 1.25 TOP/s aggregator, a 1.2 Gbit/s bus."""
     if isinstance(num_sensors, bool) or not isinstance(num_sensors, int) or num_sensors < 1:
@@ -49,7 +49,7 @@ def hmd(num_sensors: int = 1, *, bus_mbps: float = roofline.SPLITNETS_BUS_MBPS,
     for what, v in (("bus_mbps", bus_mbps), ("sensor_memory_bytes", sensor_memory_bytes)):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
             raise ValueError(f"{what} must be a positive number, got {v!r}")
-    return HMD(roofline.preset("splitnets_sensor"), roofline.preset("splitnets_aggregator"), float(bus_mbps),
+    return HMD(presets.device("splitnets_sensor"), presets.device("splitnets_aggregator"), float(bus_mbps),
                num_sensors, float(sensor_memory_bytes))
 
 

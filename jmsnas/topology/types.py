@@ -1,4 +1,4 @@
-"""Devices, links and the topologies JMSNAS splits a network over (paper 003, section III).
+"""The topology types: devices, links, shared buses and the validated Topology (paper 003, section III).
 
 Units are in the field names: compute in GFLOP/s, memory in bytes, bandwidth in Mbit/s, latency in ms.
 
@@ -308,19 +308,6 @@ def chain(name: str, devices: Sequence[DeviceProfile], bandwidths_mbps: Sequence
     links = [LinkProfile(a.name, b.name, bw, la, w)
              for a, b, bw, la, w in zip(devices, devices[1:], bandwidths_mbps, lat, wl)]
     return make_topology(name, devices, links, layers_per_device)
-
-
-def load(path, layers_per_device=None) -> Topology:
-    """The Topology of a YAML/JSON topology file (format: ``jmsnas.topofile``, docs/topology.md). The file's
-    ``layers_per_device`` wins; ``layers_per_device`` is used only when the file has none."""
-    from jmsnas import topofile  # the file format lives one module over (it needs the device presets)
-    return topofile.load(path, layers_per_device)
-
-
-def dump(topology: Topology, path) -> None:
-    """Writes ``topology`` as a topology file (JSON for a .json path, YAML otherwise); ``load`` reads it back equal."""
-    from jmsnas import topofile
-    topofile.dump(topology, path)
 
 
 def cluster(name: str, devices: Sequence[DeviceProfile], links: Sequence[LinkProfile]) -> Topology:

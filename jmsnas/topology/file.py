@@ -9,7 +9,7 @@ Format (units in the field names; memory_mb is MiB, 2**20 bytes)::
 
     name: phone_edge_cloud              # optional, default: the file name without extension
     devices:
-      - {name: phone, preset: raspberry_pi4}     # a preset from jmsnas.presets.DEVICES; fields below override it
+      - {name: phone, preset: raspberry_pi4}     # a preset from jmsnas.topology.DEVICES; fields below override it
       - name: edge
         gflops: 1000                     # peak GFLOP/s                      (required without preset)
         memory_mb: 8192                  # or memory_bytes                   (required without preset)
@@ -36,8 +36,9 @@ import re
 
 import yaml
 
-from jmsnas.topology import (BusGroup, DeviceProfile, LinkProfile, Topology, TopologyError, cluster,
-                             make_topology)
+from jmsnas.topology.presets import DEVICES
+from jmsnas.topology.types import (BusGroup, DeviceProfile, LinkProfile, Topology, TopologyError, cluster,
+                                   make_topology)
 
 MAX_BYTES = 1 << 20  # a topology file is a few kB; 1 MiB is far beyond any real one
 MAX_DEPTH = 32  # nesting of lists/mappings; the format needs 4
@@ -175,15 +176,14 @@ def _list(where, field, value, limit, empty_ok=False):
 
 
 def _device(where, i: int, d) -> DeviceProfile:
-    from jmsnas import presets  # same floor; imported here because presets imports topology
     f = f"devices[{i}]"
     d = _mapping(where, f, d, DEVICE_FIELDS)
     base = None
     if "preset" in d:
-        if not isinstance(d["preset"], str) or d["preset"] not in presets.DEVICES:
-            where.fail(f"{f}.preset", f"unknown device preset; expected one of {sorted(presets.DEVICES)}",
+        if not isinstance(d["preset"], str) or d["preset"] not in DEVICES:
+            where.fail(f"{f}.preset", f"unknown device preset; expected one of {sorted(DEVICES)}",
                        d["preset"])
-        base = presets.DEVICES[d["preset"]]
+        base = DEVICES[d["preset"]]
     name = _string(where, f"{f}.name", d.get("name", base.name if base else None))
     if "memory_bytes" in d and "memory_mb" in d:
         where.fail(f"{f}.memory_mb", "give memory_bytes or memory_mb, not both", d["memory_mb"])
@@ -191,7 +191,7 @@ def _device(where, i: int, d) -> DeviceProfile:
         for req in ("gflops", "memory_bytes"):
             if req not in d and not (req == "memory_bytes" and "memory_mb" in d):
                 where.fail(f"{f}.{req}", "missing (give it, or name a preset: "
-                                         f"{', '.join(sorted(presets.DEVICES))})", show=False)
+                                         f"{', '.join(sorted(DEVICES))})", show=False)
     base = base or DeviceProfile(name, 1.0, 1.0)
     memory = base.memory_bytes
     if "memory_bytes" in d:
