@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from jax import lax
 
-from jmsnas import presets, topology as T
+from jmsnas import topology as T
+from jmsnas.topology import presets
 from jmsnas.fbnet import help as H, net, search as S, space as SP
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "help_fbnet")

@@ -14,6 +14,7 @@ import pytest
 import flax_zoo
 from jmsnas import cli
 from jmsnas.split import compare, solvers, zoo
+from jmsnas.topology import resolve
 from jmsnas.traced import ref, run, trace
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -49,7 +50,7 @@ def test_cut_across_a_skip_pays_for_both_tensors():
     assert len(t.live[k]) == 2  # the block input (the skip) and conv1's output
     assert trace.live_elems(t)[k] == 2 * 56 * 56 * 64
     assert trace.live_elems(t)[names.index("layer1_0.add") + 1] == 56 * 56 * 64  # after the sum: one tensor
-    setup = compare.make_setup(t.net, compare.topology("chain"), act_bits=8)
+    setup = compare.make_setup(t.net, resolve("chain"), act_bits=8)
     assert solvers.cut_bytes(setup.out_bytes, setup.input_bytes, setup.edges)[k] == 2 * 56 * 56 * 64
 
 
