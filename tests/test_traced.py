@@ -193,3 +193,43 @@ def test_bad_data_one_line_exit_2(tmp_path, capsys, arrays, needle):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and needle in err, err
+
+
+TINY = textwrap.dedent('''
+    import flax_zoo
+    from jmsnas.traced import ref
+
+    def tiny():
+        m = flax_zoo.TinyResidual()
+        return ref.from_linen(m, flax_zoo.numpy_variables(m, (8, 8, 1)), (8, 8, 1), name="tiny_residual")
+''')
+
+
+@pytest.mark.parametrize("topology,cuts", [("chain", "1,3,4"), ("mesh", "2,3,5")])
+def test_parts_of_a_traced_model_through_pipeline_check(tmp_path, capsys, topology, cuts):
+    """The parts (cuts 3 and 4 cross the residual block's skip: two tensors packed) composed by one process per
+    device give the model's own output."""
+    (tmp_path / "tiny.py").write_text(TINY)
+    work = tmp_path / "work"
+    ref_ = f"{tmp_path}/tiny.py:tiny"
+    assert cli.main(["export", "--model", ref_, "--topology", topology, "--cuts", cuts, "--workdir", str(work)]) == 0
+    m = json.loads((work / "export" / "manifest.json").read_text())
+    first = m["order"][0]
+    c0 = int(cuts.split(",")[0])
+    assert m["parts"][first]["ops"] == ["conv1", "conv2"][:c0] and m["traced"]["ranges"][first] == [0, c0]
+    packed = [d for d in m["order"] if m["parts"][d]["output"]["shape"] == [1, 2 * 4 * 4 * 16]]
+    assert packed  # a cut inside the residual block sends both tensors
+    capsys.readouterr()
+    assert cli.main(["pipeline", "--workdir", str(work), "--check", "--images", "4", "--phase", "latency",
+                     "--json"]) == 0
+    (a,) = json.loads(capsys.readouterr().out)
+    assert a["max_abs_diff"] <= 1e-5 and "accuracy" not in a
+
+
+def test_export_bad_cuts_one_line(tmp_path, capsys):
+    (tmp_path / "tiny.py").write_text(TINY)
+    assert cli.main(["export", "--model", f"{tmp_path}/tiny.py:tiny", "--topology", "chain", "--cuts", "3,1,2",
+                     "--workdir", str(tmp_path / "w")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "cuts must be 3 non-decreasing layer indices in 0..7" in err
+    assert not (tmp_path / "w").exists()

@@ -1,6 +1,8 @@
 """``jmsnas export`` and ``jmsnas pipeline``: deploy a run's per-device parts and run them as a real pipeline.
 
     jmsnas export --workdir RUN [--out DIR] [--platforms cpu,cuda] [--batch 1]
+    jmsnas export --model pkg.module:factory --topology chain|mesh|FILE --workdir DIR [--method chain_dp|--cuts 2,4,6]
+                  [--data FILE.npz|tfds:NAME [--data-dir D]] [--act-bits 32] [--bandwidth MBPS ...]
     jmsnas pipeline --workdir RUN [--images 100] [--bandwidth-scale 1 0.2 0.05] [--compute-scale host]
                     [--phase both] [--timeout 10] [--base-port 0] [--check]
 
@@ -9,7 +11,11 @@ exports first when RUN/export/manifest.json is missing, then, for every bandwidt
 device connected over 127.0.0.1 in the topology's shape with every link paced to its (scaled) bandwidth and
 latency, streams the run's test images through, prints eq. (1)/(2)'s prediction beside the measurement (per
 device, per link, total, throughput) and writes RUN/deploy/pipeline.json and pipeline.png. ``--check`` also
-compares the outputs with the whole compact network's (max abs difference). Errors (a corrupt part, a manifest
+compares the outputs with the whole compact network's (max abs difference). With ``--model`` (your own JAX
+model, docs/your_model.md) ``export`` traces it, splits it with ``--method`` and writes DIR/export/ in the same
+format plus DIR/reference/ (the model's own apply, what ``pipeline --check`` compares with) and DIR/traced.json
+(``jmsnas.deploy.traced``); ``pipeline --workdir DIR`` then streams the ``--data`` images (else standard normal
+ones, without accuracy). Errors (a corrupt part, a manifest
 that does not match the parts, a port in use, a device that dies or hangs) print one line and exit with 2.
 """
 from __future__ import annotations
@@ -26,6 +32,16 @@ def add_parser(sub) -> None:
     p.add_argument("--out", default=None, help="export directory (default RUN/export)")
     p.add_argument("--platforms", default="cpu", help="comma-separated: cpu, cuda, rocm, tpu (default cpu)")
     p.add_argument("--batch", type=int, default=1, help="images per call of every part (default 1)")
+    p.add_argument("--model", default=None, help="a model reference pkg.module:factory: trace, split and export "
+                   "your own model into --workdir (docs/your_model.md)")
+    p.add_argument("--topology", default=None, help="with --model: a preset (chain, mesh) or a topology file")
+    p.add_argument("--method", default="chain_dp", help="with --model: the split method (default chain_dp)")
+    p.add_argument("--cuts", default=None, help="with --model: the split's points instead of --method, e.g. 2,4,6 "
+                   "(device p of the path runs layers cuts[p-1] .. cuts[p]-1)")
+    p.add_argument("--bandwidth", type=float, nargs="+", metavar="MBPS", help="with --model: link bandwidth(s)")
+    p.add_argument("--act-bits", type=int, default=32, help="with --model: activation bits the split assumes")
+    p.add_argument("--data", default=None, help="with --model: evaluation data FILE.npz or tfds:NAME for the pipeline")
+    p.add_argument("--data-dir", default=None, help="with --model: tfds data directory")
     q = sub.add_parser("pipeline", help="run the parts as one process per device over throttled TCP links",
                        description=__doc__.split("\n\n")[0])
     q.add_argument("--workdir", required=True, help="a finished run (exported first when needed)")
@@ -74,8 +90,11 @@ def run(args) -> int:
     try:
         if args.command == "export":
             platforms = tuple(p.strip() for p in args.platforms.split(",") if p.strip())
-            m = export_run(args.workdir, args.out, platforms=platforms, batch=args.batch)
-            out = args.out or os.path.join(args.workdir, "export")
+            if args.model is not None:
+                m, out = _export_traced(args, platforms), os.path.join(args.workdir, "export")
+            else:
+                m = export_run(args.workdir, args.out, platforms=platforms, batch=args.batch)
+                out = args.out or os.path.join(args.workdir, "export")
             for d in m["order"]:
                 part = m["parts"][d]
                 print(f"{d:<10} layers {part['layers']}  in {[i['shape'] for i in part['inputs']]} from "
@@ -87,20 +106,47 @@ def run(args) -> int:
         return _fail(args.command, e)
 
 
+def _export_traced(args, platforms) -> dict:
+    from jmsnas.deploy.runtime import DeployError
+    from jmsnas.deploy.traced import export_traced
+    if args.topology is None:
+        raise DeployError("--model needs --topology (chain, mesh or a topology file)")
+    if args.out is not None:
+        raise DeployError("--out is for run directories; with --model the export goes to WORKDIR/export")
+    cuts = None
+    if args.cuts is not None:
+        try:
+            cuts = [int(c) for c in args.cuts.split(",")]
+        except ValueError:
+            raise DeployError(f"--cuts must be comma-separated layer indices such as 2,4,6, got {args.cuts!r}") from None
+    return export_traced(args.model, args.topology, args.workdir, method=args.method, cuts=cuts, platforms=platforms,
+                         batch=args.batch, act_bits=args.act_bits, bandwidths_mbps=args.bandwidth, data=args.data,
+                         data_dir=args.data_dir)
+
+
 def _pipeline(args, export_run) -> int:
     import numpy as np
 
     from jmsnas.deploy import reference, report
     from jmsnas.deploy.analysis import analyze
     from jmsnas.deploy.pipeline import run_pipeline
+    from jmsnas.deploy import traced
     from jmsnas.deploy.runtime import DeployError, load_manifest
     compute = parse_compute(args.compute_scale)
     export_dir = args.export_dir or os.path.join(args.workdir, "export")
-    images, labels = reference.test_images(args.workdir, args.images)
+    if traced.is_traced(args.workdir):  # your own model: its evaluation data and its own apply as the reference
+        images, labels = traced.eval_images(args.workdir, args.images)
+        whole = lambda: traced.whole_model(args.workdir)
+    else:
+        images, labels = reference.test_images(args.workdir, args.images)
+        whole = lambda: reference.whole_network(args.workdir)
     for s in args.bandwidth_scale:
         if not s > 0:
             raise DeployError(f"--bandwidth-scale values must be > 0, got {s!r}")
     if not os.path.isfile(os.path.join(export_dir, "manifest.json")):
+        if traced.is_traced(args.workdir):
+            raise DeployError(f"{export_dir} has no manifest.json; export the model again (jmsnas export --model "
+                              f"... --workdir {args.workdir})")
         export_run(args.workdir, export_dir)
     manifest = load_manifest(export_dir)
     analyses, outputs = [], None
@@ -108,10 +154,11 @@ def _pipeline(args, export_run) -> int:
         raw = run_pipeline(export_dir, images, bandwidth_scale=s, compute=compute, phase=args.phase,
                            timeout_s=args.timeout, base_port=args.base_port, window=args.window)
         a = analyze(manifest, raw)
-        a["accuracy"] = float(np.mean(np.argmax(raw["outputs"].reshape(len(labels), -1), -1) == labels))
+        if labels is not None:
+            a["accuracy"] = float(np.mean(np.argmax(raw["outputs"].reshape(len(labels), -1), -1) == labels))
         outputs = raw["outputs"]
         if args.check:
-            a["max_abs_diff"] = float(np.max(np.abs(outputs - reference.whole_network(args.workdir)(images))))
+            a["max_abs_diff"] = float(np.max(np.abs(outputs - whole()(images))))
         analyses.append(a)
     out = os.path.join(args.workdir, "deploy")
     os.makedirs(out, exist_ok=True)
@@ -124,7 +171,7 @@ def _pipeline(args, export_run) -> int:
     print(report.format_table(analyses, manifest), end="")
     for a in analyses:
         extra = f", max |pipeline - whole network| = {a['max_abs_diff']:.2e}" if "max_abs_diff" in a else ""
-        print(f"bandwidth x{a['settings']['bandwidth_scale']:g}: accuracy {a['accuracy']:.3f} on "
-              f"{args.images} test images{extra}")
+        acc = f"accuracy {a['accuracy']:.3f}" if "accuracy" in a else "no labels"
+        print(f"bandwidth x{a['settings']['bandwidth_scale']:g}: {acc} on {args.images} test images{extra}")
     print(f"wrote {os.path.join(out, 'pipeline.json')} and pipeline.png")
     return 0
