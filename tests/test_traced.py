@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import flax_zoo
-from jmsnas import cli
+from jmsnas import cli, topology
 from jmsnas.split import compare, solvers, zoo
 from jmsnas.topology import resolve
 from jmsnas.traced import ref, run, trace

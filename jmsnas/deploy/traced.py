@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import export as jax_export
 
-from jmsnas import topofile
+from jmsnas import topology as topo_mod
 from jmsnas.deploy.runtime import FORMAT, MANIFEST, DeployError, sha256
 
 RECORD = "traced.json"
@@ -132,7 +132,7 @@ def export_traced(model, topology, workdir: str, *, method: str = "chain_dp", cu
         raise DeployError(f"method must be one of {[m for m in compare.METHODS if m != 'mesh']}, got {method!r}")
     um = resolve(model)
     t = trace(um)
-    topo = compare.topology(topology, bandwidths_mbps) if isinstance(topology, str) else topology
+    topo = topo_mod.resolve(topology, None, bandwidths_mbps) if isinstance(topology, str) else topology
     if topo.kind not in ("chain", "mesh"):
         raise DeployError(f"the pipeline deploys chain and mesh topologies; {topo.name!r} is a {topo.kind}")
     if topo.buses:
@@ -212,7 +212,7 @@ def export_traced(model, topology, workdir: str, *, method: str = "chain_dp", cu
               "data": os.path.abspath(data) if data and not data.startswith("tfds:") else data,
               "data_dir": data_dir, "act_bits": act_bits, "weight_bits": weight_bits}
     manifest = {"format": FORMAT, "run": os.path.abspath(workdir), "platforms": list(platforms), "batch": batch,
-                "kind": topo.kind, "topology": topofile.to_dict(topo), "order": order,
+                "kind": topo.kind, "topology": topo_mod.to_dict(topo), "order": order,
                 "root": topo.device_names[topo.root] if topo.kind == "mesh" else None,
                 "branches": [topo.device_names[b] for b in topo.branches],
                 "parts": parts, "links": links, "predicted_latency_ms": predicted, "architecture": None,
@@ -220,7 +220,7 @@ def export_traced(model, topology, workdir: str, *, method: str = "chain_dp", cu
     with open(os.path.join(export_dir, MANIFEST), "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=2)
     with open(os.path.join(workdir, RECORD), "w", encoding="utf-8") as f:
-        json.dump({**record, "topology": topofile.to_dict(topo), "predicted_latency_ms": predicted}, f, indent=2)
+        json.dump({**record, "topology": topo_mod.to_dict(topo), "predicted_latency_ms": predicted}, f, indent=2)
     return manifest
 
 
