@@ -233,3 +233,28 @@ def test_export_bad_cuts_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "cuts must be 3 non-decreasing layer indices in 0..7" in err
     assert not (tmp_path / "w").exists()
+
+
+def test_modularize_a_traced_model_and_infer_while_loading(tmp_path, capsys):
+    """Children of your own model: blocks at the single-tensor cuts (the residual block stays whole), balanced by
+    their parameters' bytes, and the children loaded in parallel compute the model's own output."""
+    from jmsnas.modular import blocks as B
+    from jmsnas.modular import loadmodel as L
+    from jmsnas.modular import store
+    (tmp_path / "tiny.py").write_text(TINY)
+    lm = tmp_path / "lm.json"
+    lm.write_text(json.dumps(L.LoadModel(15.0, 0.3, 6.0, 0.0, []).to_json()))
+    ref_ = f"{tmp_path}/tiny.py:tiny"
+    net = B.load_network(ref_)
+    assert [b.name for b in net.blocks] == ["conv1", "conv2", "res_a..add", "pool", "fc"]
+    assert [B.block_bytes(b) for b in net.blocks] == [4 * (9 * 8 + 2 * 8 + 2 * 8), 4 * (9 * 8 * 16 + 4 * 16),
+                                                      4 * 2 * (9 * 16 * 16 + 4 * 16), 0, 4 * (16 * 10 + 10)]
+    assert cli.main(["modularize", "--model", ref_, "--children", "2", "--out", str(tmp_path / "kids"),
+                     "--load-model", str(lm), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["children"] == 2 and report["network"] == "traced:tiny_residual"
+    x = np.random.default_rng(1).standard_normal((5, 8, 8, 1)).astype(np.float32)
+    got = store.load(str(tmp_path / "kids"), parallel=2, x=x)
+    module = flax_zoo.TinyResidual()
+    want = jax.jit(module.apply)(flax_zoo.numpy_variables(module, (8, 8, 1)), x)
+    assert float(np.max(np.abs(np.asarray(got.output) - np.asarray(want)))) <= 1e-5

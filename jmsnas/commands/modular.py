@@ -1,7 +1,7 @@
 """``jmsnas modularize``, ``jmsnas load`` and ``jmsnas finetune``: a trained network as children that load in
 parallel (paper 002).
 
-    jmsnas modularize --model NAME|RUN_DIR --children K|auto --out DIR [--strategy exact|qlearning|equal]
+    jmsnas modularize --model NAME|RUN_DIR|pkg.module:factory --children K|auto --out DIR [--strategy exact|qlearning|equal]
                       [--load-model FILE] [--threads N] [--config FILE] [--json]
     jmsnas load DIR [--parallel N] [--infer] [--batch B] [--cold] [--json]
     jmsnas finetune DIR --steps N [--lr LR]          (children of a jmsnas run: its validation split)
@@ -22,7 +22,8 @@ import sys
 def add_parser(sub) -> None:
     p = sub.add_parser("modularize", help="split a trained network into children balanced for parallel loading",
                        description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True, help="zoo network name or a jmsnas search run directory")
+    p.add_argument("--model", required=True, help="zoo network name, a jmsnas search run directory or a model "
+                   "reference pkg.module:factory (docs/your_model.md)")
     p.add_argument("--children", required=True, help="number of children K, or 'auto'")
     p.add_argument("--out", required=True, help="new directory for the children and manifest.json")
     p.add_argument("--strategy", default="exact", help="exact | qlearning | equal (default exact)")
