@@ -9,7 +9,7 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLAB = os.path.join(REPO, "colab")
-NOTEBOOKS = ("quickstart", "compose", "split", "your_topology")
+NOTEBOOKS = ("quickstart", "compose", "split", "your_topology", "your_model")
 
 
 def _repository():
