@@ -82,15 +82,22 @@ def _read_json(path: str) -> dict:
         raise DeployError(f"{path} is not valid JSON: {e}") from None
 
 
-def _graph(space: SearchSpace, parts: dict) -> tuple:
-    """(order, inputs, outputs): execution order of device names, each device's sources and destinations."""
-    topo = space.topology
+def device_graph(topo) -> tuple:
+    """(order, inputs, outputs): execution order of device names, each device's sources and destinations
+    ("image" into the first, "result" out of the last)."""
     names = topo.device_names
     order = [names[m] for m in topo.path_order()]
     pos = {n: i for i, n in enumerate(order)}
     srcs = {n: sorted((l.src for l in topo.links if l.dst == n), key=pos.get) for n in order}
     dsts = {n: sorted((l.dst for l in topo.links if l.src == n), key=pos.get) for n in order}
     srcs[order[0]], dsts[order[-1]] = ["image"], ["result"]
+    return order, srcs, dsts
+
+
+def _graph(space: SearchSpace, parts: dict) -> tuple:
+    """``device_graph`` of the run's topology, checked against the parts."""
+    topo = space.topology
+    order, srcs, dsts = device_graph(topo)
     missing = [n for n in order if n not in parts]
     if missing:
         raise DeployError(f"parts/manifest.json has no part for devices {missing} of topology {topo.name!r}")

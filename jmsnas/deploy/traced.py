@@ -29,6 +29,7 @@ import numpy as np
 from jax import export as jax_export
 
 from jmsnas import topology as topo_mod
+from jmsnas.deploy.export import device_graph
 from jmsnas.deploy.runtime import FORMAT, MANIFEST, DeployError, sha256
 
 RECORD = "traced.json"
@@ -38,16 +39,6 @@ PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
 def is_traced(workdir: str) -> bool:
     """True when ``workdir`` was written by ``export_traced``."""
     return os.path.isfile(os.path.join(workdir, RECORD))
-
-
-def _graph(topo):
-    names = topo.device_names
-    order = [names[m] for m in topo.path_order()]
-    pos = {n: i for i, n in enumerate(order)}
-    srcs = {n: sorted((l.src for l in topo.links if l.dst == n), key=pos.get) for n in order}
-    dsts = {n: sorted((l.dst for l in topo.links if l.src == n), key=pos.get) for n in order}
-    srcs[order[0]], dsts[order[-1]] = ["image"], ["result"]
-    return order, srcs, dsts
 
 
 def ranges(topo, assignment, num_layers: int) -> dict:
@@ -151,7 +142,7 @@ def export_traced(model, topology, workdir: str, *, method: str = "chain_dp", cu
         except solvers.InfeasibleSplitError as e:
             raise DeployError(f"method {method!r} finds no split within the devices' memory: {e}") from None
     rng = ranges(topo, result.assignment, n)
-    order, srcs, dsts = _graph(topo)
+    order, srcs, dsts = device_graph(topo)
     path_devs = list(rng)
     leaves = run.leaves_dict(t)
     shapes: dict = {"image": ((batch,) + tuple(um.input_shape), um.input_dtype)}

@@ -69,7 +69,8 @@ def _tfds(spec: str, input_shape, data_dir):
         ds = builder.as_dataset(split=split_name, as_supervised=True)
         xs, ys = zip(*[(np.asarray(x), int(y)) for x, y in tfds.as_numpy(ds)])
     except AssertionError:
-        raise EvalDataError(str(_not_prepared(name, builder))) from None
+        raise EvalDataError(str(_not_prepared(name, builder)).replace("--config.data_dir=DIR", "--data-dir DIR")) \
+            from None
     except (DatasetError, ValueError) as e:
         raise EvalDataError(f"--data {spec!r}: {_first_line(e)}") from None
     except Exception as e:  # noqa: BLE001 - tfds raises many types for a missing or damaged dataset

@@ -95,17 +95,6 @@ def _shape(input_shape, where: str) -> tuple:
     return shape
 
 
-def _unflatten(flat: dict) -> dict:
-    out: dict = {}
-    for key, value in flat.items():
-        node = out
-        *path, leaf = key.split("/")
-        for part in path:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return out
-
-
 def load_params(path: str):
     """A parameter pytree from a .npz file (keys "a/b/c" -> nested dicts) or an orbax checkpoint directory."""
     if os.path.isdir(path):
@@ -118,8 +107,9 @@ def load_params(path: str):
         raise ModelRefError(f"parameter file {path!r} does not exist (expected a .npz file or an orbax "
                             "checkpoint directory)")
     try:
+        from jmsnas.deploy.export import unflatten
         with np.load(path, allow_pickle=False) as z:
-            return _unflatten({k: np.asarray(z[k]) for k in z.files})
+            return unflatten({k: np.asarray(z[k]) for k in z.files})
     except Exception as e:  # noqa: BLE001 - a damaged zip raises BadZipFile, ValueError, EOFError, ...
         raise ModelRefError(f"cannot read parameter file {path!r} as .npz: {_one_line(e)}") from None
 
