@@ -262,3 +262,26 @@ def test_modularize_a_traced_model_and_infer_while_loading(tmp_path, capsys):
     module = flax_zoo.TinyResidual()
     want = jax.jit(module.apply)(flax_zoo.numpy_variables(module, (8, 8, 1)), x)
     assert float(np.max(np.abs(np.asarray(got.output) - np.asarray(want)))) <= 1e-5
+
+
+def test_a_plain_program_composes_at_every_cut():
+    """Closed-over constants, a multi-result op (split), concatenation, a loop and a softmax: cut anywhere, the two
+    segments give apply's output; several tensors cross some cuts."""
+    mean = np.arange(64, dtype=np.float32).reshape(8, 8, 1) / 64
+
+    def apply(p, x):
+        a, b = jnp.split(((x - mean) * 2.0).reshape(len(x), -1), 2, axis=1)
+        h = jnp.concatenate([jax.nn.relu(a @ p["w1"]), jnp.tanh(b @ p["w2"])], axis=1)
+        h = jax.lax.fori_loop(0, 2, lambda i, v: v * 0.5 + 1.0, h)
+        return jax.nn.softmax(h @ p["w3"])
+    rng = np.random.default_rng(0)
+    p = {k: rng.standard_normal(s).astype(np.float32) for k, s in (("w1", (32, 4)), ("w2", (32, 4)), ("w3", (8, 3)))}
+    t = trace.trace(ref.from_apply(apply, p, (8, 8, 1)))
+    n = len(t.net.layers)
+    assert [l.name for l in t.net.layers if l.kind == "fc"] == ["fc", "fc#2", "fc#3"]
+    assert max(len(v) for v in t.live) >= 2
+    x = rng.standard_normal((3, 8, 8, 1)).astype(np.float32)
+    leaves, want = run.leaves_dict(t), apply(p, x)
+    for c in range(n + 1):
+        y = run.segment(t, c, n)(leaves, *run.segment(t, 0, c)(leaves, x))[0]
+        assert float(jnp.max(jnp.abs(y - want))) <= 1e-6, c

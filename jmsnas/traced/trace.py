@@ -93,17 +93,18 @@ class _Flat:
         self.avals[i] = (tuple(int(d) for d in aval.shape), str(aval.dtype))
         return i
 
-    def const(self, value) -> int:
-        value = np.asarray(value) if not isinstance(value, jax.Array) else value
-        i = self.new(jax.core.get_aval(value) if isinstance(value, jax.Array) else
-                     jax.ShapeDtypeStruct(np.shape(value), np.asarray(value).dtype))
+    def const(self, value, aval) -> int:
+        """A constant of the program (a literal or a closed-over array) with the dtype its use was traced with."""
+        if not isinstance(value, jax.Array):
+            value = np.asarray(value, dtype=aval.dtype)
+        i = self.new(aval)
         self.consts[i] = value
         return i
 
     def inline(self, jaxpr, const_ids, in_ids, scope: str) -> list:
         env = dict(zip(jaxpr.constvars, const_ids))
         env.update(zip(jaxpr.invars, in_ids))
-        read = lambda v: self.const(v.val) if isinstance(v, jcore.Literal) else env[v]
+        read = lambda v: self.const(v.val, v.aval) if isinstance(v, jcore.Literal) else env[v]
         for eqn in jaxpr.eqns:
             ins = [read(v) for v in eqn.invars]
             inner = " ".join(str(eqn.source_info.name_stack).split())
@@ -111,7 +112,7 @@ class _Flat:
             sub = _sub_jaxpr(eqn)
             if sub is not None:
                 sj, consts = sub
-                outs = self.inline(sj, [self.const(c) for c in consts], ins, where)
+                outs = self.inline(sj, [self.const(c, v.aval) for c, v in zip(consts, sj.constvars)], ins, where)
             else:
                 outs = [self.new(v.aval) for v in eqn.outvars]
                 self.ops.append(Op(eqn.primitive, dict(eqn.params), tuple(ins), tuple(outs), where))
@@ -225,7 +226,8 @@ def trace(model) -> Traced:
     flat = _Flat()
     leaf_ids = [flat.new(v.aval) for v in closed.jaxpr.invars[:n_leaves]]
     input_id = flat.new(closed.jaxpr.invars[n_leaves].aval)
-    (output_id,) = flat.inline(closed.jaxpr, [flat.const(c) for c in closed.consts], leaf_ids + [input_id], "")
+    consts = [flat.const(c, v.aval) for c, v in zip(closed.consts, closed.jaxpr.constvars)]
+    (output_id,) = flat.inline(closed.jaxpr, consts, leaf_ids + [input_id], "")
     act = _act_flags(flat, input_id)
     if output_id not in act or output_id == input_id:
         raise ModelRefError(f"model {model.name!r}: the output of apply(params, x) does not depend on x through "
