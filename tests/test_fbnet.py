@@ -106,3 +106,20 @@ def test_chain_of_two_devices_adds_the_link_and_both_tables():
     assert sum(b["per_device"].values()) + comm == pytest.approx(want)
     with pytest.raises(T.TopologyError, match="sums to 21"):
         S.plan(SP.fbnet_c100(), T.chain("c", devs, [10.0], [5, 16]), {"ue": tabs["raspi4"], "edge": tabs["pixel3"]})
+
+
+def test_search_command_in_the_fbnet_space_on_the_raspi4(tmp_path, capsys):
+    """``jmsnas search`` with the shipped FBNet config (FLOPs fitness: no training) meets T_const, and its
+    result's latency is the data's relative form summed by hand for the architecture it names."""
+    from jmsnas.cli import main
+    cfg = os.path.join(os.path.dirname(__file__), "..", "experiments", "configs", "fbnet_raspi4.py")
+    assert main(["search", "--config", cfg, "--workdir", str(tmp_path / "run"), "--config.fbnet.fitness=flops",
+                 "--config.fbnet.population=8", "--config.fbnet.generations=2", "--config.t_const_ms=20"]) == 0
+    res = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert res["met"] and res["latency_ms"] <= 20.0 and res["flow"] == "fbnet"
+    ops = [SP.OP_NAMES.index(a["op"]) for a in res["architecture"]]
+    raw = json.load(open(os.path.join(DATA, H.LUT_FILE)))["devices"]["raspi4"]
+    by_hand = raw["base_all_k3_e1_ms"] + sum(raw["delta_ms[layer][op]"][l][o] for l, o in enumerate(ops))
+    assert res["latency_ms"] == pytest.approx(by_hand, abs=1e-9)
+    assert main(["evolve", "--config", cfg, "--workdir", str(tmp_path / "run2"), "--config.t_const_ms=5"]) == 2
+    assert "below the fastest network's latency 7.7982 ms" in capsys.readouterr().err

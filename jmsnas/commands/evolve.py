@@ -24,6 +24,9 @@ def run(args, extra=()) -> int:
 
     def flow():
         cfg = run_config(args, extra, evolve.with_defaults)
+        if "fbnet" in cfg:  # the FBNet space (jmsnas.fbnet.flow): per-layer tables, supernet + evolution
+            from jmsnas.fbnet import flow as fbnet_flow
+            return fbnet_flow.run(cfg, args.workdir, resume=args.resume, progress=not args.no_progress)
         if "splitnets" in cfg:  # SplitNets' system (jmsnas.splitnets.search): split module, views, shared bus
             from jmsnas.splitnets import search as splitnets_search
             return splitnets_search.evolve(cfg, args.workdir, resume=args.resume, progress=not args.no_progress)

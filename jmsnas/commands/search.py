@@ -142,6 +142,9 @@ def run(args, extra=()) -> int:
     def flow():
         cfg = run_config(args, extra)
         resume = args.command == "retrain" or args.resume
+        if "fbnet" in cfg:  # the FBNet space (jmsnas.fbnet.flow): per-layer tables, supernet + evolution
+            from jmsnas.fbnet import flow as fbnet_flow
+            return fbnet_flow.run(cfg, args.workdir, resume=resume, progress=not args.no_progress)
         return pipeline.search(cfg, args.workdir, resume=resume, progress=not args.no_progress)
 
     result = run_training(args, flow)

@@ -67,21 +67,6 @@ def _fail(cmd: str, message) -> int:
     return 2
 
 
-def load_table(spec: str):
-    """A LayerTable from a table file or ``HELP_FILE:DEVICE``; (table, path of a file it may be recorded in)."""
-    from jmsnas.cost import layertable as LT
-    path, sep, device = spec.rpartition(":")
-    if sep and path and os.path.isfile(path) and not os.path.isfile(spec):
-        from jmsnas.fbnet import help as H
-        tables = H.tables(os.path.dirname(path) or ".") if os.path.basename(path) == H.LUT_FILE else None
-        if tables is None:
-            raise LT.TableError(f"{path!r}: only HELP's {H.LUT_FILE} takes a :DEVICE suffix")
-        if device not in tables:
-            raise LT.TableError(f"{path!r} has no device {device!r}; devices are {sorted(tables)}")
-        return tables[device], None
-    return LT.load(spec), spec
-
-
 def _check_out(path: str) -> None:
     d = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(d):
@@ -109,6 +94,11 @@ def measure_networks(space, archs, args) -> np.ndarray:
 
 def _random_archs(space, n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, len(space.op_names), (n, space.num_layers))
+
+
+def load_table(spec: str):
+    from jmsnas.fbnet.help import table_from_spec
+    return table_from_spec(spec)
 
 
 def run(args) -> int:

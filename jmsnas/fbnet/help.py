@@ -76,3 +76,17 @@ def measured(data: Data, device: str, indices) -> NW.Measured:
     rows = np.array([pos[int(i)] for i in indices], np.int64)
     return NW.make(data["archs"][rows], data["ms"][device][rows], OP_NAMES, space=fbnet_c100().name, device=device,
                    info={"source": "HELP fbnet_latency.json", "arch_index": [int(i) for i in indices]})
+
+
+def table_from_spec(spec: str):
+    """(LayerTable, path of the file it may be recorded in, or None) from a table file or ``HELP_FILE:DEVICE``
+    (HELP's relative-form file, fbnet_lut_pixel3_raspi4.json, and one of its devices)."""
+    path, sep, device = str(spec).rpartition(":")
+    if sep and path and os.path.isfile(path) and not os.path.isfile(spec):
+        if os.path.basename(path) != LUT_FILE:
+            raise LT.TableError(f"{path!r}: only HELP's {LUT_FILE} takes a :DEVICE suffix")
+        found = tables(os.path.dirname(path) or ".")
+        if device not in found:
+            raise LT.TableError(f"{path!r} has no device {device!r}; devices are {sorted(found)}")
+        return found[device], None
+    return LT.load(spec), spec

@@ -6,10 +6,11 @@ input and timed by ``jmsnas.cost.profile.time_rounds``: every timed call follows
 function, items in a shuffled order per round, so a burst of load hits all of them alike; the median of the
 rounds is kept.
 
-``profile_table``: the entry of op o at layer l is the median time of that block alone on the layer's input
-(layers with equal shapes share their measurement); the fixed term is the stem and head run as one call. Between
-the blocks of a whole network XLA fuses nothing across layer boundaries that this misses except the per-call
-overhead, which the fixed term carries once; ``jmsnas validate`` reports how well the sum predicts whole networks.
+``profile_table``: the entry of op o at layer l is the median, over rounds, of the time of that block alone on the
+layer's input minus that of a near-empty call with the same arguments in the same round (the per-call overhead,
+which a whole network pays once); layers with equal shapes share their measurement. The fixed term is the stem
+and head run as one call (overhead included). ``jmsnas validate`` reports how well the sum predicts whole
+networks.
 """
 from __future__ import annotations
 
@@ -72,6 +73,12 @@ def _block_call(space: FBNetSpace, n: int, i: int, batch: int):
     return jax.jit(lambda p, s, x: net.block_apply(p, s, x, b, lay, train=False)[0]), (p, s, x)
 
 
+def _reference(call):
+    """A jitted near-empty call taking the same arguments as ``call`` (the per-call overhead)."""
+    fn, args = call
+    return jax.jit(lambda p, s, x: x[:1, :1, :1, :1] + 1.0), args
+
+
 def _stem_head_call(space: FBNetSpace, batch: int):
     params, state = _fill(jax.eval_shape(lambda: net._stem_head_init(jax.random.PRNGKey(_KEY), space)))
     x = jnp.ones((batch, space.image_size, space.image_size, space.in_channels), jnp.float32)
@@ -92,9 +99,11 @@ def profile_table(space: FBNetSpace, *, device: str, batch: int = 1, reps: int =
     for lay in space.layers:
         reps_of.setdefault(shape(lay), lay.index)
     items = [(n, i) for n in reps_of.values() for i in range(len(space.blocks))]
-    calls = [_block_call(space, n, i, batch) for n, i in items] + [_stem_head_call(space, batch)]
-    samples = time_rounds([[c] for c in calls], reps, warmup, seed)
-    ms = [float(np.median(s[0])) for s in samples]
+    groups = [[c, _reference(c)] for c in [_block_call(space, n, i, batch) for n, i in items]]
+    samples = time_rounds(groups + [[_stem_head_call(space, batch)]], reps, warmup, seed)
+    # a block's entry: its call minus a near-empty call with the same arguments, timed in the same rounds
+    # (the per-call overhead is paid once by a whole network: the fixed term's call carries it)
+    ms = [max(float(np.median(s[0] - s[1])), 0.0) for s in samples[:-1]] + [float(np.median(samples[-1][0]))]
     got = dict(zip(items, ms[:-1]))
     entry = np.array([[got[(reps_of[shape(l)], i)] for i in range(len(space.blocks))] for l in space.layers])
     info = backend_info()

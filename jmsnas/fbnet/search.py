@@ -92,6 +92,14 @@ def fastest(p: Plan) -> np.ndarray:
     return np.nanargmin(p.entry_ms, axis=1)
 
 
+def check_budget(p: Plan, t_const_ms: float) -> None:
+    """ValueError (one line) when no network of the space meets ``t_const_ms``."""
+    t_min = float(latency_ms(p, fastest(p))[0])
+    if not t_const_ms >= t_min:
+        raise ValueError(f"T_const = {t_const_ms!r} ms is below the fastest network's latency {t_min:.4f} ms on "
+                         f"these tables; expected T_const >= {t_min:.4f}")
+
+
 class Result(NamedTuple):
     arch: np.ndarray  # int64[N]
     latency_ms: float
@@ -104,10 +112,7 @@ def search(key, p: Plan, t_const_ms: float, fitness_fn: Callable[[np.ndarray], n
     """The fittest architecture found with T <= ``t_const_ms`` (evolution; module docstring).
 
     ``fitness_fn(archs int64[P, N]) -> float[P]`` (higher is better)."""
-    t_min = float(latency_ms(p, fastest(p))[0])
-    if not t_const_ms >= t_min:
-        raise ValueError(f"T_const = {t_const_ms!r} ms is below the fastest network's latency {t_min:.4f} ms on "
-                         f"these tables; expected T_const >= {t_min:.4f}")
+    check_budget(p, t_const_ms)
     valid = np.isfinite(p.entry_ms)
     strat = strategies.make("evolution", mask=valid, population=population)
     k_init, key = jax.random.split(key)

@@ -113,3 +113,12 @@ def scaled(space: FBNetSpace, *, width: float = 1.0, image_size: int | None = No
         image_size=image_size or space.image_size, in_channels=in_channels or space.in_channels,
         num_classes=num_classes or space.num_classes, stem_channels=even(space.stem_channels),
         stage_channels=tuple(even(c) for c in space.stage_channels), head_channels=even(space.head_channels))
+
+
+def block_flops(block: Block, layer: Layer) -> float:
+    """Floating-point operations (2 per multiply-add) of ``block`` on ``layer`` per image (convolutions only)."""
+    if block.is_skip:
+        return 0.0 if layer.keeps_shape else 2.0 * layer.out_hw ** 2 * layer.in_ch * layer.out_ch
+    mid = layer.in_ch * block.expand
+    return 2.0 * (layer.in_hw ** 2 * layer.in_ch * mid / block.groups + layer.out_hw ** 2 * mid * block.kernel ** 2
+                  + layer.out_hw ** 2 * mid * layer.out_ch / block.groups)
