@@ -209,20 +209,41 @@ TINY = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.parametrize("topology,cuts", [("chain", "1,3,4"), ("mesh", "2,3,5")])
-def test_parts_of_a_traced_model_through_pipeline_check(tmp_path, capsys, topology, cuts):
+SMALL_TOPOLOGIES = {  # few devices: one process each in the pipeline
+    "chain": """
+        name: three
+        devices: [{name: ue, preset: raspberry_pi4}, {name: edge, preset: jetson_agx_xavier},
+                  {name: cloud, preset: server_v100}]
+        links: [{src: ue, dst: edge, mbps: 25}, {src: edge, dst: cloud, mbps: 200}]
+    """,
+    "mesh": """
+        name: fork
+        devices: [{name: root, preset: raspberry_pi4}, {name: b1, preset: jetson_agx_xavier},
+                  {name: b2, preset: jetson_agx_xavier}, {name: agg, preset: server_v100}]
+        links: [{src: root, dst: b1, mbps: 50}, {src: root, dst: b2, mbps: 50}, {src: b1, dst: agg, mbps: 200},
+                {src: b2, dst: agg, mbps: 200}]
+    """}
+
+
+@pytest.mark.parametrize("kind,cuts", [("chain", "3,4"), ("mesh", "2,4")])
+def test_parts_of_a_traced_model_through_pipeline_check(tmp_path, capsys, kind, cuts):
     """The parts (cuts 3 and 4 cross the residual block's skip: two tensors packed) composed by one process per
-    device give the model's own output."""
+    device give the model's own output; on the mesh the idle branch sends a token the aggregator ignores."""
     (tmp_path / "tiny.py").write_text(TINY)
+    (tmp_path / "topo.yaml").write_text(textwrap.dedent(SMALL_TOPOLOGIES[kind]))
     work = tmp_path / "work"
     ref_ = f"{tmp_path}/tiny.py:tiny"
-    assert cli.main(["export", "--model", ref_, "--topology", topology, "--cuts", cuts, "--workdir", str(work)]) == 0
+    assert cli.main(["export", "--model", ref_, "--topology", str(tmp_path / "topo.yaml"), "--cuts", cuts,
+                     "--workdir", str(work)]) == 0
     m = json.loads((work / "export" / "manifest.json").read_text())
     first = m["order"][0]
     c0 = int(cuts.split(",")[0])
-    assert m["parts"][first]["ops"] == ["conv1", "conv2"][:c0] and m["traced"]["ranges"][first] == [0, c0]
+    assert m["kind"] == kind and m["parts"][first]["ops"] == ["conv1", "conv2", "res_a"][:c0]
+    assert m["traced"]["ranges"][first] == [0, c0]
     packed = [d for d in m["order"] if m["parts"][d]["output"]["shape"] == [1, 2 * 4 * 4 * 16]]
     assert packed  # a cut inside the residual block sends both tensors
+    if kind == "mesh":
+        assert m["parts"]["b2"]["idle_branch"] and m["parts"]["b2"]["output"]["shape"] == [1, 1]
     capsys.readouterr()
     assert cli.main(["pipeline", "--workdir", str(work), "--check", "--images", "4", "--phase", "latency",
                      "--json"]) == 0
