@@ -186,7 +186,7 @@ def _compare_meta(saved: dict, expect_meta: dict, where: str) -> None:
                                   f"expected {expected[key]!r}")
 
 
-def _file_digests(step_dir: str) -> dict:
+def file_digests(step_dir: str) -> dict:
     """{relative path: sha256 hex} of every file under ``step_dir`` except the checksum file itself."""
     out = {}
     for root, _, files in os.walk(step_dir):
@@ -203,16 +203,18 @@ def _file_digests(step_dir: str) -> dict:
     return out
 
 
-def _verify_digests(step_dir: str, where: str) -> None:
+def verify_digests(step_dir: str, where: str, stored: dict | None = None) -> None:
     """CheckpointError naming the first file that is missing or whose sha256 differs from the one stored at save
-    time (steps saved without a checksum file are not checked)."""
+    time (``stored``, default: the step's checksum file; steps saved without one are not checked). Run before
+    orbax reads anything, so a damaged file never reaches tensorstore (whose failed reads are noisy)."""
     path = os.path.join(step_dir, CHECKSUMS)
-    if not os.path.isfile(path):
+    if stored is None and not os.path.isfile(path):
         return
     try:
-        with open(path, "r", encoding="utf-8") as f:
-            stored = json.load(f)["sha256"]
-        now = _file_digests(step_dir)
+        if stored is None:
+            with open(path, "r", encoding="utf-8") as f:
+                stored = json.load(f)["sha256"]
+        now = file_digests(step_dir)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{where}: checksum file unreadable: {_one_line(exc)}") from None
     for rel in sorted(stored):
@@ -313,7 +315,7 @@ class Checkpointer:
     def _write_digests(self, step: int) -> None:
         """Store the sha256 of every file of the committed step (atomically), verified by :meth:`restore`."""
         step_dir = os.path.join(self.directory, str(step))
-        digests = _file_digests(step_dir)
+        digests = file_digests(step_dir)
         tmp = os.path.join(step_dir, CHECKSUMS + ".tmp")
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump({"sha256": digests}, f)
@@ -339,25 +341,48 @@ class Checkpointer:
         steps = self.all_steps()
         if not steps:
             raise CheckpointError(f"no checkpoint found in {self.directory}")
+        latest = step is None
         if step is None:
             step = steps[-1]
         if step not in steps:
             raise CheckpointError(f"checkpoint step {step!r} not found in {self.directory}; "
                                   f"available steps: {steps}")
         where = f"checkpoint {os.path.join(self.directory, str(step))}"
-        _verify_digests(os.path.join(self.directory, str(step)), where)
-        meta = self._read_meta(step, where)
-        if expect_meta is not None:
-            _compare_meta(meta, expect_meta, where)
-        _check_meta_types(meta, meta_types or {}, where)
-        _compare_specs(self._read_specs(step, where), expected, where)
-        args = ocp.args.Composite(**{_STATE: ocp.args.StandardRestore(template)})
         try:
-            with _quiet_orbax():
-                state = self._manager.restore(step, args=args)[_STATE]
-        except Exception as exc:
-            raise CheckpointError(f"{where} is corrupt or unreadable: {_one_line(exc)}") from None
+            verify_digests(os.path.join(self.directory, str(step)), where)
+            meta = self._read_meta(step, where)
+            if expect_meta is not None:
+                _compare_meta(meta, expect_meta, where)
+            _check_meta_types(meta, meta_types or {}, where)
+            _compare_specs(self._read_specs(step, where), expected, where)
+            args = ocp.args.Composite(**{_STATE: ocp.args.StandardRestore(template)})
+            try:
+                with _quiet_orbax():
+                    state = self._manager.restore(step, args=args)[_STATE]
+            except Exception as exc:
+                raise CheckpointError(f"{where} is corrupt or unreadable: {_one_line(exc)}") from None
+        except CheckpointError as e:
+            if latest and "corrupt or unreadable" in str(e):
+                raise CheckpointError(f"{e}; {self._older_intact(steps[:-1], step)}") from None
+            raise
         return state, meta
+
+    def _older_intact(self, older: list, damaged: int) -> str:
+        """What to do when the latest step is damaged: name the newest older step whose files match their
+        checksums, and how to resume from it (move the damaged step out of the checkpoint folder)."""
+        for s in reversed(older):
+            d = os.path.join(self.directory, str(s))
+            try:
+                if not os.path.isfile(os.path.join(d, CHECKSUMS)):
+                    continue
+                verify_digests(d, f"checkpoint {d}")
+            except CheckpointError:
+                continue
+            bad = os.path.join(self.directory, str(damaged))
+            aside = f"{self.directory.rstrip(os.sep)}-damaged-{damaged}"
+            return (f"the older checkpoint step {s} is intact: move the damaged one aside (`mv {bad} {aside}`) and "
+                    f"rerun with --resume to continue from step {s}")
+        return "no older intact checkpoint is left: start the run again in a new workdir"
 
     def _read_meta(self, step: int, where: str) -> dict:
         try:

@@ -28,10 +28,44 @@ def _available():
     return found
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the project's refusal: one line ``<prog>: error: <message>`` on stderr and exit code 2 (no
+    usage block), for every sub-command's parser too."""
+
+    def error(self, message):
+        import re
+
+        from jmsnas import safeio
+        message = re.sub(r"^argument ([^:]+): must ", r"\1 must ", str(message))  # "--batch must be ..., got '0'"
+        self.exit(2, f"{self.prog}: error: {safeio.clip(message, 600)}\n")
+
+
+def _finite_floats(sub, args) -> None:
+    """Every float flag finite (a NaN or infinity never reaches a command): the generic part of the boundary that
+    a new flag inherits; ranges are each flag's own ``type=`` (``runcheck.number_flag``)."""
+    import math
+    for action in sub._actions:
+        v = getattr(args, action.dest, None)
+        for x in (v if isinstance(v, list) else [v]):
+            if isinstance(x, float) and not math.isfinite(x):
+                sub.error(f"{'/'.join(action.option_strings) or action.dest} must be a finite number, got {x!r}")
+
+
 def main(argv=None) -> int:
+    """Run one command; its exit code (2 for bad input, with one line on stderr)."""
+    try:
+        return _main(argv)
+    except SystemExit as e:  # argparse's refusal (2) or --help (0): a code, not an exception, for in-process callers
+        return e.code if isinstance(e.code, int) else 2
+    finally:
+        from jmsnas import runcheck
+        runcheck.release_workdirs()
+
+
+def _main(argv=None) -> int:
     if not _host_settings():
         return 2
-    parser = argparse.ArgumentParser(prog="jmsnas", description=__doc__)
+    parser = _Parser(prog="jmsnas", description=__doc__)
     parser.add_argument("--no-compile-cache", action="store_true",
                         help="compile every step anew (default: reuse executables from the persistent compilation "
                              "cache in $JMSNAS_CACHE_DIR, else $XDG_CACHE_HOME/jmsnas, else ~/.cache/jmsnas; also "
@@ -46,7 +80,8 @@ def main(argv=None) -> int:
     if not _compile_cache(not no_cache):
         return 2
     if extra and args.command not in ("search", "retrain", "evolve", "separable"):
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        sub.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    _finite_floats(sub.choices[args.command], args)
     try:
         if args.command in ("search", "retrain", "evolve", "separable"):
             return mods[args.command].run(args, extra)

@@ -311,6 +311,12 @@ def _record(ops, f, i) -> dict:
             "latency_ms": float(f["latency_ms"][i]), "fitness": fit if np.isfinite(fit) else None}
 
 
+def population_bytes(space: SearchSpace, size: int, tries: int = 64) -> int:
+    """Bytes ``feasible_population`` holds at once: ``size * tries`` architectures of int32[N] with a float32
+    per candidate of every layer for their latencies, and a float64 latency each."""
+    return int(size) * tries * (space.num_layers * 4 * (1 + len(OPS)) + 8)
+
+
 def feasible_population(key, space: SearchSpace, table, t_const_ms: float, split: str, size: int,
                         tries: int = 64) -> np.ndarray:
     """int32[size, N]: an initial population that meets T <= T_const where it can (rejection sampling, as OFA's
@@ -395,7 +401,8 @@ def evolve(cfg: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
     ds = pipeline.load_data(cfg)
     fd = fitness_data(cfg, ds)
     space, table = pipeline.build(cfg)
-    pipeline.check_run(cfg, space, ds, cfg.search.batch_size, 2 + cfg.evolve.num_random)
+    pipeline.check_run(cfg, space, ds, cfg.search.batch_size, 2 + cfg.evolve.num_random,
+                       population_bytes(space, cfg.evolve.population), f", evolve.population={cfg.evolve.population}")
     pipeline.claim_workdir(workdir, resume, stored, "evolve")
     e = cfg.evolve
     mesh = train.data_mesh()

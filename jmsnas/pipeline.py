@@ -21,12 +21,13 @@ import ml_collections
 import numpy as np
 from tqdm import tqdm
 
-from jmsnas import (budget, data, gates as G, programs, report, runcheck, safeio, supernet, timing, topology,
+from jmsnas import (budget, data, dwconv, gates as G, programs, report, runcheck, safeio, supernet, timing, topology,
                     train)
 from jmsnas.checkpoint import CheckpointError, Checkpointer
 from jmsnas.cost.latency import arch_latency, best_chain_assignment, breakdown_dict
 from jmsnas.cost.tables import CostTable, analytic_table
 from jmsnas.deploy.spec import space_to_dict
+from jmsnas.objectives import PENALTIES
 from jmsnas.runcheck import ConfigError
 from jmsnas.space import OP_NAMES, SearchSpace, adapt_schedule, build_space
 from jmsnas.topology import Topology
@@ -74,6 +75,10 @@ def validate_config(cfg) -> None:
         raise ConfigError(f"split 'searched' needs a chain topology, got {cfg.topology!r} ({topo.kind})")
     if s.gate_mode not in G.GATE_MODES:
         raise ConfigError(f"unknown search.gate_mode {s.gate_mode!r}; expected one of {list(G.GATE_MODES)}")
+    if s.get("penalty", "two_sided") not in PENALTIES:
+        raise ConfigError(f"unknown search.penalty {s.penalty!r}; expected one of {list(PENALTIES)}")
+    if cfg.get("dw_impl", "auto") not in dwconv.IMPLS:
+        raise ConfigError(f"unknown dw_impl {cfg.dw_impl!r}; expected one of {list(dwconv.IMPLS)}")
     if cfg.get("candidate_impl", "auto") not in supernet.CANDIDATE_IMPLS:
         raise ConfigError(f"unknown candidate_impl {cfg.candidate_impl!r}; expected one of "
                           f"{list(supernet.CANDIDATE_IMPLS)}")
@@ -125,13 +130,15 @@ def _hparams(cfg) -> train.SearchHParams:
                                s.gate_mode, s.tau0, s.tau_min, s.tau_decay, cfg.split)
 
 
-def check_run(cfg, space: SearchSpace, ds, batch_size: int, paths: int) -> None:
-    """What would fail after the workdir is prepared: batch sizes against the splits, one step's memory."""
+def check_run(cfg, space: SearchSpace, ds, batch_size: int, paths: int, extra_bytes: int = 0,
+              extra_what: str = "") -> None:
+    """What would fail after the workdir is prepared: batch sizes against the splits, one step's memory (plus
+    ``extra_bytes``, e.g. an evolution's population)."""
     for name, split in (("train", ds.train), ("val", ds.val)):
         if batch_size > split.labels.shape[0]:
             raise ConfigError(f"search.batch_size={batch_size} is larger than the {name} split "
                               f"({split.labels.shape[0]} examples): an epoch would have no batch")
-    runcheck.check_memory(space, batch_size, paths, f"image_size={space.image_size}")
+    runcheck.check_memory(space, batch_size, paths, f"image_size={space.image_size}", extra_bytes, extra_what)
 
 
 def claim_workdir(workdir: str, resume: bool, stored: dict, command: str) -> None:
@@ -143,11 +150,11 @@ def claim_workdir(workdir: str, resume: bool, stored: dict, command: str) -> Non
         runcheck.claim_workdir(workdir, resume, stored, command)
 
 
-def prepare_workdir(workdir: str, resume: bool, cfg, command: str) -> None:
+def prepare_workdir(workdir: str, resume: bool, cfg, command: str, resumable: bool = True) -> None:
     """Checks ``workdir`` for ``jmsnas <command>`` (``runcheck.check_workdir``), then creates it and stores the
     configuration: for flows whose other checks are all done (separable networks, SplitNets)."""
     stored = runcheck.plain(cfg)
-    runcheck.check_workdir(workdir, resume, stored, command)
+    runcheck.check_workdir(workdir, resume, stored, command, resumable)
     claim_workdir(workdir, resume, stored, command)
 
 
@@ -445,25 +452,27 @@ def _budget_note(fix, derived, t_const) -> str:
 
 
 def write_parts(space: SearchSpace, params, bn, ops, directory: str, assignment=None) -> dict:
-    """Per-device parts ready to deploy: ``<device>.npz`` (weights + BN statistics) and ``manifest.json``."""
-    os.makedirs(directory, exist_ok=True)
+    """Per-device parts ready to deploy: ``<device>.npz`` (weights + BN statistics) and ``manifest.json``, written
+    as one folder (``safeio.atomic_dir``: a failure leaves the previous folder or none, never a partial one)."""
     parts = supernet.device_parts(space, params, ops, assignment)
     bn_parts = supernet.device_parts(space, bn, ops, assignment)
     manifest = {"op_names": list(OP_NAMES), "devices": {}, "space": space_to_dict(space)}
-    for dev, part in parts.items():
-        flat = {}
-        for prefix, tree in (("params", part["params"]), ("bn", bn_parts[dev]["params"])):
-            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-                flat[prefix + "/" + "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)] = \
-                    np.asarray(leaf)
-        with safeio.atomic_write(os.path.join(directory, f"{dev}.npz"), "wb") as f:
-            np.savez(f, **flat)
-        layers = part["layers"]
-        manifest["devices"][dev] = {"layers": layers, "ops": part["ops"], "file": f"{dev}.npz",
-                                    "input_shape": _io_shape(space, layers, first=True),
-                                    "output_shape": _io_shape(space, layers, first=False)}
-    with safeio.atomic_write(os.path.join(directory, "manifest.json")) as f:
-        json.dump(manifest, f, indent=2)
+    os.makedirs(os.path.dirname(os.path.abspath(directory)), exist_ok=True)
+    with safeio.atomic_dir(directory) as tmp:
+        for dev, part in parts.items():
+            flat = {}
+            for prefix, tree in (("params", part["params"]), ("bn", bn_parts[dev]["params"])):
+                for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+                    flat[prefix + "/" + "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)] = \
+                        np.asarray(leaf)
+            with open(safeio.child_path(tmp, dev, ".npz", "device name"), "wb") as f:
+                np.savez(f, **flat)
+            layers = part["layers"]
+            manifest["devices"][dev] = {"layers": layers, "ops": part["ops"], "file": f"{dev}.npz",
+                                        "input_shape": _io_shape(space, layers, first=True),
+                                        "output_shape": _io_shape(space, layers, first=False)}
+        with open(os.path.join(tmp, "manifest.json"), "w", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=2)
     return manifest
 
 

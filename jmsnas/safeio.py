@@ -9,13 +9,26 @@
   killed while writing leaves the previous file (or none), never a truncated one.
 * :func:`run_outputs` lists what in a workdir belongs to a run (checkpoints, result.json, plots, parts, ...), so a
   new run refuses a workdir holding any of it, not only checkpoints.
+* :func:`load_json` / :func:`read_json` parse untrusted JSON with the same caps (size, depth) and refuse a key
+  defined twice in one object; :func:`load_npz` opens an ``.npz`` file and reports a truncated or foreign file as
+  one line.
+* :func:`safe_name` checks a name that becomes a file name (a device's ``<name>.npz``): one path component, no
+  separator, no ``..``, printable, at most 64 characters; :func:`child_path` joins such a name under a folder and
+  proves the result stays inside it.
+* :func:`atomic_dir` builds a folder under a temporary sibling name and renames it into place at the end, so a
+  failure (a full disk, a kill) leaves the previous folder or none, never a partial one; :func:`write_errors`
+  turns an OSError while writing (ENOSPC, EACCES, EROFS, ...) into one ValueError line naming what was written.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib.util
+import json
 import os
+import re
 import reprlib
+import shutil
 import tempfile
 
 import yaml
@@ -71,21 +84,27 @@ def _check_events(text: str, source: str, max_depth: int) -> None:
             stack.pop()
 
 
+def _text(data, source: str, max_bytes: int) -> str:
+    """``data`` as text: at most ``max_bytes`` long, bytes decoded as UTF-8; one ValueError line otherwise."""
+    if isinstance(data, bytes):
+        if len(data) > max_bytes:
+            raise ValueError(f"{source} is {len(data)} bytes, more than the {max_bytes} accepted")
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{source} is not UTF-8 text (byte {e.start}: {data[e.start:e.start + 1]!r})") from None
+    if len(data) > max_bytes:
+        raise ValueError(f"{source} is {len(data)} characters, more than the {max_bytes} accepted")
+    return data
+
+
 def load_yaml(data, source: str, *, max_bytes: int = MAX_YAML_BYTES, max_depth: int = MAX_YAML_DEPTH):
     """Parse YAML ``data`` (str or bytes, bytes must be UTF-8) from ``source`` (a name for messages).
 
     Raises ValueError (one line) for text over ``max_bytes``, bytes that are not UTF-8, invalid YAML, nesting
     deeper than ``max_depth`` or a key defined twice in one mapping.
     """
-    if isinstance(data, bytes):
-        if len(data) > max_bytes:
-            raise ValueError(f"{source} is {len(data)} bytes, more than the {max_bytes} accepted")
-        try:
-            data = data.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{source} is not UTF-8 text (byte {e.start}: {data[e.start:e.start + 1]!r})") from None
-    elif len(data) > max_bytes:
-        raise ValueError(f"{source} is {len(data)} characters, more than the {max_bytes} accepted")
+    data = _text(data, source, max_bytes)
     try:
         _check_events(data, source, max_depth)
         return yaml.load(data, Loader=_Loader)
@@ -172,3 +191,166 @@ def import_file(path: str, what: str, module_name: str):
     except Exception as e:  # noqa: BLE001
         raise ValueError(f"{what} {path!r} cannot be loaded: {type(e).__name__}: {clip(e)}") from None
     return module
+
+
+# ------------------------------------------------------------------------------------------ JSON and npz
+
+MAX_JSON_BYTES = 64 * 2**20
+MAX_JSON_DEPTH = 64
+
+
+def _no_duplicates(source: str):
+    def hook(pairs):
+        seen = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise ValueError(f"{source}: key {short(k)} is defined twice in one object; expected each key once")
+            seen.add(k)
+        return dict(pairs)
+    return hook
+
+
+def _json_depth(text: str) -> int:
+    """The deepest nesting of ``[``/``{`` outside strings (checked before parsing: json's parser recurses)."""
+    depth = worst = 0
+    in_str = esc = False
+    for ch in text:
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
+            depth += 1
+            worst = max(worst, depth)
+        elif ch in "]}":
+            depth -= 1
+    return worst
+
+
+def load_json(data, source: str, *, max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_JSON_DEPTH):
+    """Parse JSON ``data`` (str or UTF-8 bytes) from ``source``; ValueError (one line) for text over ``max_bytes``,
+    bytes that are not UTF-8, invalid JSON, nesting deeper than ``max_depth`` or a key defined twice."""
+    data = _text(data, source, max_bytes)
+    if _json_depth(data) > max_depth:
+        raise ValueError(f"{source}: JSON nested more than {max_depth} levels deep")
+    try:
+        return json.loads(data, object_pairs_hook=_no_duplicates(source))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{source} is not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
+    except RecursionError:
+        raise ValueError(f"{source}: JSON nested too deeply") from None
+
+
+def read_json(path, what: str, *, max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_JSON_DEPTH):
+    """The parsed JSON file ``path`` (``load_json`` after ``read_bytes``): one ValueError line naming ``what``."""
+    path = os.fspath(path)
+    return load_json(read_bytes(path, what, max_bytes), f"{what} {path!r}", max_bytes=max_bytes, max_depth=max_depth)
+
+
+def load_npz(path, what: str) -> dict:
+    """Every array of the ``.npz`` file ``path`` (read without pickles); ValueError (one line) for a missing,
+    truncated or foreign file."""
+    import numpy as np
+    path = os.fspath(path)
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except FileNotFoundError:
+        raise ValueError(f"{what} {path!r} is missing") from None
+    except Exception as e:  # noqa: BLE001 - BadZipFile, zlib.error, EOFError, ValueError, OSError: all "damaged"
+        raise ValueError(f"{what} {path!r} is damaged or not an .npz file ({type(e).__name__}: {clip(e, 120)})") \
+            from None
+
+
+# ------------------------------------------------------------------------------------------ names and folders
+
+MAX_NAME = 64
+_NAME_BAD = re.compile(r"[/\\\x00-\x1f\x7f:*?\"<>|]")
+
+
+def name_problem(name) -> str | None:
+    """Why ``name`` cannot be a file name of its own (None when it can): it must be a non-empty string of at most
+    MAX_NAME characters without path separators, control characters or ``:*?"<>|``, not ``.``/``..``, not
+    starting with ``-`` or ``.`` and without surrounding spaces."""
+    if not isinstance(name, str) or not name:
+        return "must be a non-empty string"
+    if len(name) > MAX_NAME:
+        return f"must be at most {MAX_NAME} characters"
+    bad = _NAME_BAD.search(name)
+    if bad:
+        return f"must not contain {bad.group(0)!r} (it names a file: no path separators or special characters)"
+    if name.startswith((".", "-")):
+        return "must not start with '.' or '-' (it names a file)"
+    if name != name.strip():
+        return "must not start or end with a space"
+    return None
+
+
+def safe_name(name, what: str) -> str:
+    """``name`` when it can be a file name of its own (``name_problem``), else one ValueError line."""
+    problem = name_problem(name)
+    if problem:
+        raise ValueError(f"{what} {problem}, got {short(name)}")
+    return name
+
+
+def inside(path, folder) -> bool:
+    """True when ``path`` is ``folder`` or under it (both resolved: links followed, ``..`` removed)."""
+    p, f = os.path.realpath(os.fspath(path)), os.path.realpath(os.fspath(folder))
+    return p == f or p.startswith(f.rstrip(os.sep) + os.sep)
+
+
+def child_path(folder, name: str, suffix: str = "", what: str = "name") -> str:
+    """``folder/<name><suffix>`` for a safe ``name``; ValueError if the result would leave ``folder``."""
+    safe_name(name, what)
+    path = os.path.join(os.fspath(folder), name + suffix)
+    if not inside(path, folder) or os.path.realpath(path) == os.path.realpath(folder):
+        raise ValueError(f"{what} {short(name)} would write outside {os.fspath(folder)!r}")
+    return path
+
+
+DISK_ERRORS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
+               errno.EACCES: "permission denied", errno.EPERM: "permission denied",
+               errno.EROFS: "the file system is read-only"}
+
+
+def os_error_text(e: OSError) -> str:
+    """An OSError as a few words: what went wrong and the file."""
+    what = DISK_ERRORS.get(e.errno) or e.strerror or type(e).__name__
+    return f"{what} ({e.filename})" if e.filename else what
+
+
+@contextlib.contextmanager
+def write_errors(what: str):
+    """An OSError inside the block (ENOSPC, EACCES, EROFS, ...) becomes one ValueError line naming ``what``."""
+    try:
+        yield
+    except OSError as e:
+        why = DISK_ERRORS.get(e.errno) or e.strerror or type(e).__name__  # not the file: a temporary name
+        raise ValueError(f"cannot write {what}: {why}; nothing partial was left") from None
+
+
+@contextlib.contextmanager
+def atomic_dir(path):
+    """Yield a new temporary folder next to ``path``; on success it replaces ``path`` (an existing ``path`` is
+    removed only then), on any exception it is deleted and ``path`` is left as it was."""
+    path = os.path.abspath(os.fspath(path))
+    parent = os.path.dirname(path)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=parent)
+    try:
+        yield tmp
+        old = None
+        if os.path.lexists(path):
+            old = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.", suffix=".old", dir=parent)
+            os.rename(path, os.path.join(old, "x"))
+        os.rename(tmp, path)
+        if old:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -10,6 +10,8 @@ import ml_collections
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
+    if arg not in ("", "tiny"):  # a typo (":tyni") must not run the full config
+        raise ValueError(f"splitnets config argument must be '' or 'tiny', got {arg!r}")
     c = ml_collections.ConfigDict()
     c.seed = 0
     c.dataset = "digits"

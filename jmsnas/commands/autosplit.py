@@ -20,7 +20,8 @@ import json
 import os
 import sys
 
-from jmsnas import topology
+from jmsnas import runcheck, topology
+from jmsnas.runcheck import path_flag
 from jmsnas.topology import TopologyError
 
 
@@ -40,7 +41,7 @@ def add_parser(sub) -> None:
     p.add_argument("--select-on", default="val", choices=("val", "test"),
                    help="split on which a candidate's accuracy drop is checked against A (default val)")
     p.add_argument("--json", action="store_true", help="print a JSON object instead of text")
-    p.add_argument("--write-parts", metavar="DIR", help="write the chosen quantized parts (run directories only)")
+    p.add_argument("--write-parts", metavar="DIR", type=path_flag, help="write the chosen quantized parts (run directories only)")
 
 
 def _fail(message: str) -> int:
@@ -99,15 +100,18 @@ def run(args) -> int:
         topo = topology.resolve(args.topology, bandwidths_mbps=args.bandwidth)
         if args.write_parts and not os.path.isdir(args.model):
             raise ValueError(f"--write-parts needs a run directory as --model, got {args.model!r}")
-        if args.write_parts and os.path.exists(args.write_parts) and os.listdir(args.write_parts):
-            raise ValueError(f"--write-parts directory {args.write_parts!r} is not empty")
+        if args.write_parts:
+            runcheck.check_out_dir(args.write_parts, "--write-parts")
+            if os.path.exists(args.write_parts) and (not os.path.isdir(args.write_parts)
+                                                     or os.listdir(args.write_parts)):
+                raise ValueError(f"--write-parts directory {args.write_parts!r} is not empty")
         out, (prob, chosen, ctx) = AS.autosplit(args.model, topo, args.memory_mb * 2**20, args.max_accuracy_drop,
                                                 bits, select_on=args.select_on, data=args.data,
                                                 data_dir=args.data_dir)
+        if args.write_parts:
+            parts.write_parts(ctx["run"].net, ctx["ranges"], chosen, args.write_parts, topo)
+            out["parts"] = args.write_parts
     except (ValueError, TopologyError) as e:
         return _fail(str(e))
-    if args.write_parts:
-        parts.write_parts(ctx["run"].net, ctx["ranges"], chosen, args.write_parts, topo)
-        out["parts"] = args.write_parts
     print(json.dumps(out, indent=2) if args.json else text(out))
     return 0

@@ -24,14 +24,18 @@ import json
 import os
 import sys
 
+from jmsnas.runcheck import number_flag, path_flag
+
+MAX_PORT = 65535
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("export", help="export a run's per-device parts as jax.export programs + weights",
                        description=__doc__.split("\n\n")[0])
-    p.add_argument("--workdir", required=True, help="a finished run (result.json, parts/)")
-    p.add_argument("--out", default=None, help="export directory (default RUN/export)")
+    p.add_argument("--workdir", required=True, type=path_flag, help="a finished run (result.json, parts/)")
+    p.add_argument("--out", default=None, type=path_flag, help="export directory (default RUN/export)")
     p.add_argument("--platforms", default="cpu", help="comma-separated: cpu, cuda, rocm, tpu (default cpu)")
-    p.add_argument("--batch", type=int, default=1, help="images per call of every part (default 1)")
+    p.add_argument("--batch", type=number_flag(int, 1, 4096), default=1, help="images per call of every part (default 1)")
     p.add_argument("--model", default=None, help="a model reference pkg.module:factory: trace, split and export "
                    "your own model into --workdir (docs/your_model.md)")
     p.add_argument("--topology", default=None, help="with --model: a preset (chain, mesh) or a topology file")
@@ -39,25 +43,25 @@ def add_parser(sub) -> None:
     p.add_argument("--cuts", default=None, help="with --model: the split's points instead of --method, e.g. 2,4,6 "
                    "(device p of the path runs layers cuts[p-1] .. cuts[p]-1)")
     p.add_argument("--bandwidth", type=float, nargs="+", metavar="MBPS", help="with --model: link bandwidth(s)")
-    p.add_argument("--act-bits", type=int, default=32, help="with --model: activation bits the split assumes")
+    p.add_argument("--act-bits", type=number_flag(int, 1, 64), default=32, help="with --model: activation bits the split assumes")
     p.add_argument("--data", default=None, help="with --model: evaluation data FILE.npz or tfds:NAME for the pipeline")
     p.add_argument("--data-dir", default=None, help="with --model: tfds data directory")
     q = sub.add_parser("pipeline", help="run the parts as one process per device over throttled TCP links",
                        description=__doc__.split("\n\n")[0])
-    q.add_argument("--workdir", required=True, help="a finished run (exported first when needed)")
-    q.add_argument("--export-dir", default=None, help="default RUN/export")
-    q.add_argument("--images", type=int, default=100, help="test images to stream (default 100)")
-    q.add_argument("--bandwidth-scale", type=float, nargs="+", default=[1.0],
+    q.add_argument("--workdir", required=True, type=path_flag, help="a finished run (exported first when needed)")
+    q.add_argument("--export-dir", default=None, type=path_flag, help="default RUN/export")
+    q.add_argument("--images", type=number_flag(int, 1, 100000), default=100, help="test images to stream (default 100)")
+    q.add_argument("--bandwidth-scale", type=number_flag(float, 0, 1e6, low_open=True), nargs="+", default=[1.0],
                    help="multiply every link's bandwidth; several values: one run each (default 1)")
     q.add_argument("--compute-scale", default="host",
                    help="'host' (this machine's speed), 'profile' (each device slowed to the run's cost-table "
                         "time), a factor S >= 1, or per device 'ue=4,sbs=2'")
     q.add_argument("--phase", default="both", choices=("latency", "stream", "both"),
                    help="latency: one image at a time; stream: pipelined; both (default)")
-    q.add_argument("--window", type=int, default=8, help="images in flight in the stream phase (default 8)")
-    q.add_argument("--timeout", type=float, default=10.0,
+    q.add_argument("--window", type=number_flag(int, 1, 4096), default=8, help="images in flight in the stream phase (default 8)")
+    q.add_argument("--timeout", type=number_flag(float, 0, 86400, low_open=True), default=10.0,
                    help="seconds without progress before a device is declared hung (default 10)")
-    q.add_argument("--base-port", type=int, default=0,
+    q.add_argument("--base-port", type=number_flag(int, 0, MAX_PORT), default=0,
                    help="coordinator port; devices use the next ones (default 0: free ports)")
     q.add_argument("--check", action="store_true", help="compare the outputs with the whole compact network")
     q.add_argument("--json", action="store_true", help="print the analysis as JSON instead of the table")
@@ -161,10 +165,12 @@ def _pipeline(args, export_run) -> int:
             a["max_abs_diff"] = float(np.max(np.abs(outputs - whole()(images))))
         analyses.append(a)
     out = os.path.join(args.workdir, "deploy")
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "pipeline.json"), "w", encoding="utf-8") as f:
-        json.dump(analyses, f, indent=2)
-    report.plot(analyses, manifest, os.path.join(out, "pipeline.png"))
+    from jmsnas import safeio
+    with safeio.write_errors(f"the pipeline's report to {out!r}"):
+        os.makedirs(out, exist_ok=True)
+        with safeio.atomic_write(os.path.join(out, "pipeline.json"), encoding="utf-8") as f:
+            json.dump(analyses, f, indent=2)
+        report.plot(analyses, manifest, os.path.join(out, "pipeline.png"))
     if args.json:
         print(json.dumps(analyses, indent=2))
         return 0

@@ -5,6 +5,7 @@ import os
 
 from jmsnas import distributed
 from jmsnas.commands.search import run_config, run_training
+from jmsnas.runcheck import path_flag
 
 
 def add_parser(sub) -> None:
@@ -13,7 +14,7 @@ def add_parser(sub) -> None:
                        epilog="Overrides: --config.KEY=VALUE, e.g. --config.evolve.population=128 "
                               "(evolve settings: see jmsnas.evolve.DEFAULTS)")
     p.add_argument("--config", default=None, help="config file (.py with get_config()); default: built-in chain")
-    p.add_argument("--workdir", required=True, help="where checkpoints, result.json, plots and parts go")
+    p.add_argument("--workdir", required=True, type=path_flag, help="where checkpoints, result.json, plots and parts go")
     p.add_argument("--resume", action="store_true", help="continue the run in --workdir")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     distributed.add_flags(p)
@@ -32,7 +33,7 @@ def run(args, extra=()) -> int:
             return splitnets_search.evolve(cfg, args.workdir, resume=args.resume, progress=not args.no_progress)
         return evolve.evolve(cfg, args.workdir, resume=args.resume, progress=not args.no_progress)
 
-    result = run_training(args, flow)
+    result = run_training(args, flow, extra)
     if isinstance(result, int):
         return result
     print(report.format_summary(result))

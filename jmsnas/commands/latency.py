@@ -13,6 +13,7 @@ import json
 import sys
 
 from jmsnas.cost import lut
+from jmsnas.runcheck import number_flag
 
 
 def add_parser(sub) -> None:
@@ -20,7 +21,7 @@ def add_parser(sub) -> None:
                        description=__doc__.split("\n\n")[0])
     p.add_argument("--table", required=True, help="latency table YAML (ProxylessNAS or OFA format)")
     p.add_argument("--arch", required=True, help="net.config JSON or OFA arch JSON (ks, e, d, r)")
-    p.add_argument("--resolution", type=int, default=None,
+    p.add_argument("--resolution", type=number_flag(int, 1, 8192), default=None,
                    help="input image size; overrides the arch's 'r' (default: the arch's, else 224)")
     p.add_argument("--json", action="store_true", help="print a JSON object instead of a table")
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 import sys
 
+from jmsnas.runcheck import number_flag, path_flag
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("modularize", help="split a trained network into children balanced for parallel loading",
@@ -25,33 +27,33 @@ def add_parser(sub) -> None:
     p.add_argument("--model", required=True, help="zoo network name, a jmsnas search run directory or a model "
                    "reference pkg.module:factory (docs/your_model.md)")
     p.add_argument("--children", required=True, help="number of children K, or 'auto'")
-    p.add_argument("--out", required=True, help="new directory for the children and manifest.json")
+    p.add_argument("--out", required=True, type=path_flag, help="new directory for the children and manifest.json")
     p.add_argument("--strategy", default="exact", help="exact | qlearning | equal (default exact)")
-    p.add_argument("--load-model", default=None, help="JSON load model to use instead of measuring one now")
-    p.add_argument("--save-load-model", default=None, help="also write the measured load model to this JSON file")
-    p.add_argument("--threads", type=int, default=None, help="loading threads assumed by --children auto "
+    p.add_argument("--load-model", default=None, type=path_flag, help="JSON load model to use instead of measuring one now")
+    p.add_argument("--save-load-model", default=None, type=path_flag, help="also write the measured load model to this JSON file")
+    p.add_argument("--threads", type=number_flag(int, 1, 1024), default=None, help="loading threads assumed by --children auto "
                    "(default: this machine's hardware threads)")
     p.add_argument("--config", default=None, help="the run's config file, for runs without config.json")
-    p.add_argument("--seed", type=int, default=0, help="seed of zoo networks' random weights and the agent")
+    p.add_argument("--seed", type=number_flag(int, 0, 2**32 - 1), default=0, help="seed of zoo networks' random weights and the agent")
     p.add_argument("--inference-time", action="store_true", help="also measure each block's inference time")
     p.add_argument("--json", action="store_true", help="print the JSON report")
     p.add_argument("--no-progress", action="store_true", help="no progress display")
 
     p = sub.add_parser("load", help="load modularized children in parallel (and run inference while loading)")
-    p.add_argument("directory", help="directory written by jmsnas modularize")
-    p.add_argument("--parallel", type=int, default=None, help="loading threads (default and cap: the hardware "
+    p.add_argument("directory", type=path_flag, help="directory written by jmsnas modularize")
+    p.add_argument("--parallel", type=number_flag(int, 1, 1024), default=None, help="loading threads (default and cap: the hardware "
                    "threads and the number of children)")
     p.add_argument("--infer", action="store_true", help="run inference on a random batch while loading")
-    p.add_argument("--batch", type=int, default=1, help="batch size of --infer (default 1)")
+    p.add_argument("--batch", type=number_flag(int, 1, 4096), default=1, help="batch size of --infer (default 1)")
     p.add_argument("--cold", action="store_true", help="drop the children from the page cache first")
     p.add_argument("--json", action="store_true", help="print the JSON report")
     p.add_argument("--no-progress", action="store_true", help="no progress display")
 
     p = sub.add_parser("finetune", help="train only the last child of a modularized jmsnas run on its dataset")
-    p.add_argument("directory", help="directory written by jmsnas modularize from a run directory")
-    p.add_argument("--steps", type=int, default=20, help="Adam steps (default 20)")
-    p.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 1e-3)")
-    p.add_argument("--batch", type=int, default=64, help="batch size (default 64)")
+    p.add_argument("directory", type=path_flag, help="directory written by jmsnas modularize from a run directory")
+    p.add_argument("--steps", type=number_flag(int, 1, 10**6), default=20, help="Adam steps (default 20)")
+    p.add_argument("--lr", type=number_flag(float, 0, 10, low_open=True), default=1e-3, help="learning rate (default 1e-3)")
+    p.add_argument("--batch", type=number_flag(int, 1, 4096), default=64, help="batch size (default 64)")
     p.add_argument("--json", action="store_true", help="print the JSON report")
 
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 import os
 import sys
 
-from jmsnas import safeio, topology
+from jmsnas import runcheck, safeio, topology
+from jmsnas.runcheck import number_flag, path_flag
 from jmsnas.space import adapt_schedule, build_space
 
 _FIELDS = ("topology", "layers_per_device", "image_size", "in_channels", "num_classes", "device_channels",
@@ -31,18 +32,18 @@ def add_parser(sub) -> None:
     p = sub.add_parser("profile", help="measure a latency table of a search space on this backend",
                        description=__doc__.split("\n\n")[0])
     p.add_argument("--space", default="default", help="default, mesh, a JSON/YAML space file or a Python config")
-    p.add_argument("--out", required=True, help="table file to write (YAML)")
+    p.add_argument("--out", required=True, type=path_flag, help="table file to write (YAML)")
     p.add_argument("--method", default="in-network", choices=("in-network", "standalone"),
                    help="ops timed inside networks (default) or on their own")
-    p.add_argument("--reps", type=int, default=50, help="timing rounds (default 50)")
-    p.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed calls per item before the rounds (default 3)")
-    p.add_argument("--quantile", type=float, default=0.5,
+    p.add_argument("--reps", type=number_flag(int, 3, 100000), default=50, help="timing rounds (default 50)")
+    p.add_argument("--batch", type=number_flag(int, 1, 4096), default=1, help="batch size (default 1)")
+    p.add_argument("--warmup", type=number_flag(int, 0, 1000), default=3, help="untimed calls per item before the rounds (default 3)")
+    p.add_argument("--quantile", type=number_flag(float, 0, 1, low_open=True), default=0.5,
                    help="statistic of the rounds: 0.5 = median (default); lower values resist load from "
                         "other processes")
-    p.add_argument("--calibrate", type=int, default=8,
+    p.add_argument("--calibrate", type=number_flag(int, 0, 1000), default=8,
                    help="standalone method: random sub-networks measured for the network offset (default 8)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the round order (and calibration networks)")
+    p.add_argument("--seed", type=number_flag(int, 0, 2**32 - 1), default=0, help="seed of the round order (and calibration networks)")
 
 
 class _SpaceError(ValueError):
@@ -80,6 +81,25 @@ def _from_file(path: str) -> dict:
     return d
 
 
+def _check_fields(d: dict, where: str) -> None:
+    """Every field of a space description of the right type and range (_SpaceError naming it)."""
+    try:
+        for k in ("image_size", "in_channels", "num_classes"):
+            runcheck.number(d, k, low=1, high=8192, integer=True)
+        for k in ("stem_channels", "stem_stride", "head_channels"):
+            if k in d:
+                runcheck.number(d, k, low=1, high=65536, integer=True, optional=True)
+        for k in ("device_channels", "device_strides"):
+            runcheck.int_list(d[k], k)
+        if d.get("layers_per_device") is not None:
+            runcheck.int_list(d["layers_per_device"], "layers_per_device")
+        if not isinstance(d.get("topology", "chain"), str):
+            raise runcheck.ConfigError(f"topology must be a preset name or a topology file, got "
+                                       f"{safeio.short(d['topology'])}")
+    except runcheck.ConfigError as e:
+        raise _SpaceError(f"space {where!r}: {e}") from None
+
+
 def space_from_arg(arg: str):
     """The SearchSpace named by ``--space``."""
     if arg in ("default", "mesh"):
@@ -97,6 +117,7 @@ def space_from_arg(arg: str):
         d = _from_python(arg)
     else:
         d = _from_file(arg)
+    _check_fields(d, arg)
     lpd = d.get("layers_per_device")
     t = d.get("topology", "chain")
     topo = topology.resolve(t, lpd)  # a topology file's own layers_per_device wins; the schedule adapts to its devices
@@ -117,6 +138,7 @@ def run(args) -> int:
     try:
         P._check_settings(args.batch, args.reps, args.warmup, args.quantile, args.calibrate)
         space = space_from_arg(args.space)
+        runcheck.check_memory(space, args.batch, 1, f"--space {args.space!r}")
     except (ValueError, OSError) as e:
         return _fail(e)
     out_dir = os.path.dirname(os.path.abspath(args.out))

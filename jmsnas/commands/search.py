@@ -1,10 +1,12 @@
 """``jmsnas search`` and ``jmsnas retrain``: the main job from a config file, with overrides."""
 from __future__ import annotations
 
+import json
 import os
 import sys
 
 from jmsnas import distributed, safeio
+from jmsnas.runcheck import path_flag
 
 
 def load_config(path: str | None):
@@ -111,21 +113,40 @@ def add_parser(sub) -> None:
                                                      "(docs/topology.md)")
         p.add_argument("--config", default=None, help="config file (.py with get_config()); default: built-in "
                        "chain, or with --resume/retrain the one stored in --workdir")
-        p.add_argument("--workdir", required=True, help="where checkpoints, result.json, plots and parts go")
+        p.add_argument("--workdir", required=True, type=path_flag, help="where checkpoints, result.json, plots and parts go")
         if name == "search":
             p.add_argument("--resume", action="store_true", help="continue the run in --workdir")
         p.add_argument("--no-progress", action="store_true", help="no progress bar")
         distributed.add_flags(p)
 
 
-def run_training(args, flow):
+def command_fingerprint(args, extra) -> str:
+    """A hash of what makes one process's run the same as another's: the command, --resume, the config file's
+    bytes (and its ``:arg``), the overrides and the number of processes (compared when the processes join)."""
+    import hashlib
+    h = hashlib.sha256()
+    resume = args.command == "retrain" or getattr(args, "resume", False)
+    h.update(json.dumps([args.command, resume, list(extra), args.num_processes]).encode())
+    if args.config:
+        file, _, arg = args.config.partition(":")
+        h.update(arg.encode())
+        try:
+            with open(file, "rb") as f:
+                h.update(f.read(1 << 24))
+        except OSError:
+            h.update(b"<unreadable>")
+    return h.hexdigest()
+
+
+def run_training(args, flow, extra=()):
     """Joins the processes of the run, then ``flow()``; its failures become the command's exit code: bad input one
     line and 2, a lost peer of a multi-process run one line and 1. Returns flow's result, or that exit code."""
     from jmsnas.checkpoint import CheckpointError
     from jmsnas.data import DatasetError
     from jmsnas.topology import TopologyError
     try:
-        distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+        distributed.initialize(args.coordinator, args.num_processes, args.process_id,
+                               command_fingerprint(args, extra))
         return flow()
     except (ValueError, CheckpointError, DatasetError, TopologyError) as e:
         if distributed.collective_failure(e):  # a lost peer, wrapped in one of these types on its way up
@@ -147,7 +168,7 @@ def run(args, extra=()) -> int:
             return fbnet_flow.run(cfg, args.workdir, resume=resume, progress=not args.no_progress)
         return pipeline.search(cfg, args.workdir, resume=resume, progress=not args.no_progress)
 
-    result = run_training(args, flow)
+    result = run_training(args, flow, extra)
     if isinstance(result, int):
         return result
     print(report.format_summary(result))

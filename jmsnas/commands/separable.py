@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import sys
 
+from jmsnas.runcheck import path_flag
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("separable", help="separable ResNeXt over G devices: LSTM controller vs random sampler for the "
@@ -12,7 +14,7 @@ def add_parser(sub) -> None:
                        epilog="Overrides: --config.KEY=VALUE, e.g. --config.net.alpha=1 --config.search.rounds=3")
     p.add_argument("--config", default=None, help="config file (.py with get_config()[:arg]); default: built-in "
                                                   "(jmsnas.separable.config.default_config)")
-    p.add_argument("--workdir", required=True, help="where checkpoints, result.json, history.json and plots go")
+    p.add_argument("--workdir", required=True, type=path_flag, help="where checkpoints, result.json, history.json and plots go")
     p.add_argument("--resume", action="store_true", help="continue the run in --workdir")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 

@@ -20,6 +20,7 @@ import sys
 
 from jmsnas import topology
 from jmsnas.split import compare, derived
+from jmsnas.runcheck import number_flag
 from jmsnas.topology import TopologyError
 
 
@@ -32,8 +33,8 @@ def add_parser(sub) -> None:
                         "default with a result.json model: the run's topology")
     p.add_argument("--bandwidth", type=float, nargs="+", metavar="MBPS",
                    help="link bandwidth(s) in Mbit/s: one for all links or one per link")
-    p.add_argument("--act-bits", type=int, default=32, help="activation bit width (default 32)")
-    p.add_argument("--weight-bits", type=int, default=32, help="weight bit width (default 32)")
+    p.add_argument("--act-bits", type=number_flag(int, 1, 64), default=32, help="activation bit width (default 32)")
+    p.add_argument("--weight-bits", type=number_flag(int, 1, 64), default=32, help="weight bit width (default 32)")
     p.add_argument("--methods", nargs="+", default=list(compare.METHODS), choices=compare.METHODS,
                    help="methods to run (default: all)")
     p.add_argument("--json", action="store_true", help="print a JSON object instead of text")

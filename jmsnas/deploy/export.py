@@ -30,7 +30,7 @@ from jax import export as jax_export
 
 from jmsnas import ops as O
 from jmsnas.deploy.runtime import FORMAT, MANIFEST, DeployError, sha256
-from jmsnas import topology
+from jmsnas import runcheck, safeio, topology
 from jmsnas.deploy.spec import space_from_dict
 from jmsnas.space import OPS, SearchSpace, op_index
 
@@ -72,14 +72,17 @@ def part_forward(space: SearchSpace, layers, ops, *, stem: bool, head: bool, dw_
     return f
 
 
-def _read_json(path: str) -> dict:
+def read_json(path: str) -> dict:
+    if not os.path.isfile(path):
+        raise DeployError(f"{path} is missing: {os.path.dirname(path)!r} holds no finished run (run `jmsnas search` "
+                          "to its end first)")
     try:
-        with open(path, "r", encoding="utf-8") as f:
-            return json.load(f)
-    except OSError as e:
-        raise DeployError(f"cannot read {path}: {e.strerror or e}") from None
-    except json.JSONDecodeError as e:
-        raise DeployError(f"{path} is not valid JSON: {e}") from None
+        d = safeio.read_json(path, "file")
+    except ValueError as e:
+        raise DeployError(str(e)) from None
+    if not isinstance(d, dict):
+        raise DeployError(f"{path} is not a JSON object")
+    return d
 
 
 def device_graph(topo) -> tuple:
@@ -104,20 +107,32 @@ def _graph(space: SearchSpace, parts: dict) -> tuple:
     return order, srcs, dsts
 
 
-def _load_weights(run: str, device: str, entry: dict) -> dict:
-    path = os.path.join(run, "parts", entry.get("file", f"{device}.npz"))
+def load_weights(run: str, device: str, entry: dict) -> dict:
     try:
-        with np.load(path, allow_pickle=False) as z:
-            return {k: np.asarray(z[k]) for k in z.files}
-    except OSError as e:
-        raise DeployError(f"cannot read part file {path}: {e.strerror or e}") from None
-    except Exception as e:  # a damaged zip raises zipfile.BadZipFile, ValueError, EOFError, ...
-        raise DeployError(f"part file {path} is corrupt: {type(e).__name__}: {e}") from None
+        name = entry.get("file", f"{device}.npz")
+        path = safeio.child_path(os.path.join(run, "parts"), str(name)[:-4] if str(name).endswith(".npz") else name,
+                                 ".npz", "parts/manifest.json: part file")
+        return safeio.load_npz(path, "part file")
+    except ValueError as e:
+        raise DeployError(str(e)) from None
+
+
+def check_out(run: str, out: str) -> None:
+    """DeployError unless ``out`` may receive an export: not inside a run's own files (``RUN/parts``, ...), and
+    new, empty or an earlier export (its manifest.json), since the export replaces the whole folder."""
+    try:
+        runcheck.check_out_dir(out, "--out", own=run)
+    except ValueError as e:
+        raise DeployError(str(e)) from None
+    if os.path.exists(out) and (not os.path.isdir(out) or (
+            os.listdir(out) and not os.path.isfile(os.path.join(out, MANIFEST)))):
+        raise DeployError(f"--out {out!r} exists and is not an earlier export (no {MANIFEST}); the export replaces "
+                          "its folder, so give a new or empty one (nothing was written)")
 
 
 def load_run(run: str) -> tuple:
     """(space, parts manifest, result) of a finished run; DeployError for a missing or mismatched file."""
-    pm = _read_json(os.path.join(run, "parts", "manifest.json"))
+    pm = read_json(os.path.join(run, "parts", "manifest.json"))
     if "space" not in pm:
         raise DeployError(f"{run}/parts/manifest.json records no search space (written by an older jmsnas); "
                           "run the search again to export it")
@@ -125,7 +140,7 @@ def load_run(run: str) -> tuple:
         space = space_from_dict(pm["space"])
     except ValueError as e:
         raise DeployError(f"{run}/parts/manifest.json: {e}") from None
-    result = _read_json(os.path.join(run, "result.json"))
+    result = read_json(os.path.join(run, "result.json"))
     if space.topology.kind not in ("chain", "mesh"):
         raise DeployError(f"the pipeline deploys chain and mesh topologies; {space.topology.name!r} is a "
                           f"{space.topology.kind}")
@@ -166,9 +181,11 @@ def export_run(run: str, out: str | None = None, *, platforms=("cpu",), batch: i
         raise DeployError(f"platforms must be a non-empty subset of {list(PLATFORMS)}, got {list(platforms)}")
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise DeployError(f"batch must be a positive integer, got {batch!r}")
+    out = os.path.join(run, "export") if out is None else out
+    check_out(run, out)
     space, pm, result = load_run(run)
     order, srcs, dsts = _graph(space, pm["devices"])
-    flats = {dev: _load_weights(run, dev, pm["devices"][dev]) for dev in order}
+    flats = {dev: load_weights(run, dev, pm["devices"][dev]) for dev in order}
     predicted = result.get("latency_ms", {})
     shapes: dict = {"image": [batch, space.image_size, space.image_size, space.in_channels]}
     programs, manifest_parts = {}, {}
@@ -197,10 +214,25 @@ def export_run(run: str, out: str | None = None, *, platforms=("cpu",), batch: i
             "output": {"shape": out_shape, "dtype": "float32"}, "to": dsts[dev],
             "predicted_compute_ms": pd.get(dev),
         }
-    out = os.path.join(run, "export") if out is None else out
-    os.makedirs(out, exist_ok=True)
+    try:
+        with safeio.write_errors(f"the export to {out!r}"), safeio.atomic_dir(out) as tmp:
+            _write(tmp, programs, manifest_parts, space, shapes, predicted, run, platforms, batch, result)
+    except ValueError as e:
+        raise DeployError(str(e)) from None
+    return read_manifest(out)
+
+
+def read_manifest(out: str) -> dict:
+    """The manifest.json of the export in ``out``."""
+    return read_json(os.path.join(out, MANIFEST))
+
+
+def _write(out, programs, manifest_parts, space, shapes, predicted, run, platforms, batch, result) -> None:
+    """The export's files into the (temporary) folder ``out``."""
+    order = [d for d in manifest_parts]
     for dev, (blob, weights) in programs.items():
-        prog, wfile = os.path.join(out, f"{dev}.jaxexport"), os.path.join(out, f"{dev}.npz")
+        prog = safeio.child_path(out, dev, ".jaxexport", "device name")
+        wfile = safeio.child_path(out, dev, ".npz", "device name")
         with open(prog, "wb") as f:
             f.write(bytes(blob))
         np.savez(wfile, **weights)
@@ -221,4 +253,3 @@ def export_run(run: str, out: str | None = None, *, platforms=("cpu",), batch: i
                 "architecture": result.get("architecture")}
     with open(os.path.join(out, MANIFEST), "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=2)
-    return manifest

@@ -101,6 +101,9 @@ def _ports(manifest: dict, base_port: int) -> tuple:
     order = manifest["order"]
     if not base_port:
         return 0, {d: 0 for d in order}
+    if base_port + len(order) > 65535:
+        raise DeployError(f"--base-port {base_port} leaves no room for the {len(order)} device ports after it "
+                          f"(ports end at 65535); choose a --base-port <= {65535 - len(order)}")
     ports = {d: base_port + 1 + k for k, d in enumerate(order)}
     for who, port in [("the coordinator", base_port)] + [(f"device {d!r}", p) for d, p in ports.items()]:
         try:

@@ -7,14 +7,13 @@ of the run's dataset's test split, normalised as ``data.load`` does for the run'
 """
 from __future__ import annotations
 
-import json
 import os
 
 import jax
 import numpy as np
 
 from jmsnas import data, supernet
-from jmsnas.deploy.export import load_run, unflatten
+from jmsnas.deploy.export import load_weights, read_json, load_run, unflatten
 from jmsnas.deploy.runtime import DeployError
 from jmsnas.space import op_index
 
@@ -27,8 +26,7 @@ def compact_params(run: str) -> tuple:
     for dev, entry in pm["devices"].items():
         for n, op in zip(entry["layers"], entry["ops"]):
             ops[int(n)] = op_index(op)
-        with np.load(os.path.join(run, "parts", entry["file"]), allow_pickle=False) as z:
-            tree = unflatten({k: z[k] for k in z.files})
+        tree = unflatten(load_weights(run, dev, entry))
         for src, dst in ((tree.get("params", {}), params), (tree.get("bn", {}), state)):
             for key, sub in src.items():
                 if key == "layers":
@@ -51,8 +49,7 @@ def whole_network(run: str):
 
 def test_images(run: str, n: int) -> tuple:
     """(images float32[n, H, W, C], labels int32[n]) from the run's dataset's test split."""
-    with open(os.path.join(run, "result.json"), encoding="utf-8") as f:
-        result = json.load(f)
+    result = read_json(os.path.join(run, "result.json"))
     ds = data.load(result.get("dataset", "digits"), seed=int(result.get("seed", 0)))
     if not 0 < n <= len(ds.test.images):
         raise DeployError(f"images must be between 1 and the {len(ds.test.images)} test images of "

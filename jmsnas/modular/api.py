@@ -9,6 +9,7 @@ from typing import Callable
 import jax
 import numpy as np
 
+from jmsnas import safeio
 from jmsnas.modular import blocks as B
 from jmsnas.modular import loadmodel as L
 from jmsnas.modular import partition as P
@@ -18,8 +19,7 @@ from jmsnas.modular.blocks import ModularError
 
 def _read_model(path: str) -> L.LoadModel:
     try:
-        with open(path, encoding="utf-8") as f:
-            return L.LoadModel.from_json(json.load(f))
+        return L.LoadModel.from_json(safeio.read_json(path, "load model file", max_bytes=16 * 2**20))
     except (OSError, ValueError) as e:
         if isinstance(e, ModularError):
             raise
@@ -47,8 +47,12 @@ def modularize(model: str, k, out: str, *, strategy: str = "exact", load_model: 
         say("measuring the loading-time model (cold reads) ...")
         lm = L.fit(L.measure(directory=os.path.dirname(os.path.abspath(out))))
         if save_load_model:
-            with open(save_load_model, "w", encoding="utf-8") as f:
-                json.dump(lm.to_json(), f, indent=1)
+            try:
+                with safeio.write_errors(f"--save-load-model {save_load_model!r}"), \
+                        safeio.atomic_write(save_load_model, encoding="utf-8") as f:
+                    json.dump(lm.to_json(), f, indent=1)
+            except ValueError as e:
+                raise ModularError(str(e)) from None
     say(f"load model: {lm.overhead_ms:.2f} ms per child + {lm.per_array_ms:.3f} ms per array + "
         f"{lm.ms_per_mb:.2f} ms per MB (rmse {lm.rmse_ms:.2f} ms)")
     costs = L.block_ms(lm, net.blocks)
@@ -89,8 +93,12 @@ def modularize(model: str, k, out: str, *, strategy: str = "exact", load_model: 
     if os.path.isdir(model):
         extra["run_config"] = B.run_config(model, config).to_dict()
     say(f"writing {k} children to {out} ...")
-    store.write(net, cuts, out, extra=json.loads(json.dumps(extra, default=list)),
-                progress=lambda i, tot: say(f"  child {i}/{tot} written"))
+    try:
+        with safeio.write_errors(f"the children to {out!r}"):
+            store.write(net, cuts, out, extra=json.loads(json.dumps(extra, default=list)),
+                        progress=lambda i, tot: say(f"  child {i}/{tot} written"))
+    except ValueError as e:
+        raise ModularError(str(e)) from None
     report["out"] = out
     return report
 
@@ -163,8 +171,14 @@ def finetune(directory: str, *, steps: int = 20, lr: float = 1e-3, batch: int = 
         raise ModularError(f"--steps must be an integer >= 1, got {steps!r}")
     if not (lr > 0 and np.isfinite(lr)):
         raise ModularError(f"--lr must be a positive number, got {lr!r}")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ModularError(f"--batch must be an integer >= 1, got {batch!r}")
     ds = pipeline.load_data(ml_collections.ConfigDict(m["run_config"]))
     # "new data": the validation split, which the run never trained on
-    r = ft(directory, ds.val.images, ds.val.labels, steps=steps, lr=lr, batch=batch, seed=seed)
+    try:
+        with safeio.write_errors(f"the fine-tuned child into {directory!r}"):
+            r = ft(directory, ds.val.images, ds.val.labels, steps=steps, lr=lr, batch=batch, seed=seed)
+    except ValueError as e:
+        raise ModularError(str(e)) from None
     return {"directory": directory, "steps": steps, "loss_first": r.losses[0], "loss_last": r.losses[-1],
             "accuracy_before": r.accuracy_before, "accuracy_after": r.accuracy_after, "child_dir": r.directory}

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jmsnas import ops as O
+from jmsnas import safeio
 
 
 class ModularError(ValueError):
@@ -236,13 +237,12 @@ def _unflatten(flat: dict) -> dict:
 
 
 def _read_json(path: str, what: str):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
+    if not os.path.exists(path):
         raise ModularError(f"{what} {path!r} does not exist") from None
-    except (OSError, ValueError) as e:
-        raise ModularError(f"{what} {path!r} is unreadable: {e}") from None
+    try:
+        return safeio.read_json(path, what)
+    except ValueError as e:
+        raise ModularError(str(e)) from None
 
 
 def run_config(run_dir: str, config=None):
@@ -282,12 +282,13 @@ def from_run(run_dir: str, config=None) -> Network:
                            f"its config ({space.num_layers} layers)")
     flat = {}
     for dev in manifest["devices"].values():
-        path = os.path.join(run_dir, "parts", dev["file"])
         try:
-            with np.load(path) as z:
-                flat.update({k: np.asarray(z[k], np.float32) for k in z.files})
-        except (OSError, ValueError) as e:
-            raise ModularError(f"part {path!r} is unreadable: {e}") from None
+            name = str(dev["file"])
+            path = safeio.child_path(os.path.join(run_dir, "parts"), name[:-4] if name.endswith(".npz") else name,
+                                     ".npz", "parts/manifest.json: part file")
+            flat.update({k: np.asarray(v, np.float32) for k, v in safeio.load_npz(path, "part").items()})
+        except (KeyError, TypeError, ValueError) as e:
+            raise ModularError(f"run {run_dir!r}: {safeio.clip(e)}") from None
     tree = _unflatten(flat)
     params, state = tree.get("params", {}), tree.get("bn", {})
     layers_p, layers_s = params.get("layers", {}), state.get("layers", {})

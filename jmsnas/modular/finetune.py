@@ -104,12 +104,16 @@ def save_last(directory: str, manifest: dict, last_tree: dict) -> str:
     new_dir = f"{base}.ft{n}"
     old = os.path.join(directory, c["dir"])
     a, b = c["blocks"]
-    store.write_child(os.path.join(directory, new_dir), last_tree,
-                      {"network": manifest["fingerprint"], "child": c["index"], "blocks": [a, b]})
-    m = dict(manifest)
-    m["children"] = manifest["children"][:-1] + [dict(c, dir=new_dir, sha256=store.tree_sha256(last_tree))]
-    m["finetuned"] = int(manifest.get("finetuned", 0)) + 1
-    store.write_manifest(directory, m)
+    try:  # the manifest names the new child only once it is whole; a failed write leaves the old state
+        store.write_child(os.path.join(directory, new_dir), last_tree,
+                          {"network": manifest["fingerprint"], "child": c["index"], "blocks": [a, b]})
+        m = dict(manifest)
+        m["children"] = manifest["children"][:-1] + [dict(c, dir=new_dir, sha256=store.tree_sha256(last_tree))]
+        m["finetuned"] = int(manifest.get("finetuned", 0)) + 1
+        store.write_manifest(directory, m)
+    except BaseException:
+        shutil.rmtree(os.path.join(directory, new_dir), ignore_errors=True)
+        raise
     shutil.rmtree(old, ignore_errors=True)
     return new_dir
 

@@ -34,7 +34,8 @@ import numpy as np
 
 import orbax.checkpoint as ocp
 
-from jmsnas.checkpoint import leaf_specs
+from jmsnas import runcheck
+from jmsnas.checkpoint import CheckpointError, file_digests, leaf_specs, verify_digests
 from jmsnas.modular.blocks import Block, ModularError, Network, block_arrays, block_bytes, fingerprint, forward
 
 FORMAT = "jmsnas-modular/1"
@@ -87,10 +88,13 @@ def write_child(path: str, tree, meta: dict) -> None:
     os.makedirs(path, exist_ok=True)
     ck = ocp.StandardCheckpointer()
     try:
-        ck.save(os.path.join(path, "state"), tree)
+        ck.save(os.path.abspath(os.path.join(path, "state")), tree)  # orbax needs an absolute path
         ck.wait_until_finished()
     finally:
         ck.close()
+    # the sha256 of every file orbax wrote, checked before a restore hands them to orbax (a damaged file is one
+    # line, and tensorstore never meets it)
+    meta = {**meta, "files_sha256": file_digests(os.path.join(path, "state"))}
     with open(os.path.join(path, CHILD_META), "w", encoding="utf-8") as f:
         json.dump(meta, f)
 
@@ -128,9 +132,14 @@ def read_child(path: str, leaves: dict, expect_meta: dict, where: str) -> dict:
         if meta.get(key) != expect_meta[key]:
             raise ModularError(f"{where}: its {key} is {meta.get(key)!r}, the manifest expects {expect_meta[key]!r} "
                                "(children of two modularizations are mixed)")
+    if isinstance(meta.get("files_sha256"), dict):
+        try:
+            verify_digests(os.path.join(path, "state"), where, meta["files_sha256"])
+        except CheckpointError as e:
+            raise ModularError(str(e)) from None
     ck = ocp.StandardCheckpointer()
     try:
-        return ck.restore(os.path.join(path, "state"), template(leaves))
+        return ck.restore(os.path.abspath(os.path.join(path, "state")), template(leaves))
     except Exception as e:
         raise ModularError(f"{where} is corrupt or unreadable: {_one_line(e)}") from None
     finally:
@@ -140,6 +149,10 @@ def read_child(path: str, leaves: dict, expect_meta: dict, where: str) -> dict:
 # ------------------------------------------------------------------------------------------------ write
 
 def _check_out(out_dir: str) -> None:
+    try:
+        runcheck.check_out_dir(out_dir, "output directory")
+    except ValueError as e:
+        raise ModularError(str(e)) from None
     if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
         raise ModularError(f"output directory {out_dir!r} exists and is not empty; choose a new one "
                            "(nothing was written)")

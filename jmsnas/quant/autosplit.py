@@ -144,6 +144,7 @@ def autosplit(model: str, topo: Topology, memory_bytes: float, max_drop: float, 
     if select_on not in SELECT_ON:
         raise ValueError(f"--select-on must be one of {list(SELECT_ON)}, got {select_on!r}")
     bits = check_bit_set(bits)
+    compare.solvers.chain_path(topo)  # a topology without an edge -> cloud path is refused before any model loads
     prob, drop, ctx = prepare(model, topo, memory_bytes, bits, select_on, data, data_dir)
     floor = solver.potential_splits(prob)
     cands = solver.candidates(prob, latency_variants)

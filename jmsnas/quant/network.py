@@ -16,7 +16,6 @@ abits[i] (0 = float; traced int32[U] arrays, so one compiled program serves ever
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import NamedTuple
 
@@ -24,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jmsnas import data, topology
+from jmsnas import data, safeio, topology
 from jmsnas.dwconv import depthwise_conv
 from jmsnas.graph import LayerSpec, NetSpec
 from jmsnas.ops import BN_EPS, full_conv
@@ -72,7 +71,7 @@ def _fold(w, bn, stats):
 
 def _nested(npz) -> dict:
     out = {}
-    for key in npz.files:
+    for key in (npz.files if hasattr(npz, "files") else npz):
         node = out
         *path, leaf = key.split("/")
         for part in path:
@@ -115,14 +114,13 @@ def fold_compact(name: str, space, ops, params, state) -> FoldedNet:
 
 
 def _read_json(path: str, what: str) -> dict:
-    try:
-        with open(path, "r", encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
+    if not os.path.exists(path):
         raise ValueError(f"run directory {os.path.dirname(path)!r} has no {what} ({os.path.basename(path)}); "
                          "expected the workdir of a finished `jmsnas search`") from None
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"cannot read {path!r}: {e}") from None
+    d = safeio.read_json(path, what)
+    if not isinstance(d, dict):
+        raise ValueError(f"{what} {path!r} is not a JSON object")
+    return d
 
 
 def load_run(directory: str) -> Run:
@@ -148,8 +146,10 @@ def load_run(directory: str) -> Run:
                          "(a mesh's parallel branches have no single edge/cloud cut)")
     params, state = {"layers": {}}, {"layers": {}}
     for dev in manifest["devices"].values():
-        with np.load(os.path.join(directory, "parts", dev["file"])) as z:
-            tree = _nested(z)
+        name = str(dev["file"])
+        tree = _nested(safeio.load_npz(safeio.child_path(
+            os.path.join(directory, "parts"), name[:-4] if name.endswith(".npz") else name, ".npz",
+            "parts/manifest.json: part file"), "part file"))
         for src, dst in ((tree.get("params", {}), params), (tree.get("bn", {}), state)):
             for key, val in src.items():
                 if key == "layers":

@@ -20,10 +20,13 @@ import os
 import jax.numpy as jnp
 import numpy as np
 
+from jmsnas import safeio
 from jmsnas.quant import network, solver
 from jmsnas.quant.packing import pack, transmitted_bytes, unpack
 from jmsnas.quant.quantizers import weight_codes
 from jmsnas.split.solvers import chain_path
+
+INPUT_BITS = 8  # bits per value of the raw input sent by a split at 0 (as solver.build_problem's default)
 
 
 def _sent(net: network.FoldedNet, n: int) -> list:
@@ -41,7 +44,6 @@ def write_parts(net: network.FoldedNet, ranges, sol: solver.Solution, directory:
     path = chain_path(topo)
     edge, cloud = topo.devices[path[0]].name, topo.devices[path[-1]].name
     n = sol.split
-    os.makedirs(directory, exist_ok=True)
     e, c, units = {}, {}, []
     for i, (u, p) in enumerate(zip(net.units, net.params)):
         w = np.asarray(p["w"], np.float32)
@@ -63,23 +65,25 @@ def write_parts(net: network.FoldedNet, ranges, sol: solver.Solution, directory:
         else:
             c[f"{i}/w"], c[f"{i}/b"] = w, np.asarray(p["b"], np.float32)
         units.append(entry)
-    sent = [{"tensor": j, "bits": sol.abits[j], "bytes": transmitted_bytes(int(np.prod(net.units[j].out_shape)),
-                                                                              sol.abits[j])} for j in _sent(net, n)]
+    def tensor(j):  # j = -1 is the raw input (split 0: the camera's pixels, at solver.INPUT_BITS)
+        shape, bits = (net.input_shape, INPUT_BITS) if j < 0 else (net.units[j].out_shape, sol.abits[j])
+        return {"tensor": j, "bits": bits, "bytes": transmitted_bytes(int(np.prod(shape)), bits)}
+    sent = [tensor(j) for j in _sent(net, n)]
     manifest = {"model": net.name, "split": n, "edge": edge, "cloud": cloud, "input_shape": list(net.input_shape),
                 "units": units, "sent": sent, "files": {edge: f"{edge}.npz", cloud: f"{cloud}.npz"}}
-    np.savez(os.path.join(directory, f"{edge}.npz"), **e)
-    np.savez(os.path.join(directory, f"{cloud}.npz"), **c)
-    with open(os.path.join(directory, "manifest.json"), "w") as f:
-        json.dump(manifest, f, indent=2)
+    with safeio.write_errors(f"the parts to {directory!r}"), safeio.atomic_dir(directory) as tmp:
+        np.savez(safeio.child_path(tmp, edge, ".npz", "device name"), **e)
+        np.savez(safeio.child_path(tmp, cloud, ".npz", "device name"), **c)
+        with open(os.path.join(tmp, "manifest.json"), "w", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=2)
     return manifest
 
 
 def load_parts(directory: str):
     """(FoldedNet with dequantized edge weights, abits int32[U], ranges float32[U, 2]) from ``write_parts``."""
-    with open(os.path.join(directory, "manifest.json"), "r", encoding="utf-8") as f:
-        m = json.load(f)
-    e = np.load(os.path.join(directory, m["files"][m["edge"]]))
-    c = np.load(os.path.join(directory, m["files"][m["cloud"]]))
+    m = safeio.read_json(os.path.join(directory, "manifest.json"), "parts manifest")
+    e = safeio.load_npz(safeio.child_path(directory, m["files"][m["edge"]][:-4], ".npz", "part file"), "part file")
+    c = safeio.load_npz(safeio.child_path(directory, m["files"][m["cloud"]][:-4], ".npz", "part file"), "part file")
     units, params = [], []
     abits = np.zeros(len(m["units"]), np.int32)
     ranges = np.zeros((len(m["units"]), 2), np.float32)

@@ -88,6 +88,7 @@ class SplitSetup(NamedTuple):
 
 def make_setup(net: NetSpec, topo: Topology, *, act_bits: int = 32, weight_bits: int = 32,
                input_bits: int = 8) -> SplitSetup:
+    solvers.chain_path(topo)  # TopologyError for a topology data cannot flow along (a cluster), before any method
     compute = roofline.net_latency_table(net, topo.devices, bits=act_bits, weight_bits=weight_bits)
     out_b = np.array([math.ceil(l.out_elems * act_bits / 8) for l in net.layers], dtype=float)
     inb = float(math.ceil(net.input_elems * input_bits / 8))

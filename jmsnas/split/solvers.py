@@ -166,6 +166,10 @@ def chain_path(topo: Topology) -> tuple:
     first source, then the aggregator's chain)."""
     if topo.kind == "chain":
         return tuple(topo.pre)
+    if topo.kind == "cluster":
+        from jmsnas.topology import TopologyError
+        raise TopologyError(f"topology {topo.name!r} links every pair of its {topo.num_devices} devices (a cluster): "
+                            "it has no path for data to flow along; splitting needs a chain, a mesh or a star")
     if topo.kind == "star":
         return (topo.branches[0],) + tuple(topo.post)
     return tuple(topo.pre) + (topo.root, topo.branches[0]) + tuple(topo.post)

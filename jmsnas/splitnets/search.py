@@ -26,7 +26,7 @@ import numpy as np
 import optax
 from tqdm import tqdm
 
-from jmsnas import data, pipeline, report, strategies
+from jmsnas import data, pipeline, report, safeio, strategies
 from jmsnas.objectives import cross_entropy, l2_norm_sq
 from jmsnas.pipeline import ConfigError
 from jmsnas.splitnets import hardware as H
@@ -444,8 +444,8 @@ def compact_parts(space: SplitSpace, params, bn, genes) -> dict:
 
 
 def write_parts(space, params, bn, genes, directory: str) -> dict:
-    """``sensor.npz`` and ``aggregator.npz`` (weights and BN statistics) and ``manifest.json``."""
-    os.makedirs(directory, exist_ok=True)
+    """``sensor.npz`` and ``aggregator.npz`` (weights and BN statistics) and ``manifest.json``, written as one folder
+    (``safeio.atomic_dir``: a failure leaves no partial folder)."""
     a = space.decode(genes)
     parts = compact_parts(space, jax.device_get(params), jax.device_get(bn), genes)
     s_hw, c = space.phase_hw(a.split[0]), space.phase_channels[a.split[0]]
@@ -453,16 +453,17 @@ def write_parts(space, params, bn, genes, directory: str) -> dict:
               "aggregator": ([space.views, s_hw, s_hw, a.d], [space.num_classes])}
     manifest = {"views": space.views, "split": {"phase": a.split[0], "m": a.split[1], "d": a.d, "c": c},
                 "devices": {}}
-    for dev, part in parts.items():
-        flat = {}
-        for prefix in ("params", "bn"):
-            for path, leaf in jax.tree_util.tree_flatten_with_path(part[prefix])[0]:
-                flat[prefix + "/" + "/".join(str(getattr(k, "key", k)) for k in path)] = np.asarray(leaf)
-        np.savez(os.path.join(directory, f"{dev}.npz"), **flat)
-        manifest["devices"][dev] = {"layers": part["layers"], "file": f"{dev}.npz", "input_shape": shapes[dev][0],
-                                    "output_shape": shapes[dev][1]}
-    with open(os.path.join(directory, "manifest.json"), "w") as f:
-        json.dump(manifest, f, indent=2)
+    with safeio.atomic_dir(directory) as tmp:
+        for dev, part in parts.items():
+            flat = {}
+            for prefix in ("params", "bn"):
+                for path, leaf in jax.tree_util.tree_flatten_with_path(part[prefix])[0]:
+                    flat[prefix + "/" + "/".join(str(getattr(k, "key", k)) for k in path)] = np.asarray(leaf)
+            np.savez(safeio.child_path(tmp, dev, ".npz", "device name"), **flat)
+            manifest["devices"][dev] = {"layers": part["layers"], "file": f"{dev}.npz", "input_shape": shapes[dev][0],
+                                        "output_shape": shapes[dev][1]}
+        with open(os.path.join(tmp, "manifest.json"), "w", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=2)
     return manifest
 
 
@@ -520,7 +521,7 @@ def evolve(cfg, workdir: str, *, resume: bool = False, progress: bool = True) ->
     if resume:
         raise ConfigError("--resume is not supported by the SplitNets flow; start it in a new workdir")
     cfg, hw, space, ds = prepare(cfg)
-    pipeline.prepare_workdir(workdir, False, cfg, "evolve")
+    pipeline.prepare_workdir(workdir, False, cfg, "evolve", resumable=False)
     t0 = time.time()
     st, history, t_super = train_supernet(cfg, space, ds, cfg.splitnets.init, progress)
     calib, xv, yv = _eval_data(cfg, ds)

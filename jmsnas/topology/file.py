@@ -36,6 +36,7 @@ import re
 
 import yaml
 
+from jmsnas.safeio import load_json, load_yaml, name_problem, short
 from jmsnas.topology.presets import DEVICES
 from jmsnas.topology.types import (BusGroup, DeviceProfile, LinkProfile, Topology, TopologyError, cluster,
                                    make_topology)
@@ -66,8 +67,7 @@ class _Where:
 
 
 def _short(value) -> str:
-    r = repr(value)
-    return r if len(r) <= 80 else r[:77] + "..."
+    return short(value, 80)  # never the whole of an alias-expanded structure
 
 
 # ----------------------------------------------------------------------------------------------- reading text
@@ -96,20 +96,20 @@ def _check_nesting(text: str, where: _Where) -> None:
 
 
 def parse(text: str, source: str, fmt: str = "yaml") -> dict:
-    """The top-level mapping of a topology file's ``text`` (``fmt`` "yaml" or "json")."""
+    """The top-level mapping of a topology file's ``text`` (``fmt`` "yaml" or "json"), parsed by the project's
+    capped parsers (``safeio.load_yaml`` / ``safeio.load_json``: size, depth, a key defined twice refused)."""
     where = _Where(source)
     if len(text.encode("utf-8", "replace")) > MAX_BYTES:
         where.fail("(file)", f"larger than {MAX_BYTES} bytes; a topology file is a few kB", len(text))
     _check_nesting(text, where)
-    problem = None
     try:
-        obj = json.loads(text) if fmt == "json" else yaml.load(text, Loader=yaml.SafeLoader)
-    except RecursionError:
-        problem = "nested too deeply to parse"
-    except (yaml.YAMLError, json.JSONDecodeError, ValueError) as e:
-        problem = f"not valid {fmt.upper()}: {e}"
-    if problem:
-        where.fail("(file)", problem, show=False)
+        load = load_json if fmt == "json" else load_yaml
+        obj = load(text, "(file)", max_bytes=MAX_BYTES, max_depth=MAX_DEPTH)
+    except ValueError as e:
+        msg = str(e)
+        msg = msg[len("(file)"):].lstrip(": ") if msg.startswith("(file)") else msg
+        msg = msg[len("is "):] if msg.startswith("is not valid") else msg
+        where.fail("(file)", msg, show=False)
     if not isinstance(obj, dict):
         where.fail("(file)", "must be a mapping with devices and links", obj)
     return obj
@@ -185,6 +185,8 @@ def _device(where, i: int, d) -> DeviceProfile:
                        d["preset"])
         base = DEVICES[d["preset"]]
     name = _string(where, f"{f}.name", d.get("name", base.name if base else None))
+    if name_problem(name):  # it names the device's files (parts/<name>.npz, export/<name>.jaxexport)
+        where.fail(f"{f}.name", name_problem(name), name)
     if "memory_bytes" in d and "memory_mb" in d:
         where.fail(f"{f}.memory_mb", "give memory_bytes or memory_mb, not both", d["memory_mb"])
     if base is None:

@@ -20,6 +20,8 @@ from typing import NamedTuple, Sequence
 
 import networkx as nx
 
+from jmsnas.safeio import name_problem, short  # a leaf: imports nothing of jmsnas
+
 
 class TopologyError(ValueError):
     """An invalid device, link or topology description."""
@@ -149,8 +151,8 @@ def _check_number(what: str, value, *, positive: bool = True, allow_zero: bool =
 
 
 def _validate_device(d: DeviceProfile) -> None:
-    if not isinstance(d.name, str) or not d.name:
-        raise TopologyError(f"device name must be a non-empty string, got {d.name!r}")
+    if name_problem(d.name):  # a device's name names its files (parts/<name>.npz, ...)
+        raise TopologyError(f"device name {name_problem(d.name)}, got {short(d.name)}")
     _check_number(f"device {d.name!r} peak_gflops", d.peak_gflops)
     _check_number(f"device {d.name!r} memory_bytes", d.memory_bytes)
     _check_number(f"device {d.name!r} mem_bandwidth_gbs", d.mem_bandwidth_gbs)
