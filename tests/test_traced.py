@@ -251,12 +251,19 @@ def test_parts_of_a_traced_model_through_pipeline_check(tmp_path, capsys, kind, 
     assert a["max_abs_diff"] <= 1e-5 and "accuracy" not in a
 
 
-def test_export_bad_cuts_one_line(tmp_path, capsys):
+@pytest.mark.parametrize("argv,needle", [
+    (["--cuts", "3,1,2"], "cuts must be 3 non-decreasing layer indices in 0..7"),
+    (["--cuts", "1,x"], "--cuts must be comma-separated layer indices"),
+    (["--method", "nope"], "method must be one of"),
+    (["--data", "missing.npz"], "does not exist"),
+    (["--out", "elsewhere"], "--out is for run directories"),
+])
+def test_export_bad_arguments_one_line(tmp_path, capsys, argv, needle):
     (tmp_path / "tiny.py").write_text(TINY)
-    assert cli.main(["export", "--model", f"{tmp_path}/tiny.py:tiny", "--topology", "chain", "--cuts", "3,1,2",
+    assert cli.main(["export", "--model", f"{tmp_path}/tiny.py:tiny", "--topology", "chain", *argv,
                      "--workdir", str(tmp_path / "w")]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "cuts must be 3 non-decreasing layer indices in 0..7" in err
+    assert len(err.splitlines()) == 1 and needle in err, err
     assert not (tmp_path / "w").exists()
 
 

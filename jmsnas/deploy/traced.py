@@ -119,6 +119,8 @@ def export_traced(model, topology, workdir: str, *, method: str = "chain_dp", cu
         raise DeployError(f"platforms must be a non-empty subset of {list(PLATFORMS)}, got {list(platforms)}")
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise DeployError(f"batch must be a positive integer, got {batch!r}")
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+        raise DeployError(f"--workdir {workdir!r} is a file; expected a directory for the export")
     if cuts is None and (method not in compare.METHODS or method == "mesh"):
         raise DeployError(f"method must be one of {[m for m in compare.METHODS if m != 'mesh']}, got {method!r}")
     um = resolve(model)
