@@ -59,14 +59,14 @@ def settings(cfg) -> dict:
 
 def topology_of(cfg):
     """The config's topology: a file path, or a device preset name for a single device."""
-    from jmsnas import presets, topology as T
+    from jmsnas import topology as T
     name = cfg.topology
-    if isinstance(name, str) and os.path.isfile(name):
+    if isinstance(name, str) and name in T.presets.DEVICES:
+        return T.make_topology(name, [T.presets.device(name)], [], [22])
+    if isinstance(name, str) and T.is_file_name(name):
         return T.load(name)
-    if isinstance(name, str) and name in presets.DEVICES:
-        return T.make_topology(name, [presets.device(name)], [], [22])
     raise ValueError(f"topology {safeio.short(name)} is neither a topology file nor a device preset "
-                     f"({sorted(presets.DEVICES)})")
+                     f"({sorted(T.presets.DEVICES)})")
 
 
 def _train_supernet(space, s, ds, progress: bool):
