@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jmsnas import safeio
+from jmsnas import runcheck, safeio
 from jmsnas.fbnet import help as H, net, search as S, space as SP
 
 DEFAULTS = dict(width=0.25, tables=None, fitness="supernet", supernet_epochs=2, batch_size=64, lr=3e-3,
@@ -106,9 +106,9 @@ def run(cfg, workdir: str, *, resume: bool = False, progress: bool = True) -> in
     published = SP.fbnet_c100()
     plan = S.plan(published, topo, tables)
     S.check_budget(plan, float(cfg.t_const_ms))
-    if os.path.isdir(workdir) and safeio.run_outputs(workdir):
-        raise ValueError(f"workdir {workdir!r} already holds a run ({safeio.run_outputs(workdir)[:3]}); "
-                         "use an empty one")
+    runcheck.check_workdir(workdir, False, {}, "search", resumable=False)  # writable, not busy, holds no run
+    os.makedirs(workdir, exist_ok=True)
+    runcheck.lock_workdir(workdir, "search")  # one writer: a second command on this workdir is refused
     if s["fitness"] == "supernet":
         from jmsnas import data
         ds = data.load(cfg.get("dataset", "digits"), data_dir=cfg.get("data_dir"), seed=s["seed"])
@@ -133,7 +133,6 @@ def run(cfg, workdir: str, *, resume: bool = False, progress: bool = True) -> in
               "per_link_ms": dict(zip(topo.link_names, br["per_link"])), "t_const_ms": float(cfg.t_const_ms),
               "met": br["total"] <= float(cfg.t_const_ms), "fitness": {"kind": s["fitness"], "value": res.fitness},
               "history": res.history, "tables": {d: t.source for d, t in tables.items()}, "settings": s}
-    os.makedirs(workdir, exist_ok=True)
     with safeio.atomic_write(os.path.join(workdir, "result.json")) as f:
         json.dump(result, f, indent=1)
     print("FBNet space, architecture per layer: " + " ".join(a["op"] for a in result["architecture"]))
