@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import export as jax_export
 
+from jmsnas import safeio
 from jmsnas import topology as topo_mod
 from jmsnas.deploy.export import device_graph
 from jmsnas.deploy.runtime import FORMAT, MANIFEST, DeployError, sha256
@@ -121,6 +122,9 @@ def export_traced(model, topology, workdir: str, *, method: str = "chain_dp", cu
         raise DeployError(f"batch must be a positive integer, got {batch!r}")
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         raise DeployError(f"--workdir {workdir!r} is a file; expected a directory for the export")
+    if os.path.isdir(workdir) and os.listdir(workdir) and not is_traced(workdir):
+        raise DeployError(f"--workdir {workdir!r} holds other files; expected a new or empty directory or an earlier "
+                          "`jmsnas export --model` there")
     if cuts is None and (method not in compare.METHODS or method == "mesh"):
         raise DeployError(f"method must be one of {[m for m in compare.METHODS if m != 'mesh']}, got {method!r}")
     um = resolve(model)
@@ -179,17 +183,7 @@ def export_traced(model, topology, workdir: str, *, method: str = "chain_dp", cu
             "output": {"shape": list(shapes[dev][0]), "dtype": shapes[dev][1]}, "to": dsts[dev],
             "predicted_compute_ms": float(result.per_device_ms.get(dev, 0.0)),
         }
-    export_dir = os.path.join(workdir, "export")
-    ref_dir = os.path.join(workdir, "reference")
-    os.makedirs(export_dir, exist_ok=True)
-    os.makedirs(ref_dir, exist_ok=True)
-    for dev, (blob, weights) in programs.items():
-        prog, wfile = os.path.join(export_dir, f"{dev}.jaxexport"), os.path.join(export_dir, f"{dev}.npz")
-        _write(prog, blob)
-        np.savez(wfile, **weights)
-        parts[dev].update(program=f"{dev}.jaxexport", program_sha256=sha256(prog), weights=f"{dev}.npz",
-                          weights_sha256=sha256(wfile))
-    _write_reference(um, t, ref_dir, batch, platforms)
+    reference = _reference_program(um, batch, platforms)
     links = []
     for l in topo.links:
         shape, dtype = shapes[l.src]
@@ -210,21 +204,38 @@ def export_traced(model, topology, workdir: str, *, method: str = "chain_dp", cu
                 "branches": [topo.device_names[b] for b in topo.branches],
                 "parts": parts, "links": links, "predicted_latency_ms": predicted, "architecture": None,
                 "traced": record}
-    with open(os.path.join(export_dir, MANIFEST), "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=2)
-    with open(os.path.join(workdir, RECORD), "w", encoding="utf-8") as f:
-        json.dump({**record, "topology": topo_mod.to_dict(topo), "predicted_latency_ms": predicted}, f, indent=2)
+    try:  # all or nothing per folder (safeio.atomic_dir); disk errors as one line
+        with safeio.write_errors(f"the export to {workdir!r}"):
+            os.makedirs(workdir, exist_ok=True)
+            with safeio.atomic_dir(os.path.join(workdir, "reference")) as tmp:
+                _write(os.path.join(tmp, "whole.jaxexport"), reference[0])
+                np.savez(os.path.join(tmp, "whole.npz"), **reference[1])
+            with safeio.atomic_dir(os.path.join(workdir, "export")) as tmp:
+                for dev, (blob, weights) in programs.items():
+                    prog = safeio.child_path(tmp, dev, ".jaxexport", "device name")
+                    wfile = safeio.child_path(tmp, dev, ".npz", "device name")
+                    _write(prog, blob)
+                    np.savez(wfile, **weights)
+                    parts[dev].update(program=f"{dev}.jaxexport", program_sha256=sha256(prog),
+                                      weights=f"{dev}.npz", weights_sha256=sha256(wfile))
+                with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:
+                    json.dump(manifest, f, indent=2)
+            with safeio.atomic_write(os.path.join(workdir, RECORD), encoding="utf-8") as f:
+                json.dump({**record, "topology": topo_mod.to_dict(topo), "predicted_latency_ms": predicted}, f,
+                          indent=2)
+    except ValueError as e:
+        raise DeployError(str(e)) from None
     return manifest
 
 
-def _write_reference(um, t, ref_dir: str, batch: int, platforms) -> None:
+def _reference_program(um, batch: int, platforms) -> tuple:
+    """(serialized program, weights) of the model's own apply for one batch: what ``pipeline --check`` runs."""
     leaves, treedef = jax.tree_util.tree_flatten(um.params)
     fn = lambda *args: um.apply(jax.tree_util.tree_unflatten(treedef, list(args[:-1])), args[-1])
     specs = [jax.ShapeDtypeStruct(tuple(np.shape(l)), jnp.asarray(l).dtype) for l in leaves]
     specs.append(jax.ShapeDtypeStruct((batch,) + tuple(um.input_shape), np.dtype(um.input_dtype)))
     exp = _export(fn, specs, platforms)
-    _write(os.path.join(ref_dir, "whole.jaxexport"), exp.serialize())
-    np.savez(os.path.join(ref_dir, "whole.npz"), **{f"{i:05d}": np.asarray(l) for i, l in enumerate(leaves)})
+    return exp.serialize(), {f"{i:05d}": np.asarray(l) for i, l in enumerate(leaves)}
 
 
 def _record(workdir: str) -> dict:
