@@ -46,7 +46,7 @@ def train(steps: int = 400, seed: int = 0, batch: int = 64):
     from jmsnas import data
     ds = data.load("digits", seed=seed)
     model = DigitsCNN()
-    variables = model.init(jax.random.PRNGKey(seed), jnp.zeros((1,) + INPUT_SHAPE))
+    variables = jax.jit(model.init)(jax.random.PRNGKey(seed), jnp.zeros((1,) + INPUT_SHAPE))  # eager flax is slow
     opt = optax.adam(3e-3)
     state = opt.init(variables["params"])
 
@@ -85,7 +85,7 @@ def main(argv=None) -> None:
     images = np.concatenate([ds.val.images, ds.test.images])
     labels = np.concatenate([ds.val.labels, ds.test.labels])
     np.savez(os.path.join(args.out, "eval.npz"), images=images, labels=labels)
-    logits = DigitsCNN().apply(variables, ds.test.images)
+    logits = jax.jit(DigitsCNN().apply)(variables, ds.test.images)
     print(f"test accuracy {float(np.mean(np.argmax(logits, -1) == ds.test.labels)):.4f}; wrote {args.out}")
 
 
