@@ -18,6 +18,7 @@ COMMANDS = {
     "export": "deploy", "pipeline": "deploy",
     "separable": "separable",
     "measure": "tables", "adapt": "tables", "validate": "tables",
+    "plot": "plot",
 }
 
 

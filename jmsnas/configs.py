@@ -38,6 +38,7 @@ def default_config() -> ml_collections.ConfigDict:
     # all-path gates, and for sampled paths on layers whose input has >= 4096 values per image, e.g. 16x16x16;
     # see jmsnas.supernet.candidate_impl)
     c.candidate_impl = "auto"
+    c.tensorboard = True  # TensorBoard logs under WORKDIR/tensorboard (jmsnas.tensorboard); False: none
     return c
 
 

@@ -14,7 +14,8 @@ Sources:
   are kept in ``<cache root>/data/`` (:mod:`jmsnas.cache`; not with ``JMSNAS_COMPILE_CACHE=0``), so a later run
   reads them without importing scikit-learn.
 * ``cifar10``, ``cifar100``, ``imagenet2012``: tensorflow-datasets, read from a prepared ``data_dir`` without
-  downloading. tfds ``train[:P%]`` becomes ``train`` and ``train[P%:]`` becomes ``val`` with
+  downloading. tensorflow-datasets and TensorFlow are an extra (``pip install -e '.[tfds]'``); without them
+  asking for one of these ends with a DatasetError naming that command. tfds ``train[:P%]`` becomes ``train`` and ``train[P%:]`` becomes ``val`` with
   ``P = 100 * (1 - val_fraction)``; ``test`` is tfds ``test`` (cifar) or ``validation`` (imagenet2012).
   Images are centre-cropped to a square and resized when ``image_size`` is given (imagenet2012 defaults to
   224). ``max_train`` / ``max_eval`` cap the number of examples read, which is what makes imagenet2012 fit
@@ -308,7 +309,7 @@ def _not_prepared(name, builder) -> DatasetError:
 
 def _load_tfds(name, data_dir, val_fraction, image_size, max_train, max_eval):
     """Reads the three splits of a prepared tfds dataset; returns ((train, val, test), num_classes)."""
-    tf, tfds = _import_tf_quietly()
+    tf, tfds = _import_tf_quietly(name)
     data_dir = os.fspath(data_dir) if data_dir is not None else None
     try:
         builder = tfds.builder(name, data_dir=data_dir)
@@ -335,13 +336,24 @@ def _load_tfds(name, data_dir, val_fraction, image_size, max_train, max_eval):
     return splits, int(builder.info.features["label"].num_classes)
 
 
-def _import_tf_quietly():
-    """(tensorflow, tensorflow_datasets), imported with the process's stderr (fd 2) parked in a temporary file:
+def _import_tf_quietly(name: str = "a tfds dataset"):
+    """(tensorflow, tensorflow_datasets), imported with the process's stderr (fd 2) parked in a temporary file
+    (a DatasetError naming the install command where either is not installed: they are the ``tfds`` extra):
     TensorFlow 2.21 logs oneDNN/absl lines at import whatever TF_CPP_MIN_LOG_LEVEL says, which would bury a
     one-line dataset error. What it printed is passed on only if the import fails."""
+    import importlib.util
     import sys
     import tempfile
 
+    for module, package in (("tensorflow_datasets", "tensorflow-datasets"), ("tensorflow", "TensorFlow")):
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ValueError, AttributeError):  # sys.modules holds None for it (an import blocked on purpose)
+            found = False
+        if not found:
+            raise DatasetError(f"dataset {name!r} is read with {package}, which is not installed: run "
+                               f"pip install -e '.[tfds]' in the jmsnas checkout (or pip install 'jmsnas[tfds]'); "
+                               f"the embedded digits (--config.dataset=digits) need neither")
     if "tensorflow_datasets" in sys.modules:
         import tensorflow as tf
         import tensorflow_datasets as tfds

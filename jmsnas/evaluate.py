@@ -419,9 +419,11 @@ def evaluate_population(space: SearchSpace, table, params, state, archs_ops, x, 
     Args:
       space: the search space (static: one compilation per space, population size and batch shapes).
       table: the CostTable the latency is read from.
-      params, state: supernet parameters and batch-norm running statistics (``supernet.init`` layout).
+      params: supernet parameters (``supernet.init`` layout).
+      state: the supernet's batch-norm running statistics (``supernet.init`` layout).
       archs_ops: int[P, N], one architecture per row (valid candidate indices).
-      x: float32[B, H, W, C] images; y: int[B] labels.
+      x: float32[B, H, W, C] images.
+      y: int[B] labels.
       bn_batches: optional float32[K, B', H, W, C]; if given, each architecture's BN statistics are recalibrated
         on these K batches (exact average of the per-batch means and biased variances) before evaluating x.
       chunk: architectures per chunk of the sorted population (static; P is padded up to a multiple of it);
@@ -430,7 +432,7 @@ def evaluate_population(space: SearchSpace, table, params, state, archs_ops, x, 
 
     Returns:
       {"loss": float32[P] mean cross-entropy, "accuracy": float32[P] fraction in [0, 1],
-       "latency_ms": float32[P] total latency T in ms (``arch_latency``)}.
+      "latency_ms": float32[P] total latency T in ms (``arch_latency``)}.
     """
     _check_inputs(space, archs_ops, x, y, bn_batches)
     chunk = default_chunk() if chunk is None else chunk

@@ -34,6 +34,7 @@ import optax
 from tqdm import tqdm
 
 from jmsnas import budget, data, pipeline, programs, runcheck, safeio, strategies, supernet, timing, train
+from jmsnas import tensorboard as tb
 from jmsnas.checkpoint import Checkpointer
 from jmsnas.cost.latency import arch_latency, latency, searched_latency
 from jmsnas.evaluate import evaluate_loop, evaluate_population
@@ -71,6 +72,7 @@ def with_defaults(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
         raise ConfigError(f"unknown evolve settings {unknown}; expected some of {sorted(DEFAULTS)}")
     with cfg.unlocked():
         cfg.evolve = ml_collections.ConfigDict({**DEFAULTS, **given})
+        cfg.tensorboard = cfg.get("tensorboard", True)  # WORKDIR/tensorboard (jmsnas.tensorboard); False: none
     return cfg
 
 
@@ -193,6 +195,7 @@ def _train_supernet(cfg, space, table, ds, mesh, ckpt, fp, resume, progress):
                 bar.set_postfix(loss=f"{float(m['loss']):.3f}", big=f"{float(m['acc_largest']):.3f}",
                                 small=f"{float(m['acc_smallest']):.3f}")
         history.append(_epoch_entry(cfg, space, table, ds, mesh, st, eval_step, epoch, m))
+        tb.log(epoch, tb.history_scalars(history[-1]))
         epoch, start = epoch + 1, 0
         saves.save(ckpt, int(st.step), st, {"epoch": epoch, "batch": 0, "history": history, "fingerprint": fp},
                    last_epoch=epoch == e.epochs)
@@ -360,6 +363,7 @@ def _evolution(cfg, space, table, st, fd, strategy, ckpt, fp, resume, progress):
                     "mean_accuracy": float(f["accuracy"].mean()),
                     "best_so_far_accuracy": None if best is None else best["accuracy"],
                     "min_latency_ms": float(f["latency_ms"].min()), "max_latency_ms": float(f["latency_ms"].max())})
+        tb.log(gen, tb.generation_scalars(f["accuracy"], f["latency_ms"], f["feasible"], f["fitness"]))
         gen += 1
         bar.update(1)
         bar.set_postfix(best=f"{log[-1]['best_so_far_accuracy'] or 0:.3f}", feasible=f"{ok.mean():.2f}")
@@ -408,21 +412,22 @@ def evolve(cfg: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
     mesh = train.data_mesh()
     fp = pipeline.fingerprint(cfg)
     ckpts = os.path.join(workdir, "checkpoints")
-    st, history = _train_supernet(cfg, space, table, ds, mesh, Checkpointer(os.path.join(ckpts, "supernet")), fp,
-                                  resume, progress)
-    log, best, top = _evolution(cfg, space, table, st, fd, make_strategy(space.mask(), e),
-                                Checkpointer(os.path.join(ckpts, "evolution")), fp, resume, progress)
-    ops, fix, note = _winner(cfg, space, table, best, top)
-    assignment = pipeline._assignment(cfg, space, table, ops)
-    rt, history = pipeline._stage2(cfg, space, ds, mesh, st, ops, workdir, fp, resume, progress, history)
-    summary = {"population": e.population, "generations": e.generations, "evaluated": e.population * e.generations,
-               "fitness_examples": len(fd.y),
-               "bn_recalibration_examples": 0 if fd.bn is None else int(fd.bn.shape[0] * fd.bn.shape[1]),
-               "supernet_val_acc": best["accuracy"] if best and list(ops) == best["ops"] else None}
-    if jax.process_index() == 0:
-        with pipeline.output_errors(workdir), safeio.atomic_write(os.path.join(workdir, "evolution.json")) as f:
-            json.dump({"generations": log, "best": best, "most_accurate": top, "winner": list(ops),
-                       "summary": summary}, f, indent=2)
-    return pipeline._finish(cfg, space, table, ds, mesh, rt, ops, assignment, fix, None, history, workdir,
-                            note=note, extra={"flow": "evolve", "evolution": summary})
+    with tb.run(workdir, tb.enabled(cfg)):
+        st, history = _train_supernet(cfg, space, table, ds, mesh, Checkpointer(os.path.join(ckpts, "supernet")),
+                                      fp, resume, progress)
+        log, best, top = _evolution(cfg, space, table, st, fd, make_strategy(space.mask(), e),
+                                    Checkpointer(os.path.join(ckpts, "evolution")), fp, resume, progress)
+        ops, fix, note = _winner(cfg, space, table, best, top)
+        assignment = pipeline._assignment(cfg, space, table, ops)
+        rt, history = pipeline._stage2(cfg, space, ds, mesh, st, ops, workdir, fp, resume, progress, history)
+        summary = {"population": e.population, "generations": e.generations,
+                   "evaluated": e.population * e.generations, "fitness_examples": len(fd.y),
+                   "bn_recalibration_examples": 0 if fd.bn is None else int(fd.bn.shape[0] * fd.bn.shape[1]),
+                   "supernet_val_acc": best["accuracy"] if best and list(ops) == best["ops"] else None}
+        if jax.process_index() == 0:
+            with pipeline.output_errors(workdir), safeio.atomic_write(os.path.join(workdir, "evolution.json")) as f:
+                json.dump({"generations": log, "best": best, "most_accurate": top, "winner": list(ops),
+                           "summary": summary}, f, indent=2)
+        return pipeline._finish(cfg, space, table, ds, mesh, rt, ops, assignment, fix, None, history, workdir,
+                                note=note, extra={"flow": "evolve", "evolution": summary})
 

@@ -21,10 +21,10 @@ import ml_collections
 import numpy as np
 from tqdm import tqdm
 
-from jmsnas import (budget, data, dwconv, gates as G, programs, report, runcheck, safeio, supernet, timing, topology,
-                    train)
+from jmsnas import (budget, data, dwconv, gates as G, programs, report, runcheck, safeio, supernet,
+                    tensorboard as tb, timing, topology, train)
 from jmsnas.checkpoint import CheckpointError, Checkpointer
-from jmsnas.cost.latency import arch_latency, best_chain_assignment, breakdown_dict
+from jmsnas.cost.latency import arch_latency, best_chain_assignment, breakdown_dict, expected_latency, searched_latency
 from jmsnas.cost.tables import CostTable, analytic_table
 from jmsnas.deploy.spec import space_to_dict
 from jmsnas.objectives import PENALTIES
@@ -36,6 +36,7 @@ from jmsnas.topology import Topology
 def validate_config(cfg) -> None:
     """Checks the values that would otherwise fail deep inside a run (before anything is loaded or written)."""
     runcheck.check_values(cfg)
+    tb.enabled(cfg)  # a bool
     t = cfg.t_const_ms
     if isinstance(t, bool) or not isinstance(t, (int, float)) or not np.isfinite(t) or t <= 0:
         raise ConfigError(f"t_const_ms must be a positive number of ms, got {t!r}")
@@ -187,15 +188,16 @@ def search(cfg: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
     mesh = train.data_mesh()
     fp = fingerprint(cfg)
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints", "search"))
-    st, pos, history = _stage1(cfg, space, table, ds, mesh, ckpt, fp, resume, progress)
-    check_alpha(st.alpha)
-    derived = np.asarray(G.derive(st.alpha, space.mask()))
-    assignment = _assignment(cfg, space, table, derived)
-    fix = budget.repair(space, table, st.alpha, derived, float(cfg.t_const_ms), assignment)
-    ops = tuple(int(i) for i in fix.ops)
-    assignment = _assignment(cfg, space, table, fix.ops)  # re-split the repaired net: T can only fall
-    rt, history = _stage2(cfg, space, ds, mesh, st, ops, workdir, fp, resume, progress, history)
-    return _finish(cfg, space, table, ds, mesh, rt, ops, assignment, fix, derived, history, workdir)
+    with tb.run(workdir, tb.enabled(cfg)):
+        st, pos, history = _stage1(cfg, space, table, ds, mesh, ckpt, fp, resume, progress)
+        check_alpha(st.alpha)
+        derived = np.asarray(G.derive(st.alpha, space.mask()))
+        assignment = _assignment(cfg, space, table, derived)
+        fix = budget.repair(space, table, st.alpha, derived, float(cfg.t_const_ms), assignment)
+        ops = tuple(int(i) for i in fix.ops)
+        assignment = _assignment(cfg, space, table, fix.ops)  # re-split the repaired net: T can only fall
+        rt, history = _stage2(cfg, space, ds, mesh, st, ops, workdir, fp, resume, progress, history)
+        return _finish(cfg, space, table, ds, mesh, rt, ops, assignment, fix, derived, history, workdir)
 
 
 def _assignment(cfg, space, table, ops):
@@ -313,6 +315,8 @@ def _stage1(cfg, space, table, ds, mesh, ckpt, fp, resume, progress):
                 bar.set_postfix(loss=f"{float(metrics['loss']):.3f}", acc=f"{float(metrics['acc']):.3f}",
                                 ET=f"{float(latencies.expected(st.alpha)):.3f}ms")
         history.append(_epoch_entry(cfg, space, table, ds, mesh, st, eval_step, epoch, warm, metrics, latencies))
+        if tb.active():
+            tb.log(epoch, _search_scalars(cfg, space, latencies, st, history[-1]))
         epoch, start = epoch + 1, 0
         saves.save(ckpt, int(st.step), st, {"epoch": epoch, "batch": 0, "history": history, "fingerprint": fp},
                    last_epoch=epoch == total)
@@ -322,11 +326,32 @@ def _stage1(cfg, space, table, ds, mesh, ckpt, fp, resume, progress):
 
 class _EpochLatencies:
     """E[T] of alpha (the objective's) and T of a derived architecture, each one executable for the whole stage
-    (evaluated eagerly they dispatched a few hundred small operations per call)."""
+    (evaluated eagerly they dispatched a few hundred small operations per call); ``breakdown``: E[T] per device
+    and link with the architecture probabilities (for the TensorBoard logs)."""
 
     def __init__(self, cfg, space, table):
         self.expected = jax.jit(lambda alpha: train.step_latency(space, table, alpha, cfg.split))
         self.derived = jax.jit(lambda ops, assignment: arch_latency(space, table, ops, assignment).total)
+
+        def breakdown(alpha):
+            probs = G.probabilities(alpha, jnp.asarray(space.mask()))
+            if cfg.split == "searched":  # E[T] under the best split of E[tau], as the objective takes it
+                return searched_latency(space, table, probs)[0], probs
+            return expected_latency(space, table, alpha), probs
+
+        self.breakdown = jax.jit(breakdown)
+
+
+def _search_scalars(cfg, space, latencies, st, row) -> dict:
+    """An epoch of stage 1 for TensorBoard: the history row, E[T] per device and link, per-layer entropy and top
+    op of the architecture distribution, and the Gumbel temperature of the gate modes that sample with one."""
+    lat, probs = latencies.breakdown(st.alpha)
+    out = {**tb.history_scalars(row), **tb.breakdown_scalars("latency/expected", breakdown_dict(space, lat)),
+           **tb.arch_scalars(jax.device_get(probs))}
+    s = cfg.search
+    if s.gate_mode in ("gumbel_soft", "gumbel_hard"):  # the modes that sample with tau (gates.arch_gates)
+        out["search/gumbel_temperature"] = float(G.temperature_schedule(s.tau0, s.tau_min, s.tau_decay)(int(st.step)))
+    return out
 
 
 def _epoch_entry(cfg, space, table, ds, mesh, st, eval_step, epoch, warm, metrics, latencies) -> dict:
@@ -369,6 +394,7 @@ def _stage2(cfg, space, ds, mesh, st, ops, workdir, fp, resume, progress, histor
         history.append({"epoch": len(history), "stage": "retrain", "train_loss": float(metrics["loss"]),
                         "train_acc": float(metrics["acc"]), "val_acc": acc, "expected_latency_ms": None,
                         "derived_latency_ms": None})
+        tb.log(history[-1]["epoch"], tb.history_scalars(history[-1]))
         epoch, start = epoch + 1, 0
         saves.save(ckpt, int(rt.step), rt, {"epoch": epoch, "batch": 0, "history": history, "fingerprint": fp,
                                             "ops": list(ops)}, last_epoch=epoch == r.epochs)
@@ -414,8 +440,14 @@ def _finish(cfg, space, table, ds, mesh, rt, ops, assignment, fix, derived, hist
             json.dump(result, f, indent=2)
         with safeio.atomic_write(os.path.join(workdir, "history.json")) as f:
             json.dump(history, f, indent=2)
-        report.write_report(result, history, workdir)
+        figures = report.write_report(result, history, workdir)
         write_parts(space, params, jax.device_get(rt.bn), ops, os.path.join(workdir, "parts"), assignment)
+    if tb.active():
+        step = len(history)
+        parts = [supernet.device_parts(space, tree, ops, assignment) for tree in (params, jax.device_get(rt.bn))]
+        held = {d: sum(supernet.count_params(p[d]["params"]) for p in parts) for d in parts[0]}
+        tb.log(step, {**tb.result_scalars(result), **tb.device_memory_scalars(held)})
+        tb.images(step, tb.figures(figures))
     return result
 
 

@@ -243,7 +243,9 @@ def _flat(d, prefix=""):
     return out
 
 
-CHECKPOINT_KEYS = ("checkpoint_every", "checkpoint_min_interval_s")  # how often, not what: free to change on resume
+# how often checkpoints are written, and whether TensorBoard logs are: not what the run computes, so free to change
+# on resume and left out of the run's fingerprint
+CHECKPOINT_KEYS = ("checkpoint_every", "checkpoint_min_interval_s", "tensorboard")
 
 
 def config_diff(saved: dict, now: dict) -> list:

@@ -15,7 +15,7 @@ import numpy as np
 import optax
 import pytest
 
-from jmsnas import cli, configs, evolve, pipeline, supernet
+from jmsnas import cli, configs, evolve, pipeline, supernet, tensorboard
 from jmsnas.cost.latency import arch_latency, best_chain_assignment
 from jmsnas.cost.tables import analytic_table
 from jmsnas.evaluate import evaluate_loop
@@ -300,6 +300,17 @@ def test_evolve_end_to_end_meets_the_budget_and_resumes(tmp_path):
                                                                                           smallest).total))
     summary = (run / "summary.txt").read_text()
     assert "within the budget" in summary
+    # TensorBoard (jmsnas.tensorboard): the epochs, the fitness of every generation, the result and its figures
+    scalars, images = tensorboard.read(str(run))
+    names = {"train/loss", "train/accuracy", "val/accuracy", "val/accuracy_smallest", "latency/derived_ms",
+             "evolution/fitness_best", "evolution/fitness_mean", "evolution/feasible_fraction",
+             "evolution/accuracy_mean", "evolution/latency_max_ms", "result/accuracy/test", "result/latency_ms"}
+    names |= {f"result/latency/device/{d}_ms" for d in result["latency_ms"]["per_device"]}
+    names |= {f"memory/{d}/weight_bytes" for d in result["latency_ms"]["per_device"]}
+    assert names <= set(scalars), sorted(names - set(scalars))
+    assert [s for s, _ in scalars["evolution/fitness_best"]] == [0, 1]
+    assert scalars["evolution/feasible_fraction"][0][1] == ev["generations"][0]["feasible_fraction"]
+    assert images == ["figures/architecture", "figures/history", "figures/latency_breakdown"]
 
     # resume: drop the last supernet step (mid-epoch checkpoint is left), the last generation and the outputs
     sup = run / "checkpoints" / "supernet"

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jmsnas import cli
+from jmsnas import cli, tensorboard
 from jmsnas.separable import config as sconfig, cost, decisions as dec, network as net, search
 from jmsnas.separable.controller import ask_many, make_controller, make_random
 from jmsnas.strategies.base import sample_valid
@@ -277,6 +277,16 @@ def test_cli_run_outputs_and_resume(tmp_path, capsys):
         assert c["latency_ms"] <= c["synchronous_ms"] and set(c["compute_ms"]) == {f"node{i}" for i in range(4)}
         assert 0 <= res[arm]["test_acc"] <= 1
     assert len(json.loads((wd / "history.json").read_text())) == 2
+    # TensorBoard: per round and per controller step (2 rounds x 2 steps), the final costs and both figures
+    scalars, images = tensorboard.read(str(wd))
+    names = {f"{arm}/{k}" for arm in ("controller", "random") for k in ("reward", "train_loss", "best_accuracy",
+                                                                         "sample_bytes_ratio_mean")}
+    names |= {"control_group/reward", "result/controller/test_accuracy", "result/controller/latency_ms",
+              "result/reference/test_accuracy", "result/random/device/node1_ms"}
+    assert names <= set(scalars), sorted(names - set(scalars))
+    assert [s for s, _ in scalars["controller/reward"]] == [0, 1, 2, 3]
+    assert images == ["figures/bytes_accuracy", "figures/reward_curve"]
+    events = set(os.listdir(wd / "tensorboard"))
     # the given decisions: stem broadcast 3 x 8x8x8 float32 + step 0: 4 senders x 64 px x 8 ch x 2 B
     assert res["given"]["decisions"]["perm_ids"] == [7, 0]
     assert res["given"]["cost"]["bytes_per_image"] == 3 * 64 * 8 * 4 + 4 * 64 * 8 * 2
@@ -285,7 +295,8 @@ def test_cli_run_outputs_and_resume(tmp_path, capsys):
     shutil.rmtree(ck / "2")
     os.remove(wd / "result.json")
     assert cli.main(["separable", "--config", f"{cfg_file}:g4a2k3f16:tiny", "--workdir", str(wd), "--resume",
-                     given, "--no-progress"]) == 0
+                     given, "--no-progress", "--config.tensorboard=False"]) == 0
+    assert set(os.listdir(wd / "tensorboard")) == events  # logs off: no new event file, and resuming is allowed
     again = json.loads((wd / "result.json").read_text())
     for arm in ("controller", "random"):
         assert again[arm]["decisions"] == res[arm]["decisions"]

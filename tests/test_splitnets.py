@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jmsnas import cli
+from jmsnas import cli, tensorboard
 from jmsnas.cost.memory import peak_memory_bytes
 from jmsnas.pipeline import ConfigError
 from jmsnas.splitnets import hardware as H
@@ -266,6 +266,13 @@ def test_evolve_cli_single_view_meets_both_limits(tmp_path, capsys):
     for f in ("history.png", "latency_breakdown.png", "architecture.png", "parts/sensor.npz",
               "parts/aggregator.npz", "parts/manifest.json"):
         assert (work / f).exists(), f
+    scalars, images = tensorboard.read(str(work))  # TensorBoard: epochs, generations, the result, its figures
+    names = {"train/loss", "val/accuracy", "val/accuracy_smallest", "evolution/fitness_best",
+             "evolution/sensor_peak_max_bytes", "result/latency/device/sensor_ms",
+             "result/latency/link/sensor_to_aggregator_ms", "memory/sensor_peak_bytes", "result/accuracy/test"}
+    assert names <= set(scalars), sorted(names - set(scalars))
+    assert scalars["memory/sensor_peak_bytes"][0][1] == pytest.approx(sn["sensor_peak_memory_bytes"])
+    assert images == ["figures/architecture", "figures/history", "figures/latency_breakdown"]
     man = json.loads((work / "parts" / "manifest.json").read_text())
     sensor = np.load(work / "parts" / "sensor.npz")
     assert sensor["params/reduce"].shape[-1] == sn["d"] and man["split"]["d"] == sn["d"]

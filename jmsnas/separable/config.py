@@ -50,6 +50,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.eval_batch_size = 256
     # True: compile without XLA's optimisation passes (about 1.3x faster compiles, 2.5x slower steps on CPU)
     c.fast_compile = False
+    c.tensorboard = True  # TensorBoard logs under WORKDIR/tensorboard (jmsnas.tensorboard); False: none
     return c
 
 
@@ -73,6 +74,8 @@ def _num(x) -> bool:
 
 def validate(cfg) -> None:
     """Checks the values that would fail deep inside a run, before anything is loaded or written."""
+    if not isinstance(cfg.get("tensorboard", True), bool):
+        raise SeparableConfigError(f"tensorboard must be true or false, got {cfg.tensorboard!r}")
     if cfg.dataset not in data.DATASETS:
         raise SeparableConfigError(f"unknown dataset {cfg.dataset!r}; expected one of {list(data.DATASETS)}")
     s = cfg.search

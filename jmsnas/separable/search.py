@@ -28,6 +28,7 @@ import optax
 from tqdm import tqdm
 
 from jmsnas import data, pipeline
+from jmsnas import tensorboard as tb
 from jmsnas.checkpoint import Checkpointer
 from jmsnas.separable import config as sconfig, cost, decisions as dec, network as net, plots
 from jmsnas.separable.controller import ask_many, make_controller, make_random
@@ -325,7 +326,8 @@ def search(cfg, workdir: str, *, resume: bool = False, progress: bool = True) ->
     before = jax.config.read("jax_disable_most_optimizations")
     jax.config.update("jax_disable_most_optimizations", bool(cfg.get("fast_compile", False)) or before)
     try:
-        return _search(cfg, run, workdir, resume, progress)
+        with tb.run(workdir, tb.enabled(cfg)):
+            return _search(cfg, run, workdir, resume, progress)
     finally:
         jax.config.update("jax_disable_most_optimizations", before)
 
@@ -341,6 +343,10 @@ def _search(cfg, run, workdir, resume, progress) -> dict:
                   desc="separable rounds"):
         state, entry = run.round(state, r)
         history.append(entry)
+        per_round, per_step = tb.separable_round_scalars(entry, cfg.search.ctrl_steps)
+        tb.log(r, per_round)
+        for step, scalars in per_step:
+            tb.log(step, scalars)
         ckpt.save(r + 1, state, {"round": r + 1, "history": history, "fingerprint": fp})
     ckpt.close()
     out = run.finish(state)
@@ -352,6 +358,8 @@ def _search(cfg, run, workdir, resume, progress) -> dict:
     result["plots"] = plots.write(result, history, workdir)
     with open(os.path.join(workdir, "result.json"), "w") as f:
         json.dump(result, f, indent=2)
+    tb.log(len(history), tb.separable_result_scalars(result))
+    tb.images(len(history), tb.figures(result["plots"]))
     return result
 
 

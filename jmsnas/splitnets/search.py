@@ -27,6 +27,7 @@ import optax
 from tqdm import tqdm
 
 from jmsnas import data, pipeline, report, safeio, strategies
+from jmsnas import tensorboard as tb
 from jmsnas.objectives import cross_entropy, l2_norm_sq
 from jmsnas.pipeline import ConfigError
 from jmsnas.splitnets import hardware as H
@@ -85,6 +86,7 @@ def build_space(cfg, image_size: int, channels: int, classes: int) -> SplitSpace
 def validate(cfg) -> None:
     """Checks every setting before anything is read or written; ConfigError names the bad value."""
     from jmsnas import evolve as EV
+    tb.enabled(cfg)  # a bool
     s = cfg.splitnets
     v = s.views
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -289,6 +291,7 @@ def train_supernet(cfg, space, ds, init_mode: str, progress: bool = True, log=No
                         "train_acc": float(m["acc"]), "val_acc": float(accs[0]), "val_acc_smallest": float(accs[1]),
                         "loss_std_within_epoch": float(np.std(losses)), "expected_latency_ms": None,
                         "derived_latency_ms": None})
+        tb.log(epoch, tb.history_scalars(history[-1]))
         if log:
             log(history[-1])
     bar.close()
@@ -357,6 +360,7 @@ def evolution(cfg, space, params, costs: CostCache, calib, xv, yv, progress=True
                     "best_accuracy": float(acc[ok].max()) if ok.any() else None, "mean_accuracy": float(acc.mean()),
                     "best_so_far_accuracy": None if best is None else best["accuracy"],
                     "max_latency_ms": float(lat.max()), "max_sensor_peak_bytes": float(peak.max())})
+        tb.log(gen, tb.generation_scalars(acc, lat, ok, fit, peak))
     winner = np.asarray(best["genes"], np.int32) if best else fallback(space, costs, t_const, mem)
     return winner, log, best
 
@@ -522,6 +526,11 @@ def evolve(cfg, workdir: str, *, resume: bool = False, progress: bool = True) ->
         raise ConfigError("--resume is not supported by the SplitNets flow; start it in a new workdir")
     cfg, hw, space, ds = prepare(cfg)
     pipeline.prepare_workdir(workdir, False, cfg, "evolve", resumable=False)
+    with tb.run(workdir, tb.enabled(cfg)):
+        return _evolve(cfg, hw, space, ds, workdir, progress)
+
+
+def _evolve(cfg, hw, space, ds, workdir: str, progress: bool) -> dict:
     t0 = time.time()
     st, history, t_super = train_supernet(cfg, space, ds, cfg.splitnets.init, progress)
     calib, xv, yv = _eval_data(cfg, ds)
@@ -533,6 +542,8 @@ def evolve(cfg, workdir: str, *, resume: bool = False, progress: bool = True) ->
             "no evolved candidate met both limits; the fastest smallest-op network within them is used")
     params, bn, hist2, evaluate = train_fixed(cfg, space, ds, st.params, genes, cfg.retrain.epochs,
                                               progress=progress)
+    for i, row in enumerate(hist2):
+        tb.log(len(history) + i, tb.history_scalars(row))
     history += hist2
     cost = costs(genes)
     n_params = sum(int(np.size(v)) for part in compact_parts(space, params, bn, genes).values()
@@ -550,8 +561,10 @@ def evolve(cfg, workdir: str, *, resume: bool = False, progress: bool = True) ->
         json.dump(history, f, indent=2)
     with open(os.path.join(workdir, "evolution.json"), "w") as f:
         json.dump({"generations": log, "best": best, "winner": [int(g) for g in genes]}, f, indent=2)
-    report.write_report(result, [{k: h[k] for k in ("epoch", "stage", "train_loss", "train_acc", "val_acc",
-                                                    "expected_latency_ms", "derived_latency_ms")}
-                                 for h in history], workdir)
+    figures = report.write_report(result, [{k: h[k] for k in ("epoch", "stage", "train_loss", "train_acc", "val_acc",
+                                                              "expected_latency_ms", "derived_latency_ms")}
+                                           for h in history], workdir)
     write_parts(space, params, bn, genes, os.path.join(workdir, "parts"))
+    tb.log(len(history), tb.result_scalars(result))
+    tb.images(len(history), tb.figures(figures))
     return result

@@ -1,0 +1,22 @@
+"""MkDocs hook: links from docs/ to files of the repository outside docs/ (``../experiments/x.md``,
+``../README.md``, ``../colab/x.ipynb``) point at the file in the repository on GitHub in the built site, where
+the relative path would lead nowhere. In the repository itself (GitHub, an editor) the relative links work as
+written; ``tests/test_docs.py`` checks that each one names a file that exists."""
+from __future__ import annotations
+
+import os
+import re
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_LINK = re.compile(r"\]\((\.\./[^)\s#]+)(#[^)\s]*)?\)")
+
+
+def on_page_markdown(markdown, page, config, files):
+    base = config["repo_url"].rstrip("/") + "/blob/main/"
+    here = os.path.dirname(os.path.join(config["docs_dir"], page.file.src_path))
+
+    def rewrite(m):
+        target = os.path.relpath(os.path.normpath(os.path.join(here, m.group(1))), _REPO)
+        return f"]({base}{target.replace(os.sep, '/')}{m.group(2) or ''})"
+
+    return _LINK.sub(rewrite, markdown)
