@@ -121,5 +121,9 @@ def test_search_command_in_the_fbnet_space_on_the_raspi4(tmp_path, capsys):
     raw = json.load(open(os.path.join(DATA, H.LUT_FILE)))["devices"]["raspi4"]
     by_hand = raw["base_all_k3_e1_ms"] + sum(raw["delta_ms[layer][op]"][l][o] for l, o in enumerate(ops))
     assert res["latency_ms"] == pytest.approx(by_hand, abs=1e-9)
+    from jmsnas import tensorboard  # TensorBoard: the fitness of both generations and the final breakdown
+    scalars, _ = tensorboard.read(str(tmp_path / "run"))
+    assert [s for s, _ in scalars["evolution/fitness_best"]] == [0, 1]
+    assert scalars["result/latency_ms"][0][1] == pytest.approx(res["latency_ms"])
     assert main(["evolve", "--config", cfg, "--workdir", str(tmp_path / "run2"), "--config.t_const_ms=5"]) == 2
     assert "below the fastest network's latency 7.7982 ms" in capsys.readouterr().err

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jmsnas import runcheck, safeio
+from jmsnas import runcheck, safeio, tensorboard as tb
 from jmsnas.fbnet import help as H, net, search as S, space as SP
 
 DEFAULTS = dict(width=0.25, tables=None, fitness="supernet", supernet_epochs=2, batch_size=64, lr=3e-3,
@@ -99,6 +99,7 @@ def _train_supernet(space, s, ds, progress: bool):
 def run(cfg, workdir: str, *, resume: bool = False, progress: bool = True) -> int:
     """The flow (module docstring); prints a summary and returns 0."""
     s = settings(cfg)
+    logs = tb.enabled(cfg)  # TensorBoard logs (a bool, checked before the workdir)
     if resume:
         raise ValueError("the FBNet flow does not resume; start it in an empty --workdir")
     topo = topology_of(cfg)
@@ -135,6 +136,11 @@ def run(cfg, workdir: str, *, resume: bool = False, progress: bool = True) -> in
               "history": res.history, "tables": {d: t.source for d, t in tables.items()}, "settings": s}
     with safeio.atomic_write(os.path.join(workdir, "result.json")) as f:
         json.dump(result, f, indent=1)
+    with tb.run(workdir, logs):  # WORKDIR/tensorboard: the fitness of every generation, the final breakdown
+        for g, h in enumerate(res.history):
+            tb.log(g, {"evolution/fitness_best": h["best_fitness"], "evolution/feasible_fraction": h["feasible_fraction"]})
+        tb.log(len(res.history), {"result/fitness": res.fitness, **tb.breakdown_scalars(
+            "result/latency", {"total": br["total"], "per_device": br["per_device"], "per_link": result["per_link_ms"]})})
     print("FBNet space, architecture per layer: " + " ".join(a["op"] for a in result["architecture"]))
     for d, ms in br["per_device"].items():
         print(f"  {d:12s} {ms:9.3f} ms  compute")
