@@ -203,8 +203,8 @@ def test_a_cluster_topology_in_autosplit_is_one_line(capsys):
 DAMAGED_CHILD = textwrap.dedent("""
     import json, os, sys
     from jmsnas import cli
-    out, lm = sys.argv[1], sys.argv[2]
-    assert cli.main(["modularize", "--model", "mobilenet_v2", "--children", "2", "--out", out, "--load-model", lm,
+    out, lm, model = sys.argv[1], sys.argv[2], sys.argv[3]
+    assert cli.main(["modularize", "--model", model, "--children", "2", "--out", out, "--load-model", lm,
                      "--no-progress"]) == 0
     files = [os.path.join(r, f) for r, _, fs in os.walk(os.path.join(out, "child_01")) for f in fs]
     big = max(files, key=os.path.getsize)
@@ -214,11 +214,11 @@ DAMAGED_CHILD = textwrap.dedent("""
 """)
 
 
-def test_a_damaged_child_is_one_line_without_event_loop_noise(tmp_path):
+def test_a_damaged_child_is_one_line_without_event_loop_noise(run, tmp_path):
     lm = tmp_path / "lm.json"
     lm.write_text(json.dumps({"overhead_ms": 15.0, "per_array_ms": 0.3, "ms_per_mb": 6.0, "rmse_ms": 0.0,
                               "samples": []}))
-    p = subprocess.run([sys.executable, "-c", DAMAGED_CHILD, str(tmp_path / "kids"), str(lm)], env=ENV,
+    p = subprocess.run([sys.executable, "-c", DAMAGED_CHILD, str(tmp_path / "kids"), str(lm), run], env=ENV,
                        capture_output=True, text=True, timeout=300)
     err = p.stderr.strip()
     assert p.returncode == 2 and len(err.splitlines()) == 1, err[-3000:]
@@ -341,36 +341,43 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def test_multiprocess_start_up_failures_end_every_process_with_one_line(tmp_path):
-    env = dict(ENV, JMSNAS_JOIN_TIMEOUT_S="3")
+@pytest.mark.parametrize("case", ["alone 1", "alone 0", "busy port"])
+def test_multiprocess_start_up_failures_are_one_line(capsys, tmp_path, monkeypatch, case):
+    """Before JAX's runtime starts (in-process: the rendezvous needs no JAX): a peer without process 0, process 0
+    without its peer, a busy --coordinator port."""
+    monkeypatch.setenv("JMSNAS_JOIN_TIMEOUT_S", "2")
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen()
-
-    def start(port, pid, *extra):
-        return subprocess.Popen([sys.executable, "-m", "jmsnas.cli", "search", "--workdir", str(tmp_path / "w"),
-                                 "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id",
-                                 str(pid), *extra], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
-    p_diff = _free_port()
-    cases = {"alone 1": [start(_free_port(), 1)], "alone 0": [start(_free_port(), 0)],
-             "busy port": [start(busy.getsockname()[1], 0)],
-             "other configs": [start(p_diff, 0, "--config.seed=1"), start(p_diff, 1, "--config.seed=2")]}
-    needles = {"alone 1": "nobody answered", "alone 0": "did not join within 3 s", "busy port": "cannot listen",
-               "other configs": "another configuration"}
+    port = busy.getsockname()[1] if case == "busy port" else _free_port()
+    pid = "1" if case == "alone 1" else "0"
+    needle = {"alone 1": "nobody answered", "alone 0": "did not join within 2 s", "busy port": "cannot listen"}[case]
     try:
-        for case, group in cases.items():
-            for p in group:
-                out, err = p.communicate(timeout=120)
-                err = err.strip()
-                assert p.returncode == 2 and len(err.splitlines()) == 1, (case, err[-3000:])
-                assert needles[case] in err, (case, err)
+        fails(capsys, ["search", "--workdir", tmp_path / "w", "--coordinator", f"127.0.0.1:{port}",
+                       "--num-processes", "2", "--process-id", pid], needle)
     finally:
         busy.close()
-        for group in cases.values():
-            for p in group:
-                if p.poll() is None:
-                    p.kill()
+    assert not (tmp_path / "w").exists()
+
+
+def test_processes_given_other_configurations_each_end_with_one_line(tmp_path):
+    """Two real processes (no C++ abort, no hang): the configuration fingerprints differ at the join."""
+    env = dict(ENV, JMSNAS_JOIN_TIMEOUT_S="60")
+    port = _free_port()
+    group = [subprocess.Popen([sys.executable, "-m", "jmsnas.cli", "search", "--workdir", str(tmp_path / "w"),
+                               "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id",
+                               str(i), f"--config.seed={i}"], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in (0, 1)]
+    try:
+        for p in group:
+            _, err = p.communicate(timeout=120)
+            err = err.strip()
+            assert p.returncode == 2 and len(err.splitlines()) == 1, err[-3000:]
+            assert "another configuration" in err, err
+    finally:
+        for p in group:
+            if p.poll() is None:
+                p.kill()
     assert not (tmp_path / "w").exists()
 
 
