@@ -127,3 +127,14 @@ def test_search_command_in_the_fbnet_space_on_the_raspi4(tmp_path, capsys):
     assert scalars["result/latency_ms"][0][1] == pytest.approx(res["latency_ms"])
     assert main(["evolve", "--config", cfg, "--workdir", str(tmp_path / "run2"), "--config.t_const_ms=5"]) == 2
     assert "below the fastest network's latency 7.7982 ms" in capsys.readouterr().err
+
+
+def test_numpy_init_has_the_shapes_and_scales_of_the_jax_init():
+    sp = SP.scaled(SP.fbnet_c100(), width=0.25)
+    lay, b = sp.layers[1], sp.blocks[3]  # k3_e6, 4 -> 6 channels
+    shapes = jax.eval_shape(lambda: net.block_init(jax.random.PRNGKey(0), b, lay))
+    p, s = net.numpy_init(shapes)
+    assert jax.tree_util.tree_structure((p, s)) == jax.tree_util.tree_structure(shapes)
+    assert (np.asarray(s["bn1"]["var"]) == 1).all() and (np.asarray(p["bn1"]["bias"]) == 0).all()
+    big = net.numpy_init(jax.ShapeDtypeStruct((1, 64, 4096), jnp.float32))  # a grouped 1x1: fan-in 64
+    assert np.std(np.asarray(big)) == pytest.approx(np.sqrt(2 / 64), rel=0.02)

@@ -71,7 +71,7 @@ def topology_of(cfg):
 
 def _train_supernet(space, s, ds, progress: bool):
     key = jax.random.PRNGKey(s["seed"])
-    params, state = jax.jit(lambda k: net.supernet_init(k, space))(key)
+    params, state = net.numpy_init(jax.eval_shape(lambda: net.supernet_init(key, space)), s["seed"])
     opt = optax.adam(s["lr"])
     opt_state = opt.init(params)
 

@@ -27,17 +27,8 @@ _KEY = 0  # weight values do not change timings
 
 
 def _fill(shapes):
-    """Arrays of ``shapes`` (a pytree of ShapeDtypeStructs) drawn in NumPy, scaled by 1/sqrt(fan-in) (values do not
-    change timings, but they must stay normal floats: denormals are slow on CPUs); batch-norm variances 1."""
-    rng = np.random.default_rng(_KEY)
-
-    def one(path, s):
-        name = jax.tree_util.keystr(path)
-        if "'var'" in name or "'scale'" in name:
-            return jnp.ones(s.shape, s.dtype)
-        fan = max(1, int(np.prod(s.shape[:-1])))
-        return jnp.asarray((rng.standard_normal(s.shape) / np.sqrt(fan)).astype(s.dtype))
-    return jax.tree_util.tree_map_with_path(one, shapes)
+    """Weights for timing (values do not change timings, but must stay normal floats: denormals are slow)."""
+    return net.numpy_init(shapes, _KEY)
 
 
 def network_call(space: FBNetSpace, arch, batch: int = 1):
