@@ -70,10 +70,13 @@ def test_remote_timer_times_an_exported_program():
     th = threading.Thread(target=timer.serve, args=("127.0.0.1", port), kwargs={"announce": lambda *a, **k: None,
                                                                                "sessions": 1}, daemon=True)
     th.start()
+    from jmsnas.fbnet import measure, space as SP
     prog = export.export(jax.jit(lambda x: jnp.tanh(x @ x)))(jax.ShapeDtypeStruct((16, 16), jnp.float32))
+    tiny = SP.scaled(SP.fbnet_c100(), width=0.125, image_size=8)  # an FBNet network as jmsnas measure sends it
+    fbnet = measure.export_network(tiny, [0, 1, 2, 3, 4, 5, 6, 7, 8] * 2 + [8] * 4)
     for _ in range(50):
         try:
-            ms = timer.time_programs(f"127.0.0.1:{port}", [bytes(prog.serialize())] * 2, reps=3, warmup=0)
+            ms = timer.time_programs(f"127.0.0.1:{port}", [bytes(prog.serialize()), fbnet], reps=3, warmup=0)
             break
         except ValueError:
             threading.Event().wait(0.1)

@@ -31,20 +31,21 @@ def _fill(shapes):
     return net.numpy_init(shapes, _KEY)
 
 
-def network_call(space: FBNetSpace, arch, batch: int = 1):
+def network_call(space: FBNetSpace, arch, batch: int = 1, dw_impl: str = "auto"):
     """(jitted fn, args): the inference forward of network ``arch`` on a batch of ``batch`` images."""
     arch = tuple(int(i) for i in arch)
     params, state = _fill(jax.eval_shape(lambda: net.init(jax.random.PRNGKey(_KEY), space, arch)))
     x = jnp.ones((batch, space.image_size, space.image_size, space.in_channels), jnp.float32)
-    fn = jax.jit(lambda p, s, x: net.apply(space, arch, p, s, x, train=False)[0])
+    fn = jax.jit(lambda p, s, x: net.apply(space, arch, p, s, x, train=False, dw_impl=dw_impl)[0])
     return fn, (params, state, x)
 
 
 def export_network(space: FBNetSpace, arch, batch: int = 1) -> bytes:
     """Network ``arch`` as a serialised ``jax.export`` program of its input only (weights are constants), for a
-    timer on another machine (``jmsnas.deploy.timer``)."""
+    timer on another machine (``jmsnas.deploy.timer``). Its depthwise convolutions are the "shifted" XLA form
+    (``jmsnas.dwconv``): a program holds no jmsnas custom call (the native CPU kernels are not exportable)."""
     from jax import export
-    fn, (params, state, x) = network_call(space, arch, batch)
+    fn, (params, state, x) = network_call(space, arch, batch, dw_impl="shifted")
     prog = export.export(jax.jit(lambda x: fn(params, state, x)))(jax.ShapeDtypeStruct(x.shape, x.dtype))
     return bytes(prog.serialize())
 
