@@ -15,7 +15,7 @@ COMMANDS = {
     "profile": "profile",
     "modularize": "modular", "load": "modular", "finetune": "modular",
     "autosplit": "autosplit",
-    "export": "deploy", "pipeline": "deploy",
+    "export": "deploy", "pipeline": "deploy", "worker": "deploy",
     "separable": "separable",
     "measure": "tables", "adapt": "tables", "validate": "tables",
     "plot": "plot",

@@ -34,10 +34,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPES = {"chain": ((8, 8, 8, 8), (1, 2, 1, 2)), "mesh": ((8, 8, 8, 8, 8, 8), (1, 2, 1, 1, 1, 2))}
 
 
-def make_run(workdir, kind: str, seed: int = 0, assignment=None) -> dict:
-    """A finished tiny run: parts/ by ``pipeline.write_parts`` and a result.json with eq. (1)/(2)'s breakdown."""
-    topo = presets.topology(kind, (1,) * (4 if kind == "chain" else 6))
-    ch, st = SHAPES[kind]
+def make_run(workdir, kind: str, seed: int = 0, assignment=None, topo=None, shapes=None) -> dict:
+    """A finished tiny run: parts/ by ``pipeline.write_parts`` and a result.json with eq. (1)/(2)'s breakdown
+    (``topo``, ``shapes`` (channels, strides per device): another topology of that kind than the preset)."""
+    topo = presets.topology(kind, (1,) * (4 if kind == "chain" else 6)) if topo is None else topo
+    ch, st = SHAPES[kind] if shapes is None else shapes
     space = build_space(topo, image_size=8, in_channels=1, num_classes=10, device_channels=ch, device_strides=st,
                         stem_channels=8, head_channels=16)
     rng = np.random.default_rng(seed)
@@ -57,7 +58,7 @@ def make_run(workdir, kind: str, seed: int = 0, assignment=None) -> dict:
     main_job.write_parts(space, cp, cs, ops, os.path.join(workdir, "parts"), assignment)
     table = analytic_table(space)
     devices = space.layer_devices() if assignment is None else assignment
-    result = {"topology": kind, "dataset": "digits", "seed": 0,
+    result = {"topology": kind if topo.name == kind else topo.name, "dataset": "digits", "seed": 0,
               "architecture": [{"layer": s.index, "device": topo.device_names[d], "op": OP_NAMES[i]}
                                for s, i, d in zip(space.layers, ops, devices)],
               "latency_ms": breakdown_dict(space, arch_latency(space, table, np.asarray(ops), assignment))}
@@ -78,17 +79,20 @@ def runs(tmp_path_factory):
 
 
 def _workers_of(export_dir: str) -> list:
-    """Live processes whose command line names ``export_dir`` (the pipeline's workers), as (pid, state)."""
-    found = []
+    """Live worker processes of ``export_dir`` (the local pipeline marks them with JMSNAS_DEPLOY_EXPORT), as
+    (pid, state)."""
+    found, mark = [], f"JMSNAS_DEPLOY_EXPORT={os.path.abspath(export_dir)}".encode()
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 cmd = f.read().decode(errors="replace")
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
             with open(f"/proc/{pid}/stat") as f:
                 state = f.read().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if os.path.abspath(export_dir) in cmd and "jmsnas.deploy.worker" in cmd and state != "Z":
+        if mark in env and "jmsnas.deploy.worker" in cmd and state != "Z":
             found.append((int(pid), state))
     return found
 

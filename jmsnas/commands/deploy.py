@@ -1,10 +1,13 @@
-"""``jmsnas export`` and ``jmsnas pipeline``: deploy a run's per-device parts and run them as a real pipeline.
+"""``jmsnas export``, ``jmsnas pipeline`` and ``jmsnas worker``: deploy a run's per-device parts and run them as a
+real pipeline, on this machine or across machines.
 
     jmsnas export --workdir RUN [--out DIR] [--platforms cpu,cuda] [--batch 1]
     jmsnas export --model pkg.module:factory --topology chain|mesh|FILE --workdir DIR [--method chain_dp|--cuts 2,4,6]
                   [--data FILE.npz|tfds:NAME [--data-dir D]] [--act-bits 32] [--bandwidth MBPS ...]
     jmsnas pipeline --workdir RUN [--images 100] [--bandwidth-scale 1 0.2 0.05] [--compute-scale host]
                     [--phase both] [--timeout 10] [--base-port 0] [--check]
+                    [--hosts FILE [--connect-timeout 5]] [--pacing user|network]
+    jmsnas worker --listen HOST:PORT
 
 ``export`` writes RUN/export/ (one jax.export program + weights per device and manifest.json). ``pipeline``
 exports first when RUN/export/manifest.json is missing, then, for every bandwidth scale, starts one process per
@@ -15,8 +18,11 @@ compares the outputs with the whole compact network's (max abs difference). With
 model, docs/your_model.md) ``export`` traces it, splits it with ``--method`` and writes DIR/export/ in the same
 format plus DIR/reference/ (the model's own apply, what ``pipeline --check`` compares with) and DIR/traced.json
 (``jmsnas.deploy.traced``); ``pipeline --workdir DIR`` then streams the ``--data`` images (else standard normal
-ones, without accuracy). Errors (a corrupt part, a manifest
-that does not match the parts, a port in use, a device that dies or hangs) print one line and exit with 2.
+ones, without accuracy). ``--hosts FILE`` (YAML/JSON, device -> HOST:PORT) runs every device on the ``jmsnas worker
+--listen HOST:PORT`` named for it instead of a local process; ``--pacing network`` paces nothing in user space (the
+network, e.g. a ``tc`` shaper, sets the links' rates). Errors (a corrupt part, a manifest that does not match the
+parts, a port in use, a device that dies or hangs, a host that cannot be resolved, reached or connected to, a part
+exported by an incompatible jax) print one line and exit with 2.
 """
 from __future__ import annotations
 
@@ -64,6 +70,19 @@ def add_parser(sub) -> None:
     q.add_argument("--base-port", type=number_flag(int, 0, MAX_PORT), default=0,
                    help="coordinator port; devices use the next ones (default 0: free ports)")
     q.add_argument("--check", action="store_true", help="compare the outputs with the whole compact network")
+    q.add_argument("--hosts", default=None,
+                   help="YAML/JSON file device -> HOST:PORT of a 'jmsnas worker --listen' per device (default: "
+                        "local processes on 127.0.0.1)")
+    q.add_argument("--connect-timeout", type=float, default=5.0,
+                   help="seconds to wait for a worker in --hosts to accept the connection (default 5)")
+    q.add_argument("--pacing", default="user", choices=("user", "network"),
+                   help="user: the senders pace every link (default); network: no pacing in user space, the "
+                        "network's shaper (tc) sets the links' rates")
+    w = sub.add_parser("worker", help="serve pipeline sessions on HOST:PORT (one per machine of a --hosts file)",
+                       description="Listen on HOST:PORT; every coordinator connection becomes a session process "
+                                   "that receives its part and plays that device (jmsnas/deploy/daemon.py).")
+    w.add_argument("--listen", required=True, help="HOST:PORT to accept coordinators on (0.0.0.0:7000: every "
+                                                     "address)")
     q.add_argument("--json", action="store_true", help="print the analysis as JSON instead of the table")
 
 
@@ -91,6 +110,9 @@ def run(args) -> int:
     from jmsnas.deploy.export import export_run
     from jmsnas.deploy.runtime import DeployError
     from jmsnas.topology import TopologyError
+    if args.command == "worker":
+        from jmsnas.deploy import daemon
+        return daemon.main(["--listen", args.listen])
     try:
         if args.command == "export":
             platforms = tuple(p.strip() for p in args.platforms.split(",") if p.strip())
@@ -133,10 +155,14 @@ def _pipeline(args, export_run) -> int:
 
     from jmsnas.deploy import reference, report
     from jmsnas.deploy.analysis import analyze
+    from jmsnas.deploy.hosts import read_hosts
     from jmsnas.deploy.pipeline import run_pipeline
     from jmsnas.deploy import traced
     from jmsnas.deploy.runtime import DeployError, load_manifest
     compute = parse_compute(args.compute_scale)
+    hosts = read_hosts(args.hosts) if args.hosts else None
+    if not args.connect_timeout > 0:
+        raise DeployError(f"--connect-timeout must be > 0 seconds, got {args.connect_timeout!r}")
     export_dir = args.export_dir or os.path.join(args.workdir, "export")
     if traced.is_traced(args.workdir):  # your own model: its evaluation data and its own apply as the reference
         images, labels = traced.eval_images(args.workdir, args.images)
@@ -156,7 +182,9 @@ def _pipeline(args, export_run) -> int:
     analyses, outputs = [], None
     for s in args.bandwidth_scale:
         raw = run_pipeline(export_dir, images, bandwidth_scale=s, compute=compute, phase=args.phase,
-                           timeout_s=args.timeout, base_port=args.base_port, window=args.window)
+                           timeout_s=args.timeout, base_port=args.base_port, window=args.window, hosts=hosts,
+                           hosts_source=args.hosts or "the hosts", pacing=args.pacing,
+                           connect_timeout_s=args.connect_timeout)
         a = analyze(manifest, raw)
         if labels is not None:
             a["accuracy"] = float(np.mean(np.argmax(raw["outputs"].reshape(len(labels), -1), -1) == labels))

@@ -1,12 +1,20 @@
 """Predicted vs measured from a pipeline run's records (``pipeline.run_pipeline``): eq. (1)/(2) with the run's
 settings beside the medians of every measured term, the hand-offs the model has no term for, each link's rate and
-the pipelined throughput."""
+the pipelined throughput.
+
+Every worker time is already on the coordinator's clock (mapped with the estimated offsets, whose uncertainty is
+reported beside: a term between two devices carries both devices' uncertainties); the end-to-end time is taken at
+the coordinator alone (image sent -> output received), so it does not depend on any offset. With
+``pacing="network"`` the kernel's shaper counts bytes on the wire, so the prediction of a link uses them
+(``links.wire_bytes`` with the connection's MSS and header bytes) and every link's rate is reported both as payload and as
+wire Mbit/s."""
 from __future__ import annotations
 
 import statistics
 
 import numpy as np
 
+from jmsnas.deploy import links as L
 from jmsnas.deploy.predict import link_name, predict, total_ms
 
 
@@ -14,14 +22,33 @@ def _median(xs) -> float:
     return float(statistics.median(xs)) if xs else float("nan")
 
 
+def _frame_mbps(nbytes: int, r: list) -> float:
+    """A frame's payload Mbit/s: as its receiver saw it (``links.payload_rate``), or, for a frame too short for the
+    receiver to tell, bytes * 8 / the sender's own transmission time (the pacer's rate, one clock)."""
+    if len(r) > 4 and r[4] is not None and np.isfinite(r[4]):
+        return float(r[4])
+    return nbytes * 8 / (r[1] - r[0]) / 1e6 if r[1] > r[0] else float("nan")
+
+
 def _link_mbps(manifest: dict, records: dict) -> dict:
-    """Every link's median rate while it transmits, bytes * 8 / (end - start of transmission), Mbit/s (all phases)."""
+    """Every link's median payload Mbit/s (``_frame_mbps``), latency phase (the receiver is idle while it
+    receives) or else every phase."""
     out = {}
+    phases = [records["latency"]] if "latency" in records else list(records.values())
     for l in manifest["links"]:
-        rates = [l["bytes"] * 8 / (r[1] - r[0]) / 1e6 for recs in records.values()
-                 for rec in recs[l["dst"]].values() for r in [rec["in"][l["src"]]] if r[1] > r[0]]
-        out[link_name(l["src"], l["dst"])] = _median(rates)
+        rates = [_frame_mbps(l["bytes"], rec["in"][l["src"]]) for recs in phases for rec in recs[l["dst"]].values()]
+        out[link_name(l["src"], l["dst"])] = _median([x for x in rates if np.isfinite(x)])
     return out
+
+
+def wire_manifest(manifest: dict, framing: dict) -> dict:
+    """The manifest with every link's bytes replaced by its bytes on the wire (``links.wire_bytes`` with the
+    connection's [MSS, header bytes] from ``framing``; a link without framing keeps its payload bytes)."""
+    links = []
+    for l in manifest["links"]:
+        f = framing.get(link_name(l["src"], l["dst"]))
+        links.append(dict(l, bytes=L.wire_bytes(l["bytes"], *f)) if f else dict(l))
+    return {**manifest, "links": links}
 
 
 def analyze(manifest: dict, raw: dict) -> dict:
@@ -34,9 +61,12 @@ def analyze(manifest: dict, raw: dict) -> dict:
     hand-offs the model has no term for); "throughput_per_s" (stream phase: images / span).
     """
     s = raw["settings"]
-    pred = predict(manifest, raw["predicted_compute_ms"], s["bandwidth_scale"])
+    network = s.get("pacing") == "network"
+    pm = wire_manifest(manifest, raw.get("framing", {})) if network else manifest
+    pred = predict(pm, raw["predicted_compute_ms"], s["bandwidth_scale"])
     order, b = manifest["order"], s["batch"]
-    out = {"settings": s, "predicted": pred, "calib_ms": raw["calib_ms"], "stretch": raw["stretch"]}
+    out = {"settings": s, "predicted": pred, "calib_ms": raw["calib_ms"], "stretch": raw["stretch"],
+           "clock": raw.get("clock", {}), "where": raw.get("where", {})}
     lat = raw["records"].get("latency")
     if lat:
         n = len(lat[order[0]])
@@ -47,17 +77,29 @@ def analyze(manifest: dict, raw: dict) -> dict:
             t = [lat[c][i]["in"][a] for i in range(n)]
             per_link[name] = [(r[3] - r[0]) * 1e3 for r in t]
             queue_ms[name] = _median([(r[0] - lat[a][i]["c1"]) * 1e3 for i, r in enumerate(t)])
-        totals = [(lat[order[-1]][i]["c1"] - lat[order[0]][i]["c0"]) * 1e3 for i in range(n)]
+        span = [(lat[order[-1]][i]["c1"] - lat[order[0]][i]["c0"]) * 1e3 for i in range(n)]
+        co = raw.get("coordinator", {}).get("latency")
+        totals = [(co[i][1] - co[i][0]) * 1e3 for i in range(n)] if co else span
         eq = [total_ms(manifest, {d: per_dev[d][i] for d in order}, {k: v[i] for k, v in per_link.items()})
               for i in range(n)]
+        unc = {d: c.get("uncertainty_ms", 0.0) for d, c in raw.get("clock", {}).items()}
         out["measured"] = {"total": _median(totals), "total_p10": float(np.percentile(totals, 10)),
                            "total_p90": float(np.percentile(totals, 90)),
+                           "first_to_last_ms": _median(span),
+                           "first_to_last_uncertainty_ms": unc.get(order[0], 0.0) + unc.get(order[-1], 0.0),
                            "per_device": {d: _median(v) for d, v in per_dev.items()},
                            "per_link": {k: _median(v) for k, v in per_link.items()},
+                           "per_link_uncertainty_ms": {link_name(l["src"], l["dst"]): unc.get(l["src"], 0.0)
+                                                       + unc.get(l["dst"], 0.0) for l in manifest["links"]},
                            "link_queue_ms": queue_ms, "eq_of_measured": _median(eq),
                            "overhead_ms": _median([t - e for t, e in zip(totals, eq)])}
         out["error_pct"] = 100.0 * (out["measured"]["total"] / pred["total"] - 1.0)
-    out.setdefault("measured", {})["link_mbps"] = _link_mbps(manifest, raw["records"])
+    rates = _link_mbps(manifest, raw["records"])
+    out.setdefault("measured", {})["link_mbps"] = rates
+    if network:
+        payload = {link_name(l["src"], l["dst"]): l["bytes"] for l in manifest["links"]}
+        wire = {link_name(l["src"], l["dst"]): l["bytes"] for l in pm["links"]}
+        out["measured"]["link_wire_mbps"] = {k: v * wire[k] / payload[k] for k, v in rates.items()}
     st = raw["records"].get("stream")
     if st:
         n = len(st[order[0]])

@@ -11,7 +11,8 @@ that device) and ``RUN/result.json`` (the predicted latency breakdown of eq. (1)
 * ``manifest.json`` (``runtime.FORMAT``): per part the device, layers, ops, files with their SHA-256, its inputs
   (where each comes from: ``"image"`` or a device, with shape and dtype), its output and where it goes (devices or
   ``"result"``), the predicted compute ms of the run's cost table; the links with bandwidth, latency and bytes per
-  transfer; the execution order and the run's predicted breakdown.
+  transfer; the execution order and the run's predicted breakdown; what made the programs (``versions``: jax,
+  jaxlib, serialization version, the programs' calling convention) and the platforms they hold.
 
 A part computes exactly what ``supernet.compact_apply`` computes for its layers: the stem on the first device in
 execution order, the head on the last, a mesh aggregator averages its branch inputs in branch order. A device with
@@ -29,7 +30,7 @@ import numpy as np
 from jax import export as jax_export
 
 from jmsnas import ops as O
-from jmsnas.deploy.runtime import FORMAT, MANIFEST, DeployError, sha256
+from jmsnas.deploy.runtime import FORMAT, MANIFEST, DeployError, sha256, versions
 from jmsnas import runcheck, safeio, topology
 from jmsnas.deploy.spec import space_from_dict
 from jmsnas.space import OPS, SearchSpace, op_index
@@ -188,7 +189,7 @@ def export_run(run: str, out: str | None = None, *, platforms=("cpu",), batch: i
     flats = {dev: load_weights(run, dev, pm["devices"][dev]) for dev in order}
     predicted = result.get("latency_ms", {})
     shapes: dict = {"image": [batch, space.image_size, space.image_size, space.in_channels]}
-    programs, manifest_parts = {}, {}
+    programs, manifest_parts, conventions = {}, {}, set()
     for dev in order:  # execution order: every input's shape is known before it is needed
         entry = pm["devices"][dev]
         stem, head = dev == order[0], dev == order[-1]
@@ -203,6 +204,7 @@ def export_run(run: str, out: str | None = None, *, platforms=("cpu",), batch: i
         specs = [jax.ShapeDtypeStruct(flats[dev][k].shape, flats[dev][k].dtype) for k in names]
         specs += [jax.ShapeDtypeStruct(tuple(s), jnp.float32) for s in in_shapes]
         exp = jax_export.export(jax.jit(call), platforms=platforms)(*specs)
+        conventions.add(int(exp.calling_convention_version))
         out_shape = [int(d) for d in exp.out_avals[0].shape]
         shapes[dev] = out_shape
         programs[dev] = (exp.serialize(), {k: flats[dev][k] for k in names})
@@ -216,7 +218,8 @@ def export_run(run: str, out: str | None = None, *, platforms=("cpu",), batch: i
         }
     try:
         with safeio.write_errors(f"the export to {out!r}"), safeio.atomic_dir(out) as tmp:
-            _write(tmp, programs, manifest_parts, space, shapes, predicted, run, platforms, batch, result)
+            _write(tmp, programs, manifest_parts, space, shapes, predicted, run, platforms, batch, result,
+                   max(conventions))
     except ValueError as e:
         raise DeployError(str(e)) from None
     return read_manifest(out)
@@ -227,8 +230,9 @@ def read_manifest(out: str) -> dict:
     return read_json(os.path.join(out, MANIFEST))
 
 
-def _write(out, programs, manifest_parts, space, shapes, predicted, run, platforms, batch, result) -> None:
-    """The export's files into the (temporary) folder ``out``."""
+def _write(out, programs, manifest_parts, space, shapes, predicted, run, platforms, batch, result,
+           convention: int) -> None:
+    """The export's files into the (temporary) folder ``out`` (``convention``: the programs' calling convention)."""
     order = [d for d in manifest_parts]
     for dev, (blob, weights) in programs.items():
         prog = safeio.child_path(out, dev, ".jaxexport", "device name")
@@ -245,7 +249,10 @@ def _write(out, programs, manifest_parts, space, shapes, predicted, run, platfor
         links.append({"src": l.src, "dst": l.dst, "bandwidth_mbps": float(l.bandwidth_mbps),
                       "latency_ms": float(l.latency_ms), "bytes": nbytes,
                       "predicted_ms": predicted.get("per_link", {}).get(f"{l.src}->{l.dst}")})
+    made = {k: v for k, v in versions().items() if k != "calling_convention_supported"}
+    made["calling_convention_version"] = convention
     manifest = {"format": FORMAT, "run": os.path.abspath(run), "platforms": list(platforms), "batch": batch,
+                "versions": made,
                 "kind": topo.kind, "topology": topology.to_dict(topo), "order": order,
                 "root": topo.device_names[topo.root] if topo.kind == "mesh" else None,
                 "branches": [topo.device_names[b] for b in topo.branches],

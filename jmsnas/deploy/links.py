@@ -11,9 +11,14 @@ Pacing (``send_frame`` with a ``Pace``): the payload goes out in chunks of about
 each chunk the sender sleeps until ``t_start + bytes_sent * 8 / bandwidth``, an absolute target, so sleep overshoot
 does not accumulate; the transmission of n bytes therefore takes n * 8 / bandwidth (the payload is paced; the
 32-byte header and the trailer are framing). The link's fixed latency is applied by the receiver
-(``Receiver``): a message is released ``latency`` after the sender's recorded end of transmission, so a latency
-does not occupy the sender and back-to-back messages overlap on the link as on a real one. All processes run on
-one host and read the same CLOCK_MONOTONIC, so times from sender and receiver are comparable.
+(``release_time``): a message is released ``latency`` after the sender's recorded end of transmission (mapped
+onto the receiver's clock with the two clocks' estimated offsets, ``jmsnas.deploy.clock``), so a latency does not
+occupy the sender and back-to-back messages overlap on the link as on a real one. Without a ``Pace`` (kernel-shaped
+links: ``tc`` does the pacing) the payload goes out at once and the network sets the rate.
+
+The receiver measures every frame's rate by itself (``FrameBuffer``; no clock of the sender involved): the slope
+of the payload bytes arrived over time (``payload_rate``, ``Frame.rx_mbps``, Mbit/s of payload). Bytes on the wire add every TCP segment's headers: ``wire_bytes`` with the
+connection's MSS and header bytes (``framing``; Ethernet framing assumed), the unit a kernel shaper (tbf, htb) counts.
 """
 from __future__ import annotations
 
@@ -35,7 +40,7 @@ CHUNK_S = 0.0005  # link time per paced chunk (s)
 
 
 def now() -> float:
-    """Seconds on CLOCK_MONOTONIC (one clock for every process on the host)."""
+    """Seconds on this host's CLOCK_MONOTONIC (another host's clock has another origin: ``jmsnas.deploy.clock``)."""
     return time.clock_gettime(time.CLOCK_MONOTONIC)
 
 
@@ -52,7 +57,8 @@ class Pace(NamedTuple):
 
 class Frame(NamedTuple):
     """A received message: kind, image id, value (array / JSON object / None), sender's transmission start
-    and end, and the receiver's arrival time of the trailer (CLOCK_MONOTONIC seconds)."""
+    and end (the sender's clock), the receiver's arrival time of the trailer (its clock; seconds), and the payload
+    rate the receiver saw (``payload_rate``, Mbit/s; NaN when the payload arrived in fewer than three pieces)."""
 
     kind: int
     image: int
@@ -60,6 +66,7 @@ class Frame(NamedTuple):
     tx_start: float
     tx_end: float
     arrival: float
+    rx_mbps: float = float("nan")
 
 
 def sleep_until(t: float) -> None:
@@ -165,9 +172,11 @@ class FrameBuffer:
 
     def __init__(self):
         self.buf = bytearray()
+        self.samples = []  # (arrival time, bytes of the buffer then) since the current frame began
 
     def feed(self, data: bytes) -> list:
         self.buf += data
+        self.samples.append((now(), len(self.buf)))
         frames = []
         while True:
             fr = self._take()
@@ -193,8 +202,48 @@ class FrameBuffer:
             return None
         payload = bytes(b[at:at + length])
         t0, t1 = _TRAILER.unpack_from(b, at + length)
+        rate = payload_rate(self.samples, at, length)
         del b[:end]
-        return Frame(kind, image, _decode(kind, code, shape, payload), t0, t1, now())
+        self.samples = [(t, n - end) for t, n in self.samples if n > end]
+        return Frame(kind, image, _decode(kind, code, shape, payload), t0, t1, now(), rate)
+
+
+def payload_rate(samples, start: int, length: int) -> float:
+    """Mbit/s of a payload at stream offsets [start, start + length) from (time, bytes arrived by then) samples:
+    the least-squares slope of bytes over time through the samples that hold payload (a shaper's initial burst is
+    one sample among many, and one late wake-up of the receiver moves the slope little); NaN with fewer than
+    three such samples."""
+    pts = [(t, min(n, start + length)) for t, n in samples if n > start]
+    pts = pts[:next((i + 1 for i, p in enumerate(pts) if p[1] >= start + length), len(pts))]
+    if len(pts) < 3:
+        return float("nan")
+    t = np.array([p[0] for p in pts]) - pts[0][0]
+    n = np.array([p[1] for p in pts], dtype=float)
+    var = float(np.sum((t - t.mean()) ** 2))
+    if var <= 0:
+        return float("nan")
+    return float(np.sum((t - t.mean()) * (n - n.mean())) / var) * 8.0 / 1e6
+
+
+def framing(sock: socket.socket) -> tuple:
+    """(MSS, header bytes) of a connected TCP socket: payload bytes per full segment (TCP_MAXSEG) and the IP + TCP
+    header bytes each segment adds (20 or 40 for IPv4 / IPv6, 20 TCP, 12 more when the connection uses TCP
+    timestamps, TCP_INFO's options)."""
+    mss = int(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG))
+    info = sock.getsockopt(socket.IPPROTO_TCP, getattr(socket, "TCP_INFO", 11), 8)
+    timestamps = bool(info[5] & 1)  # struct tcp_info: u8 state, ca_state, retransmits, probes, backoff, options
+    ip = 40 if sock.family == socket.AF_INET6 else 20
+    return mss, ip + 20 + (12 if timestamps else 0)
+
+
+ETHERNET_HEADER = 14  # bytes a kernel shaper on an Ethernet (veth) device counts per packet beyond the IP packet
+
+
+def wire_bytes(payload: int, mss: int, header: int) -> int:
+    """Bytes on the wire for ``payload`` bytes of a TCP stream in full segments of ``mss``: every segment adds its
+    IP and TCP headers (``header``, from ``framing``) and the Ethernet header."""
+    segments = -(-int(payload) // int(mss))
+    return int(payload) + segments * (int(header) + ETHERNET_HEADER)
 
 
 def _decode(kind: int, code: int, shape: tuple, payload):
@@ -205,32 +254,39 @@ def _decode(kind: int, code: int, shape: tuple, payload):
     return None
 
 
-def release_time(frame: Frame, latency_ms: float) -> float:
-    """When a message becomes available at the receiver: the sender's end of transmission plus the latency
-    (never before it arrived)."""
-    return max(frame.arrival, frame.tx_end + latency_ms / 1e3)
+def release_time(frame: Frame, latency_ms: float, shift_s: float = 0.0) -> float:
+    """When a message becomes available at the receiver (its clock): the sender's end of transmission, moved onto
+    the receiver's clock by ``shift_s`` (receiver clock - sender clock), plus the latency; never before it arrived."""
+    return max(frame.arrival, frame.tx_end + shift_s + latency_ms / 1e3)
 
 
-def connect(port: int, timeout_s: float = 10.0) -> socket.socket:
-    """A TCP connection to 127.0.0.1:port, retried until ``timeout_s`` (the peer may still be starting)."""
+def address(addr) -> tuple:
+    """(host, port) from a port number (127.0.0.1) or a (host, port) pair."""
+    return ("127.0.0.1", int(addr)) if isinstance(addr, int) else (str(addr[0]), int(addr[1]))
+
+
+def connect(addr, timeout_s: float = 10.0, retry: bool = True) -> socket.socket:
+    """A TCP connection to ``addr`` (a port on 127.0.0.1 or (host, port)); with ``retry`` a refused connection is
+    tried again until ``timeout_s`` (the peer may still be starting), else the first refusal raises."""
+    host, port = address(addr)
     deadline = now() + timeout_s
     while True:
         try:
-            s = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
+            s = socket.create_connection((host, port), timeout=timeout_s)
             s.settimeout(None)
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             return s
         except OSError:
-            if now() > deadline:
+            if not retry or now() > deadline:
                 raise
             time.sleep(0.02)
 
 
-def listen(port: int = 0) -> socket.socket:
-    """A listening socket on 127.0.0.1:port (0: any free port); OSError (EADDRINUSE) if the port is taken."""
+def listen(port: int = 0, host: str = "127.0.0.1") -> socket.socket:
+    """A listening socket on host:port (0: any free port); OSError (EADDRINUSE) if the port is taken."""
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port in TIME_WAIT is free; a listener is not
-    s.bind(("127.0.0.1", port))
+    s.bind((host, port))
     s.listen(16)
     return s
 

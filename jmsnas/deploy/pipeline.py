@@ -1,9 +1,15 @@
-"""The coordinator: one OS process per device (``jmsnas.deploy.worker``), TCP on 127.0.0.1 in the topology's shape.
+"""The coordinator: one OS process per device (``jmsnas.deploy.worker``), TCP in the topology's shape.
 
-``run_pipeline(export_dir, images, ...)`` starts the workers, connects them as the manifest's links say (chain;
+``run_pipeline(export_dir, images, ...)`` starts the workers on 127.0.0.1 (or, with ``hosts`` {device: (host,
+port)}, connects to a ``jmsnas worker --listen`` on each machine, which starts the session), sends every worker its
+part's files, estimates every worker clock's offset from the coordinator's (``clock``: four timestamps per
+exchange, the uncertainty reported; every worker time is mapped onto the coordinator's clock), connects them as
+the manifest's links say (chain;
 mesh: the root sends to every branch, the aggregator waits for all of them), paces every link to
-``bandwidth_scale`` x its bandwidth and its latency (``links``), optionally slows each device (``compute``), feeds
-the images into the first device (the camera, an unthrottled local link) and collects the last device's outputs.
+``bandwidth_scale`` x its bandwidth and its latency (``links``; with ``pacing="network"`` nothing is paced in user
+space: the kernel's shaper on the real links sets rate and latency), optionally slows each device (``compute``),
+feeds the images into the first device (the camera, an unthrottled link) and collects the last device's outputs.
+The end-to-end time of every image is taken at the coordinator alone (image sent -> output received).
 
 Two phases: ``latency`` sends one image batch at a time (nothing queues: the end-to-end time is eq. (1)/(2)'s T)
 and ``stream`` keeps ``window`` batches in flight (pipelined throughput). Every worker reports, per image, its
@@ -13,13 +19,17 @@ the equation is measured (``analysis.analyze``).
 Faults end the run with one ``DeployError`` line naming the device: a worker that dies (exit code or signal), one
 that makes no progress for ``timeout_s`` plus twice the slowest predicted stage (a compute or a link term) while
 an image is in flight (hung), a part that fails to load, a port in
-use. Every process started is ended before ``run_pipeline`` returns or raises (terminate, then kill).
+use; with ``hosts``: a host that does not resolve, does not answer or refuses the connection, a worker whose
+connection closes. Every process started is ended before ``run_pipeline`` returns or raises (terminate, then kill;
+a remote session ends when its control connection closes).
 """
 from __future__ import annotations
 
+import errno
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -28,12 +38,16 @@ import time
 
 import numpy as np
 
+from jmsnas.deploy import clock
+from jmsnas.deploy.hosts import check_hosts
 from jmsnas.deploy import links as L
 from jmsnas.deploy.predict import predicted_links
 from jmsnas.deploy.runtime import DeployError, load_manifest, sha256
 
 PHASES = ("latency", "stream", "both")
+PACING = ("user", "network")  # user: the sender paces every link; network: the kernel's shaper does
 CALIBRATION_CALLS, CALIBRATION_ROUNDS = 20, 2  # per device: the lower of two medians of 20 calls
+CLOCK_EXCHANGES = 16  # four-timestamp exchanges per worker; the one with the shortest round trip gives the offset
 
 
 def compute_targets(manifest: dict, compute, calib_ms: dict) -> tuple:
@@ -114,35 +128,73 @@ def _ports(manifest: dict, base_port: int) -> tuple:
     return base_port, ports
 
 
-class _Cluster:
-    """The worker processes, their control connections and one event queue fed by a reader per connection."""
+def _connect_remote(device: str, addr: tuple, source: str, timeout_s: float):
+    """The control connection to the ``jmsnas worker`` of ``device``; DeployError (one line) if it cannot be made."""
+    host, port = addr
+    where = f"device {device!r}: {host}:{port} (from {source})"
+    try:
+        socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise DeployError(f"device {device!r}: host {host!r} (from {source}) cannot be resolved ({e.strerror})"
+                          ) from None
+    try:
+        return L.connect((host, port), timeout_s=timeout_s, retry=False)
+    except ConnectionRefusedError:
+        raise DeployError(f"{where} refused the connection: no jmsnas worker listens on port {port} there "
+                          f"(start one with: jmsnas worker --listen {host}:{port})") from None
+    except (socket.timeout, TimeoutError):
+        raise DeployError(f"{where} did not answer within {timeout_s:g} s (unreachable)") from None
+    except OSError as e:
+        why = {errno.EHOSTUNREACH: "the host is unreachable", errno.ENETUNREACH: "the network is unreachable"}
+        raise DeployError(f"{where} cannot be reached: {why.get(e.errno, e.strerror or str(e))}") from None
 
-    def __init__(self, export_dir, manifest, control_port, ports, log_dir):
+
+class _Cluster:
+    """The worker processes (local) or sessions (remote), their control connections and one event queue fed by a
+    reader per connection."""
+
+    def __init__(self, export_dir, manifest, control_port, ports, log_dir, hosts=None, connect_timeout_s=5.0,
+                 hosts_source="the hosts"):
         self.manifest, self.order = manifest, manifest["order"]
         self.events: queue.Queue = queue.Queue()
-        self.procs, self.ctl, self.logs = {}, {}, {}
+        self.procs, self.ctl, self.logs, self.where = {}, {}, {}, {}
         self.errors, self.bye, self.sent = {}, set(), []
+        self.remote_pids: dict = {}
+        self.server = None
+        if hosts is not None:
+            try:
+                for d in self.order:
+                    conn = _connect_remote(d, hosts[d], hosts_source, connect_timeout_s)
+                    self.ctl[d], self.where[d] = conn, f"{hosts[d][0]}:{hosts[d][1]}"
+                    threading.Thread(target=self._reader, args=(conn, d), daemon=True).start()
+            except DeployError:
+                self.end()
+                raise
+            return
         try:
             self.server = L.listen(control_port)
         except OSError as e:
             raise DeployError(f"port 127.0.0.1:{control_port} for the coordinator is in use ({e.strerror})") from None
         self.server.settimeout(0.2)
         port = self.server.getsockname()[1]
+        env = {**os.environ, "JMSNAS_DEPLOY_EXPORT": export_dir}  # marks the processes of this export
         for d in self.order:
             log = open(os.path.join(log_dir, f"{d}.log"), "wb")
             self.logs[d] = log
-            cmd = [sys.executable, "-m", "jmsnas.deploy.worker", "--export", export_dir, "--device", d,
-                   "--control", str(port), "--port", str(ports[d])]
-            self.procs[d] = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+            cmd = [sys.executable, "-m", "jmsnas.deploy.worker", "--connect", f"127.0.0.1:{port}", "--device", d,
+                   "--port", str(ports[d])]
+            self.procs[d] = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                             env=env)
+            self.where[d] = "127.0.0.1"
 
     def pids(self) -> dict:
-        return {d: p.pid for d, p in self.procs.items()}
+        return {**{d: p.pid for d, p in self.procs.items()}, **self.remote_pids}
 
-    def _reader(self, conn) -> None:
-        dev = None
+    def _reader(self, conn, dev=None) -> None:
         try:
-            dev = L.recv_frame(conn).value["device"]
-            self.ctl[dev] = conn
+            if dev is None:  # a local worker names itself
+                dev = L.recv_frame(conn).value["device"]
+                self.ctl[dev] = conn
             self.events.put((dev, "connected", None))
             while True:
                 self.events.put((dev, "frame", L.recv_frame(conn)))
@@ -150,7 +202,7 @@ class _Cluster:
             self.events.put((dev, "eof", None))
 
     def accept_all(self, deadline: float) -> None:
-        while len(self.ctl) < len(self.order):
+        while self.server is not None and len(self.ctl) < len(self.order):
             try:
                 conn = L.accept(self.server)
                 threading.Thread(target=self._reader, args=(conn,), daemon=True).start()
@@ -184,8 +236,17 @@ class _Cluster:
                 return None
         return dev, fr
 
-    def check_alive(self) -> None:
+    def send_parts(self, export_dir: str) -> None:
+        """Step 2 of the control protocol: every worker gets the manifest and its part's two files."""
         for d in self.order:
+            entry = self.manifest["parts"][d]
+            self.send(d, L.JSON, value={"part": d, "manifest": self.manifest})
+            for key in ("program", "weights"):
+                with open(os.path.join(export_dir, entry[key]), "rb") as f:
+                    self.send(d, L.ARRAY, value=np.frombuffer(f.read(), np.uint8))
+
+    def check_alive(self) -> None:
+        for d in self.procs:
             rc = self.procs[d].poll()
             if rc is not None and d not in self.bye:
                 self.errors.setdefault(d, ("exit", rc))
@@ -207,7 +268,11 @@ class _Cluster:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-        for s in list(self.ctl.values()) + [self.server]:
+        for s in list(self.ctl.values()) + ([self.server] if self.server is not None else []):
+            try:  # shutdown first: a reader thread blocked in recv would keep the connection open past close()
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             s.close()
         for f in self.logs.values():
             f.close()
@@ -226,21 +291,29 @@ def _describe_exit(rc: int) -> str:
     return f"exit code {rc}"
 
 
+def _who(cl: _Cluster, d: str) -> str:
+    pid = cl.pids().get(d)
+    at = f" at {cl.where[d]}" if d in cl.remote_pids or cl.server is None else ""
+    return f"device {d!r}{at}" + (f" (pid {pid})" if pid is not None else "")
+
+
 def _diagnose(cl: _Cluster, done: dict, in_flight, timeout_s: float | None) -> str:
     """One line naming the failing device: a dead process first, then an error of its own, then a hung one."""
     time.sleep(0.3)  # let the exits and error messages of the others settle
     while not cl.events.empty():
         cl.handle(cl.events.get())
-    for d in cl.order:
+    for d in cl.procs:
         rc = cl.procs[d].poll()
         if rc is not None and d not in cl.bye:
             cl.errors.setdefault(d, ("exit", rc))
     img = f" while image {in_flight} was in flight" if in_flight is not None else " before the stream began"
-    rc = {d: cl.procs[d].poll() for d in cl.order}
+    rc = {d: cl.procs[d].poll() if d in cl.procs else None for d in cl.order}
     kind = lambda d: cl.errors.get(d, ("",))[0]
-    died = lambda d: (f"device {d!r} (pid {cl.procs[d].pid}) died ({_describe_exit(rc[d])}){img}; "
-                      "the pipeline was stopped")
+    died = lambda d: f"{_who(cl, d)} died ({_describe_exit(rc[d])}){img}; the pipeline was stopped"
+    cut = lambda d: (f"{_who(cl, d)} died or was cut off (its control connection closed without a word){img}; "
+                     "the pipeline was stopped")
     for test, say in ((lambda d: rc[d] is not None and rc[d] < 0 and d not in cl.bye, died),
+                      (lambda d: d not in cl.procs and kind(d) == "eof", cut),
                       (lambda d: kind(d) == "own", lambda d: f"device {d!r}: {cl.errors[d][1]}"),
                       (lambda d: rc[d] is not None and d not in cl.bye, died),
                       (lambda d: d in cl.errors, lambda d: f"device {d!r}: {cl.errors[d][1]}")):
@@ -252,32 +325,80 @@ def _diagnose(cl: _Cluster, done: dict, in_flight, timeout_s: float | None) -> s
     hung = [d for d in cl.order if in_flight not in done[d]
             and all(s == "image" or in_flight in done[s] for s in srcs[d])]
     d = hung[0] if hung else cl.order[0]
-    return (f"device {d!r} (pid {cl.procs[d].pid}) made no progress on image {in_flight} for {timeout_s:.3g} s "
+    return (f"{_who(cl, d)} made no progress on image {in_flight} for {timeout_s:.3g} s "
             "(its inputs were sent) and is hung; the pipeline was stopped")
+
+
+def _offsets(cl: _Cluster, deadline: float) -> dict:
+    """{device: clock.Offset} from ``CLOCK_EXCHANGES`` four-timestamp exchanges with each worker in turn."""
+    out = {}
+    for d in cl.order:
+        exchanges = []
+        for _ in range(CLOCK_EXCHANGES):
+            cl.send(d, L.JSON, value={"clock": L.now()})
+            ev = _collect(cl, "clock", deadline, [d], frames=True)[d]
+            t1, t2, t3 = ev.value["clock"]
+            exchanges.append((t1, t2, t3, ev.arrival))
+        out[d] = clock.estimate_offset(exchanges)
+    return out
+
+
+def _to_coordinator(records: dict, offsets: dict, order: list) -> dict:
+    """Every worker time of the per-image records mapped onto the coordinator's clock (t - offset); the camera's
+    ("image") times are the coordinator's own."""
+    theta = {d: offsets[d].offset_s for d in order}
+    theta["image"] = 0.0
+    out = {}
+    for d in order:
+        out[d] = {}
+        for i, rec in records[d].items():
+            r = dict(rec, c0=rec["c0"] - theta[d], c1=rec["c1"] - theta[d])
+            r["in"] = {s: [v[0] - theta[s], v[1] - theta[s], v[2] - theta[d], v[3] - theta[d], *v[4:]]
+                       for s, v in rec["in"].items()}
+            out[d][i] = r
+    return out
 
 
 def run_pipeline(export_dir: str, images: np.ndarray, *, bandwidth_scale: float = 1.0, compute="host",
                  phase: str = "both", timeout_s: float = 10.0, startup_timeout_s: float = 180.0,
-                 base_port: int = 0, window: int = 8, on_start=None) -> dict:
+                 base_port: int = 0, window: int = 8, on_start=None, hosts=None, hosts_source: str = "the hosts",
+                 pacing: str = "user", connect_timeout_s: float = 5.0) -> dict:
     """Runs ``images`` float32[N, H, W, C] through the deployed parts; returns the raw measurement.
 
-    Returns {"outputs": float32[N, ...] (latency phase, else stream), "records": {phase: {device: {image: rec}}},
-    "calib_ms", "stretch", "predicted_compute_ms", "pids", "settings"}; ``analysis.analyze`` makes the table.
-    ``on_start(pids)`` is called once the workers are connected (tests use it to inject faults).
+    ``hosts``: {device: "HOST:PORT"} of ``jmsnas worker --listen`` processes (None: local processes on
+    127.0.0.1); ``pacing``: "user" (the senders pace every link to bandwidth_scale x its bandwidth and latency) or
+    "network" (nothing is paced in user space; the network, e.g. ``tc``, shapes the links).
+
+    Returns {"outputs": float32[N, ...] (latency phase, else stream), "records": {phase: {device: {image: rec}}}
+    (every time on the coordinator's clock), "coordinator": {phase: {image: [sent, output received]}} (s, its
+    clock), "clock": {device: {offset_ms, uncertainty_ms, delay_ms}}, "framing": {link: [MSS, header bytes]}, "calib_ms",
+    "stretch", "predicted_compute_ms", "pids", "settings"}; ``analysis.analyze`` makes the table. ``on_start(pids)``
+    is called once the workers are connected (tests use it to inject faults).
     """
     manifest = load_manifest(export_dir)
     images = np.ascontiguousarray(images, np.float32)
     _check_settings(manifest, images, bandwidth_scale, phase, timeout_s, window)
+    if pacing not in PACING:
+        raise DeployError(f"pacing must be one of {PACING}, got {pacing!r}")
     _verify_files(export_dir, manifest)
-    control_port, ports = _ports(manifest, base_port)
+    if hosts is not None:
+        hosts = check_hosts(hosts, manifest["order"], hosts_source)
+        control_port, ports = 0, {d: 0 for d in manifest["order"]}
+    else:
+        control_port, ports = _ports(manifest, base_port)
     order, b = manifest["order"], manifest["batch"]
     with tempfile.TemporaryDirectory(prefix="jmsnas_pipeline_") as logs:
-        cl = _Cluster(os.path.abspath(export_dir), manifest, control_port, ports, logs)
+        cl = _Cluster(os.path.abspath(export_dir), manifest, control_port, ports, logs, hosts, connect_timeout_s,
+                      hosts_source)
         done = {d: set() for d in order}
-        in_flight, hang_s = None, timeout_s
+        in_flight, hang_s, src = None, timeout_s, None
         try:
             cl.accept_all(time.time() + startup_timeout_s)
+            cl.send_parts(export_dir)
             hello = _collect(cl, "hello", time.time() + startup_timeout_s)
+            if hosts is not None:
+                cl.remote_pids.update({d: int(hello[d]["pid"]) for d in order})
+            offsets = _offsets(cl, time.time() + startup_timeout_s)
             calib = {}
             for _ in range(CALIBRATION_ROUNDS):  # one device at a time, the others wait; the lower median
                 for d in order:
@@ -290,27 +411,32 @@ def run_pipeline(export_dir: str, images: np.ndarray, *, bandwidth_scale: float 
                 out = {}
                 for l in manifest["links"]:
                     if l["src"] == d:
-                        out[l["dst"]] = [l["bandwidth_mbps"] * bandwidth_scale, l["latency_ms"]]
-                inn = {l["src"]: l["latency_ms"] for l in manifest["links"] if l["dst"] == d}
-                cl.send(d, L.JSON, value={"peers": {x: hello[x]["port"] for x in order}, "to": part["to"],
-                                          "stretch": stretch[d], "out": out, "in": inn})
-            src = L.connect(hello[order[0]]["port"])  # the camera: an unthrottled input of the first device
+                        out[l["dst"]] = ([l["bandwidth_mbps"] * bandwidth_scale, l["latency_ms"]] if pacing == "user"
+                                         else [None, 0.0])
+                inn = {l["src"]: [l["latency_ms"] if pacing == "user" else 0.0,
+                                  offsets[d].offset_s - offsets[l["src"]].offset_s]
+                       for l in manifest["links"] if l["dst"] == d}
+                cl.send(d, L.JSON, value={"peers": {x: [hello[x]["host"], hello[x]["port"]] for x in order},
+                                          "to": part["to"], "stretch": stretch[d], "out": out, "in": inn})
+            src = L.connect((hello[order[0]]["host"], hello[order[0]]["port"]))  # the camera: unthrottled
             L.send_frame(src, L.JSON, value={"from": "image"})
-            _collect(cl, "ready", time.time() + startup_timeout_s)
+            ready = _collect(cl, "ready", time.time() + startup_timeout_s)
             if on_start is not None:
                 on_start(cl.pids())
             # no event for this long while an image is in flight = hung: the timeout plus twice the slowest stage
             stage_s = max([*predicted_links(manifest, bandwidth_scale).values(), *target.values()]) / 1e3
             hang_s = timeout_s + 2.0 * stage_s
             batches = [images[i:i + b] for i in range(0, len(images), b)]
-            outputs, records, image_id = {}, {}, 0
+            outputs, records, at_coordinator, image_id = {}, {}, {}, 0
             for ph in (("latency", "stream") if phase == "both" else (phase,)):
                 win = 1 if ph == "latency" else int(window)
                 ids = list(range(image_id, image_id + len(batches)))
                 image_id += len(batches)
                 res = _stream(cl, src, batches, ids, win, done, hang_s)
                 outputs[ph] = np.concatenate([res[0][i] for i in ids])
-                records[ph] = {d: {i - ids[0]: res[1][d][i] for i in ids} for d in order}
+                recs = _to_coordinator(res[1], offsets, order)
+                records[ph] = {d: {i - ids[0]: recs[d][i] for i in ids} for d in order}
+                at_coordinator[ph] = {i - ids[0]: res[2][i] for i in ids}
             L.send_frame(src, L.STOP)
             deadline = time.time() + hang_s
             while len(cl.bye) < len(order):
@@ -322,19 +448,26 @@ def run_pipeline(export_dir: str, images: np.ndarray, *, bandwidth_scale: float 
                 if time.time() > deadline:
                     late = [d for d in order if d not in cl.bye]
                     raise DeployError(f"devices {late} did not stop within {hang_s:.3g} s after the stream ended")
-            src.close()
         except _Failure:
             in_flight = min((i for i in cl.sent if i not in done[order[-1]]), default=None)
             raise DeployError(_diagnose(cl, done, in_flight, hang_s)) from None
         except _Hung as h:
             raise DeployError(_diagnose(cl, done, h.image, hang_s)) from None
         finally:
+            if src is not None:
+                src.close()
             cl.end()
     first = "latency" if "latency" in outputs else "stream"
+    framing = {f"{s}->{d}": ready[d]["framing"][s] for d in order for s in ready[d].get("framing", {})}
     return {"outputs": outputs[first], "stream_outputs": outputs.get("stream"), "records": records,
-            "calib_ms": calib, "stretch": stretch, "predicted_compute_ms": target, "pids": cl.pids(),
+            "coordinator": at_coordinator, "framing": framing,
+            "clock": {d: {"offset_ms": o.offset_s * 1e3, "uncertainty_ms": o.uncertainty_s * 1e3,
+                          "delay_ms": o.delay_s * 1e3, "exchanges": o.exchanges} for d, o in offsets.items()},
+            "where": dict(cl.where), "calib_ms": calib, "stretch": stretch, "predicted_compute_ms": target,
+            "pids": cl.pids(),
             "settings": {"bandwidth_scale": float(bandwidth_scale), "compute": compute, "phase": phase,
-                         "images": int(len(images)), "batch": b, "window": int(window)}}
+                         "images": int(len(images)), "batch": b, "window": int(window), "pacing": pacing,
+                         "hosts": None if hosts is None else {d: f"{h}:{p}" for d, (h, p) in hosts.items()}}}
 
 
 class _Hung(Exception):
@@ -343,8 +476,9 @@ class _Hung(Exception):
         self.image = image
 
 
-def _collect(cl: _Cluster, key: str, deadline: float, devices=None) -> dict:
-    """{device: message} of the first message holding ``key`` from each of ``devices`` (default: all)."""
+def _collect(cl: _Cluster, key: str, deadline: float, devices=None, frames: bool = False) -> dict:
+    """{device: message} (the frame with ``frames``) of the first message holding ``key`` from each of ``devices``
+    (default: all)."""
     devices = cl.order if devices is None else devices
     got = {}
     while len(got) < len(devices):
@@ -353,7 +487,7 @@ def _collect(cl: _Cluster, key: str, deadline: float, devices=None) -> dict:
         except queue.Empty:
             ev = None
         if ev is not None and ev[0] in devices and ev[1].kind == L.JSON and key in ev[1].value:
-            got[ev[0]] = ev[1].value
+            got[ev[0]] = ev[1] if frames else ev[1].value
         cl.check_alive()
         if time.time() > deadline:
             missing = [d for d in devices if d not in got]
@@ -362,14 +496,15 @@ def _collect(cl: _Cluster, key: str, deadline: float, devices=None) -> dict:
 
 
 def _stream(cl: _Cluster, src, batches, ids, window: int, done: dict, timeout_s: float) -> tuple:
-    """Sends ``batches`` with at most ``window`` in flight; returns ({id: output}, {device: {id: record}})."""
-    outputs, recs = {}, {d: {} for d in cl.order}
+    """Sends ``batches`` with at most ``window`` in flight; returns ({id: output}, {device: {id: record}},
+    {id: [sent, output received]} on the coordinator's clock)."""
+    outputs, recs, e2e = {}, {d: {} for d in cl.order}, {}
     last = cl.order[-1]
     sent, progress = 0, time.time()
     while len(outputs) < len(ids) or any(len(recs[d]) < len(ids) for d in cl.order):
         finished = sum(1 for i in ids if i in done[last])
         while sent < len(ids) and sent - finished < window:
-            L.send_frame(src, L.ARRAY, ids[sent], batches[sent])
+            e2e[ids[sent]] = [L.send_frame(src, L.ARRAY, ids[sent], batches[sent])[0]]
             cl.sent.append(ids[sent])
             sent += 1
             progress = time.time()
@@ -383,10 +518,11 @@ def _stream(cl: _Cluster, src, batches, ids, window: int, done: dict, timeout_s:
             progress = time.time()
             if fr.kind == L.ARRAY:
                 outputs[fr.image] = np.array(fr.value)
+                e2e[fr.image].append(fr.arrival)
             elif isinstance(fr.value, dict) and "done" in fr.value:
                 recs[dev][fr.image] = fr.value
                 done[dev].add(fr.image)
         elif time.time() - progress > timeout_s:
             pending = [i for i in ids[:sent] if i not in done[last]]
             raise _Hung(pending[0] if pending else ids[min(sent, len(ids) - 1)])
-    return outputs, recs
+    return outputs, recs, e2e

@@ -36,16 +36,23 @@ def format_table(analyses: list, manifest: dict) -> str:
         if "total" in m:
             lines.append(f"  {'hand-offs (no term)':<24}{'':>11}{m['overhead_ms']:11.3f}")
             lines.append(f"  {'total, ' + eq + ' ms':<24}{p['total']:11.3f}{m['total']:11.3f}"
-                         f"{a['error_pct']:+8.1f}%   (p10 {m['total_p10']:.3f}, p90 {m['total_p90']:.3f})")
+                         f"{a['error_pct']:+8.1f}%   (end to end at the coordinator; p10 {m['total_p10']:.3f}, "
+                         f"p90 {m['total_p90']:.3f})")
         if "throughput_per_s" in m:
             lines.append(f"  {'throughput, images/s':<24}{p['throughput_per_s']:11.1f}{m['throughput_per_s']:11.1f}"
                          f"   (bottleneck: {p['bottleneck']})")
+        wire = "link_wire_mbps" in m  # a kernel shaper counts bytes on the wire
         for l in manifest["links"]:
             k = f"{l['src']}->{l['dst']}"
-            got = m.get("link_mbps", {}).get(k)
+            got = m.get("link_wire_mbps" if wire else "link_mbps", {}).get(k)
             if got is not None and math.isfinite(got):
                 want = l["bandwidth_mbps"] * a["settings"]["bandwidth_scale"]
-                lines.append(f"  {'Mbit/s ' + k:<24}{want:11.2f}{got:11.2f}{100 * (got / want - 1):+8.1f}%")
+                lines.append(f"  {('wire Mbit/s ' if wire else 'Mbit/s ') + k:<24}{want:11.2f}{got:11.2f}"
+                             f"{100 * (got / want - 1):+8.1f}%")
+        for d, c in a.get("clock", {}).items():
+            if a.get("where", {}).get(d, "127.0.0.1") != "127.0.0.1":
+                lines.append(f"  clock {d:<18} offset {c['offset_ms']:+.3f} ms +- {c['uncertainty_ms']:.3f} ms "
+                             f"({a['where'][d]})")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 

@@ -10,6 +10,11 @@ weights do not match the manifest is refused with one ``DeployError`` line namin
     part = load_part("RUN/export", "sbs")
     y = part(x)                     # x: float32[batch, H, W, C] as part.inputs[0]["shape"]
 
+The manifest records what made the programs (``versions()``: jax, jaxlib, the serialization schema version and
+the calling convention; and the platforms). ``load_part`` refuses, before deserializing, a program this jax cannot
+run — a newer serialization schema, or a calling convention outside the range this jax supports — with one line
+naming both sides' versions and the command that exports the run again.
+
 This file can be copied next to an export directory and imported on a machine without jmsnas.
 """
 from __future__ import annotations
@@ -29,6 +34,44 @@ MANIFEST = "manifest.json"
 
 class DeployError(RuntimeError):
     """An export directory, part or pipeline that cannot be used; the message is one line naming the cause."""
+
+
+def versions() -> dict:
+    """What this process reads (and writes): jax and jaxlib versions, jax.export's serialization schema version and
+    the range of calling conventions it runs (an export records the one its program uses)."""
+    import jaxlib
+    from jax._src.export import serialization as _ser  # the schema version has no public name
+    return {"jax": jax.__version__, "jaxlib": jaxlib.__version__,
+            "serialization_version": int(getattr(_ser, "_SERIALIZATION_VERSION", 0)),
+            "calling_convention_supported": [int(jax_export.minimum_supported_calling_convention_version),
+                                             int(jax_export.maximum_supported_calling_convention_version)]}
+
+
+def reexport_command(manifest: dict, directory: str) -> str:
+    """The command that exports the manifest's run again into ``directory`` (on the machine that loads it)."""
+    cmd = f"jmsnas export --workdir {manifest.get('run', 'RUN')} --out {directory}"
+    plats = manifest.get("platforms") or []
+    return cmd + (f" --platforms {','.join(plats)}" if plats and plats != ["cpu"] else "")
+
+
+def check_versions(manifest: dict, device: str, directory: str) -> None:
+    """DeployError (one line, both sides' versions, the re-export command) if this jax cannot run the part."""
+    made = manifest.get("versions")
+    if not isinstance(made, dict):
+        return  # an export from before the versions were recorded: deserialization itself decides
+    here = versions()
+    lo, hi = here["calling_convention_supported"]
+    cc, ser = made.get("calling_convention_version"), made.get("serialization_version")
+    problems = []
+    if isinstance(ser, int) and ser > here["serialization_version"]:
+        problems.append(f"serialization version {ser} > {here['serialization_version']} readable here")
+    if isinstance(cc, int) and not lo <= cc <= hi:
+        problems.append(f"calling convention {cc} outside {lo}..{hi} supported here")
+    if problems:
+        raise DeployError(f"part {device!r} was exported by jax {made.get('jax')} / jaxlib {made.get('jaxlib')} "
+                          f"(serialization {ser}, calling convention {cc}); this is jax {here['jax']} / jaxlib "
+                          f"{here['jaxlib']} ({'; '.join(problems)}); export it again here: "
+                          f"{reexport_command(manifest, directory)}")
 
 
 def sha256(path: str) -> str:
@@ -105,12 +148,16 @@ def load_part(directory: str, device: str, manifest: dict | None = None) -> Part
     entry = manifest["parts"][device]
     prog_path = _check_file(directory, device, entry, "program")
     w_path = _check_file(directory, device, entry, "weights")
+    check_versions(manifest, device, directory)
     try:
         with open(prog_path, "rb") as f:
             exported = jax_export.deserialize(bytearray(f.read()))
     except Exception as e:  # flatbuffer / version errors have no common type
-        raise DeployError(f"part {device!r}: {prog_path} is not a jax.export program: {type(e).__name__}: "
-                          f"{str(e).splitlines()[0] if str(e) else ''}") from None
+        made = manifest.get("versions", {})
+        raise DeployError(f"part {device!r}: {prog_path} is not a jax.export program this jax {jax.__version__} "
+                          f"can read (exported by jax {made.get('jax', 'unknown')}): {type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''}; export it again here: "
+                          f"{reexport_command(manifest, directory)}") from None
     try:
         with np.load(w_path, allow_pickle=False) as z:
             stored = {k: z[k] for k in z.files}

@@ -1,22 +1,32 @@
-"""One device of the pipeline as its own OS process: ``python -m jmsnas.deploy.worker --export DIR --device NAME
---control PORT [--port P]``. Imports only the standard library, numpy, jax and the two jax+numpy modules
-``runtime`` and ``links``.
+"""One device of the pipeline as its own OS process (a session): ``python -m jmsnas.deploy.worker`` with either
+``--connect HOST:PORT --device NAME`` (the local pipeline starts it and it connects to the coordinator) or ``--fd N``
+(``jmsnas worker --listen HOST:PORT``, ``daemon``, accepted the coordinator's connection and hands it over). Imports
+only the standard library, numpy, jax and the jax+numpy modules ``runtime`` and ``links``.
 
-Life of a worker (the coordinator is ``jmsnas.deploy.pipeline``):
+The control protocol (frames of ``links``; JSON unless said; the worker's times are its own CLOCK_MONOTONIC, s):
 
-1. connects to the coordinator's control port and names itself (``{"device": name}``); loads and checks its part
-   (``runtime.load_part``); listens on its data port; compiles the part and sends ``{"hello": device, "port",
-   "pid"}``; answers ``{"calibrate": n}`` with ``{"calib_ms"}``, the median host time of n calls on zeros (ms;
-   the coordinator asks one device at a time, while the others wait);
-2. receives ``{"peers": {device: port}, "stretch", "out": {dst: [Mbit/s, ms]}, "in": {src: ms}}``, connects to
-   the devices its output goes to, accepts one connection per input and answers ``{"ready": true}``;
-3. for every image (one thread reads all inputs through a selector): waits until the message of every input is
-   released (the link's latency after the sender's end of transmission), runs the part, sleeps ``(stretch - 1)
-   x`` the measured call time when the device is to play a slower one, starts the transmission on every idle
-   outgoing link (a paced sender thread per link finishes it; ``_Link``), or sends the output back to the
-   coordinator, unthrottled, on the last device, and reports ``{"done": image, "c0", "c1", "host_ms", "in":
-   {src: [tx_start, tx_end, arrival, release]}}`` (CLOCK_MONOTONIC seconds);
-4. on STOP from every input forwards STOP, waits for its senders, sends ``{"bye": true}`` and exits 0.
+1. (``--connect`` only) worker: ``{"device": name}``.
+2. coordinator: ``{"part": device, "manifest": export manifest}``, then two ARRAY uint8 frames, the bytes of the
+   part's ``program`` and ``weights`` files. The worker stores them in a private temporary directory, loads and checks
+   them (``runtime.load_part``: SHA-256, signature, versions, platform), listens for data on the address the control
+   connection reached it at (or 127.0.0.1), compiles the part and answers ``{"hello": device, "host", "port",
+   "pid", "versions": runtime.versions()}``.
+3. any number, in any order: ``{"clock": t1}`` -> ``{"clock": [t1, t2, t3]}`` (t2 receipt, t3 answer; the four-
+   timestamp exchange of ``clock``); ``{"calibrate": n}`` -> ``{"calib_ms": median, "times_ms": [n call times]}``
+   (host time of the part on zeros, after a first call; this is how a remote machine times an exported program);
+   ``{"end": true}`` -> the worker exits 0 (a session that only timed its part).
+4. ``{"peers": {device: [host, port]}, "to": [...], "stretch": S, "out": {dst: [Mbit/s or null, latency ms]},
+   "in": {src: [latency ms, receiver - sender clock s]}}``: the worker connects to the devices its output goes to
+   (sending ``{"from": device, "framing": [MSS, header bytes]}``), accepts one connection per input and answers
+   ``{"ready": true, "framing": {src: [MSS, header bytes]}}``; a null bandwidth means the network shapes the link (no
+   user-space pacing).
+5. for every image (one thread reads all inputs through a selector): waits until every input is released (the
+   link's latency after the sender's end of transmission, on this clock), runs the part, sleeps ``(stretch - 1) x``
+   the call time when it is to play a slower device, starts the transmission on every idle outgoing link (``_Link``)
+   or sends the output to the coordinator (ARRAY frame, unthrottled) on the last device, and reports ``{"done":
+   image, "c0", "c1", "host_ms", "in": {src: [tx_start (sender's clock), tx_end (sender's), arrival, release,
+   payload Mbit/s seen by this receiver]}}``;
+6. on STOP from every input: forwards STOP, waits for its senders, sends ``{"bye": true}`` and exits 0.
 
 Errors are sent as ``{"error": one line, "cause": "own" | "upstream"}`` and end the process with exit code 2.
 The process dies with its parent (PR_SET_PDEATHSIG) and exits when the control connection closes.
@@ -26,18 +36,29 @@ from __future__ import annotations
 import argparse
 import ctypes
 import errno
+import json
 import os
 import queue
 import selectors
+import shutil
 import signal
+import socket
 import statistics
 import sys
+import tempfile
 import threading
 
 import numpy as np
 
 from jmsnas.deploy import links as L
-from jmsnas.deploy.runtime import DeployError, load_part
+from jmsnas.deploy.runtime import DeployError, load_part, versions
+
+_TMP: list = []  # the temporary directory holding this session's part files (removed on every way out)
+
+
+def _cleanup() -> None:
+    for d in _TMP:
+        shutil.rmtree(d, ignore_errors=True)
 
 class _Control:
     """The control connection; sends are serialised by a lock (the main and sender threads share it)."""
@@ -57,16 +78,16 @@ def _die_with_parent() -> None:
         pass
 
 
-def _calibrate(part, calls: int) -> float:
-    """Median host time of one call of the part (ms), after a first call that compiles it."""
+def _calibrate(part, calls: int) -> list:
+    """Host times of ``calls`` calls of the part on zeros (ms), after a first call that compiles it."""
     xs = [np.zeros(i["shape"], i["dtype"]) for i in part.inputs]
     part(*xs)
     times = []
     for _ in range(calls):
         t0 = L.now()
         part(*xs)
-        times.append(L.now() - t0)
-    return statistics.median(times) * 1e3
+        times.append((L.now() - t0) * 1e3)
+    return times
 
 
 class _Link:
@@ -118,37 +139,67 @@ def _watch_control(sock) -> None:
         while L.recv_frame(sock):
             pass
     except (OSError, L.LinkClosed):
+        _cleanup()
         os._exit(3)
 
 
+def _receive_part(ctl: _Control):
+    """Step 2: the part's manifest and files from the coordinator, stored and loaded (``runtime.load_part``)."""
+    msg = L.recv_frame(ctl.sock).value
+    device, manifest = msg["part"], msg["manifest"]
+    entry = manifest["parts"][device]
+    folder = tempfile.mkdtemp(prefix=f"jmsnas_part_{device}_")
+    _TMP.append(folder)
+    for key in ("program", "weights"):
+        blob = L.recv_frame(ctl.sock).value
+        name = os.path.basename(str(entry[key]))
+        with open(os.path.join(folder, name), "wb") as f:
+            f.write(np.asarray(blob, np.uint8).tobytes())
+        entry[key] = name
+    with open(os.path.join(folder, "manifest.json"), "w", encoding="utf-8") as f:
+        json.dump(manifest, f)
+    return device, load_part(folder, device, manifest)
+
+
 def _setup(args, ctl: _Control):
-    part = load_part(args.export, args.device)
+    device, part = _receive_part(ctl)
+    host = args.host or ctl.sock.getsockname()[0]
     try:
-        server = L.listen(args.port)
+        server = L.listen(args.port, host)
     except OSError as e:
-        raise DeployError(f"device {args.device!r} cannot listen on 127.0.0.1:{args.port}: "
+        raise DeployError(f"device {device!r} cannot listen on {host}:{args.port}: "
                           f"{'the port is in use' if e.errno == errno.EADDRINUSE else e.strerror}") from None
     _calibrate(part, 1)  # compile before reporting
-    ctl.send(L.JSON, value={"hello": args.device, "port": server.getsockname()[1], "pid": os.getpid()})
-    msg = L.recv_frame(ctl.sock).value
-    while "calibrate" in msg:  # one device at a time, while the others wait: the host time in isolation
-        ctl.send(L.JSON, value={"calib_ms": _calibrate(part, int(msg["calibrate"]))})
-        msg = L.recv_frame(ctl.sock).value
+    ctl.send(L.JSON, value={"hello": device, "host": host, "port": server.getsockname()[1], "pid": os.getpid(),
+                            "versions": versions()})
+    while True:
+        fr = L.recv_frame(ctl.sock)
+        t2, msg = fr.arrival, fr.value
+        if "clock" in msg:
+            ctl.send(L.JSON, value={"clock": [msg["clock"], t2, L.now()]})
+        elif "calibrate" in msg:  # one device at a time, while the others wait: the host time in isolation
+            times = _calibrate(part, int(msg["calibrate"]))
+            ctl.send(L.JSON, value={"calib_ms": statistics.median(times), "times_ms": times})
+        elif msg.get("end"):
+            raise SystemExit(0)
+        else:
+            break
     outs = {}
     for dst in [d for d in msg["to"] if d != "result"]:
-        s = L.connect(msg["peers"][dst])
-        L.send_frame(s, L.JSON, value={"from": args.device})
-        outs[dst] = (s, L.Pace(*msg["out"][dst]))
-    ins = {}
+        s = L.connect(tuple(msg["peers"][dst]))
+        L.send_frame(s, L.JSON, value={"from": device, "framing": L.framing(s)})
+        bw, lat = msg["out"][dst]
+        outs[dst] = (s, L.Pace(bw, lat))
+    ins, framing = {}, {}
     for _ in part.inputs:
         conn = L.accept(server)
-        src = L.recv_frame(conn).value["from"]
-        ins[src] = conn
+        hello = L.recv_frame(conn).value
+        ins[hello["from"]], framing[hello["from"]] = conn, hello.get("framing")
     server.close()
-    return part, msg, outs, ins
+    return device, part, msg, outs, ins, framing
 
 
-def _serve(args, ctl: _Control, part, msg, outs, ins) -> None:
+def _serve(ctl: _Control, device, part, msg, outs, ins, framing) -> None:
     """The stream loop: one thread reads every input (a selector, frames parsed as their bytes arrive), computes
     and hands outputs to the senders; a frame is used once released (the link's latency after its end of
     transmission)."""
@@ -159,7 +210,7 @@ def _serve(args, ctl: _Control, part, msg, outs, ins) -> None:
         conn.setblocking(False)
         sel.register(conn, selectors.EVENT_READ, (src, L.FrameBuffer()))
     threading.Thread(target=_watch_control, args=(ctl.sock,), daemon=True).start()
-    ctl.send(L.JSON, value={"ready": True})
+    ctl.send(L.JSON, value={"ready": True, "framing": framing})
     order = [i["from"] for i in part.inputs]
     pending, stopped = {}, set()
     while len(stopped) < len(order):
@@ -173,7 +224,7 @@ def _serve(args, ctl: _Control, part, msg, outs, ins) -> None:
                     raise L.LinkClosed("connection closed by the peer")
                 frames = buf.feed(data)
             except (OSError, L.LinkClosed) as e:
-                ctl.send(L.JSON, value={"error": f"device {args.device!r}: the input link from {src!r} closed "
+                ctl.send(L.JSON, value={"error": f"device {device!r}: the input link from {src!r} closed "
                                                  f"({e})", "cause": "upstream"})
                 sys.exit(2)
             for fr in frames:
@@ -182,7 +233,7 @@ def _serve(args, ctl: _Control, part, msg, outs, ins) -> None:
                     sel.unregister(key.fileobj)
                     break
                 slot = pending.setdefault(fr.image, {})
-                slot[src] = (fr, L.release_time(fr, msg["in"].get(src, 0.0)))
+                slot[src] = (fr, L.release_time(fr, *msg["in"].get(src, (0.0, 0.0))))
                 if len(slot) == len(order):
                     del pending[fr.image]
                     _compute(ctl, part, order, slot, fr.image, float(msg["stretch"]), senders,
@@ -212,32 +263,45 @@ def _compute(ctl: _Control, part, order, slot, image: int, stretch: float, sende
     if to_result:
         ctl.send(L.ARRAY, image, y)
     ctl.send(L.JSON, image, {"done": image, "c0": c0, "c1": c1, "host_ms": host * 1e3,
-                             "in": {s: [f.tx_start, f.tx_end, f.arrival, r] for s, (f, r) in slot.items()}})
+                             "in": {s: [f.tx_start, f.tx_end, f.arrival, r, f.rx_mbps] for s, (f, r) in slot.items()}})
+
+
+def _control(args) -> _Control:
+    if args.fd is not None:
+        return _Control(socket.socket(fileno=args.fd))
+    host, _, port = args.connect.rpartition(":")
+    return _Control(L.connect((host, int(port))))
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="jmsnas.deploy.worker")
-    p.add_argument("--export", required=True)
-    p.add_argument("--device", required=True)
-    p.add_argument("--control", type=int, required=True)
-    p.add_argument("--port", type=int, default=0)
+    how = p.add_mutually_exclusive_group(required=True)
+    how.add_argument("--connect", help="HOST:PORT of the coordinator's control port (the local pipeline)")
+    how.add_argument("--fd", type=int, help="an accepted control connection handed over by ``jmsnas worker``")
+    p.add_argument("--device", help="the device this process plays (--connect)")
+    p.add_argument("--port", type=int, default=0, help="data port (default 0: a free one)")
+    p.add_argument("--host", default=None, help="data address (default: where the control connection arrived)")
     args = p.parse_args(argv)
     _die_with_parent()
     try:
-        ctl = _Control(L.connect(args.control))
+        ctl = _control(args)
     except OSError as e:
-        print(f"device {args.device!r}: cannot reach the coordinator on port {args.control}: {e}", file=sys.stderr)
+        print(f"device {args.device!r}: cannot reach the coordinator at {args.connect}: {e}", file=sys.stderr)
         return 2
     try:
-        ctl.send(L.JSON, value={"device": args.device})
-        state = _setup(args, ctl)
-        _serve(args, ctl, *state)
-    except (DeployError, RuntimeError, OSError, L.LinkClosed) as e:
+        if args.connect:
+            ctl.send(L.JSON, value={"device": args.device})
+        _serve(ctl, *_setup(args, ctl))
+    except SystemExit as e:
+        return int(e.code or 0)
+    except (DeployError, RuntimeError, OSError, L.LinkClosed, KeyError, TypeError, ValueError) as e:
         try:
             ctl.send(L.JSON, value={"error": " ".join(str(e).split()), "cause": "own"})
         except OSError:
             pass
         return 2
+    finally:
+        _cleanup()
     return 0
 
 
