@@ -10,6 +10,12 @@ import pytest
 
 from jmsnas import cli, configs, pipeline, supernet, topology
 from jmsnas.quant import autosplit as AS, network, parts, solver
+from jmsnas.deploy import links as L
+from jmsnas.deploy.autosplit import export_autosplit, fake_quant_reference
+from jmsnas.deploy.pipeline import run_pipeline
+from jmsnas.deploy.runtime import load_manifest, load_part
+from jmsnas.quant.packing import packed_bytes, unpack
+from jmsnas.quant.quantizers import act_codes
 from jmsnas.space import OP_NAMES, op_index
 from jmsnas.split import zoo
 from jmsnas.split.solvers import cut_bytes
@@ -179,3 +185,57 @@ def test_topology_file_is_accepted(capsys):
     out = json.loads(capsys.readouterr().out)
     assert (out["edge_device"], out["cloud_device"]) == ("ue", "cloud")
     assert out["methods"]["autosplit"]["latency_ms"]["total"] <= out["methods"]["cloud_only"]["latency_ms"]["total"]
+
+
+# ------------------------------------------------------------------- deployed (jmsnas.deploy.autosplit)
+# Every system's parts deployed: Auto-Split's quantized edge sends its packed sub-byte activations over the link;
+# the outputs equal the fake-quantized network's and the codes the cloud unpacks are bit for bit the edge's.
+
+@pytest.fixture(scope="module")
+def autosplit_parts(run_dir, tmp_path_factory):
+    """Split after unit 3: units 0 (the shortcut's source, 3 bits) and 2 (5 bits) cross the link."""
+    run = network.load_run(run_dir[0])
+    ranges, _ = network.calibrate(run.net, run.dataset.train.images)
+    sol = solver.Solution("autosplit", 3, (2, 4, 16), (3, 8, 5), 0, 0, 0, 0, 0, 0, 0)
+    d = str(tmp_path_factory.mktemp("autosplit"))
+    m = parts.write_parts(run.net, ranges, sol, d, topology.resolve("autosplit"))
+    assert [s["tensor"] for s in m["sent"]] == [0, 2]
+    return d, run, m
+
+
+def test_autosplit_edge_sends_packed_codes_and_the_parts_equal_the_fake_quantized_network(autosplit_parts):
+    d, run, m = autosplit_parts
+    em = export_autosplit(d, batch=4)
+    elems = [int(np.prod(run.net.units[s["tensor"]].out_shape)) for s in m["sent"]]
+    per_image = [packed_bytes(n, b) for n, b in zip(elems, (3, 5))]  # ceil(elements * b / 8)
+    assert em["links"][0]["bytes"] == 4 * sum(per_image)
+    edge, cloud = load_part(os.path.join(d, "export"), "edge"), load_part(os.path.join(d, "export"), "cloud")
+    x = np.asarray(run.dataset.test.images[:4], np.float32)
+    packed = edge(x)
+    assert packed.dtype == np.uint8 and packed.shape == (4, sum(per_image))
+    head, payload = L._encode(L.ARRAY, 0, packed)  # the frame on the wire: header + exactly the packed bytes
+    assert len(payload) == 4 * sum(per_image) and len(head) == L._HEAD.size + 4 * packed.ndim + L._LEN.size
+    net, abits, ranges = parts.load_parts(d)
+    ref = network.forward_all(net.units, net.params, jnp.asarray(x), np.zeros(len(net.units), np.int32), abits,
+                              ranges)
+    at = 0
+    for s, n, nb in zip(m["sent"], elems, per_image):  # the codes the cloud unpacks == the fake-quantized tensor's
+        j, b = s["tensor"], s["bits"]
+        got = np.asarray(unpack(packed[:, at:at + nb], b, n))
+        want = np.asarray(act_codes(ref[j].reshape(4, -1), ranges[j, 0], ranges[j, 1], b))
+        assert np.array_equal(got, want), j
+        at += nb
+    logits = cloud(packed)
+    assert np.max(np.abs(logits - fake_quant_reference(d)(x))) <= 1e-5
+
+
+def test_autosplit_through_the_pipeline(autosplit_parts, tmp_path):
+    """Two processes, the packed activations on a paced link: outputs == the fake-quantized network."""
+    d, run, m = autosplit_parts
+    export_autosplit(d, str(tmp_path / "export"))
+    x = np.asarray(run.dataset.test.images[:8], np.float32)
+    raw = run_pipeline(str(tmp_path / "export"), x, phase="latency", bandwidth_scale=10.0)
+    assert np.max(np.abs(raw["outputs"] - fake_quant_reference(d)(x))) <= 1e-5
+    man = load_manifest(str(tmp_path / "export"))
+    assert man["links"][0]["bytes"] == sum(packed_bytes(int(np.prod(run.net.units[s["tensor"]].out_shape)), s["bits"])
+                                           for s in m["sent"])

@@ -88,7 +88,7 @@ def _marked_sessions() -> list:
     return found
 
 
-def _no_session_left(timeout_s: float = 5.0):
+def _no_session_left(timeout_s: float = 15.0):
     end = time.time() + timeout_s
     while _marked_sessions() and time.time() < end:
         time.sleep(0.05)

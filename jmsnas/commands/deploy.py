@@ -9,7 +9,9 @@ real pipeline, on this machine or across machines.
                     [--hosts FILE [--connect-timeout 5]] [--pacing user|network]
     jmsnas worker --listen HOST:PORT
 
-``export`` writes RUN/export/ (one jax.export program + weights per device and manifest.json). ``pipeline``
+``export`` writes RUN/export/ (one jax.export program + weights per device and manifest.json; RUN may also be the
+directory of ``jmsnas autosplit --write-parts``: the quantized edge part and the packed activations, see
+``jmsnas.deploy.autosplit``). ``pipeline``
 exports first when RUN/export/manifest.json is missing, then, for every bandwidth scale, starts one process per
 device connected over 127.0.0.1 in the topology's shape with every link paced to its (scaled) bandwidth and
 latency, streams the run's test images through, prints eq. (1)/(2)'s prediction beside the measurement (per
@@ -116,8 +118,12 @@ def run(args) -> int:
     try:
         if args.command == "export":
             platforms = tuple(p.strip() for p in args.platforms.split(",") if p.strip())
+            from jmsnas.deploy import autosplit
             if args.model is not None:
                 m, out = _export_traced(args, platforms), os.path.join(args.workdir, "export")
+            elif autosplit.is_autosplit(args.workdir):  # jmsnas autosplit --write-parts DIR
+                m = autosplit.export_autosplit(args.workdir, args.out, platforms=platforms, batch=args.batch)
+                out = args.out or os.path.join(args.workdir, "export")
             else:
                 m = export_run(args.workdir, args.out, platforms=platforms, batch=args.batch)
                 out = args.out or os.path.join(args.workdir, "export")

@@ -167,11 +167,12 @@ def load_run(directory: str) -> Run:
 
 # ----------------------------------------------------------------------------------------------- forward
 
-def _unit_apply(u: Unit, p, h):
+def _unit_apply(u: Unit, p, h, impl: str = "auto"):
+    """One folded unit; ``impl`` "xla" keeps the program free of custom calls (an exported part)."""
     if u.kind == "conv":
-        return full_conv(h, p["w"], u.stride) + p["b"]
+        return full_conv(h, p["w"], u.stride, impl) + p["b"]
     if u.kind == "dw":
-        return depthwise_conv(h, p["w"], u.stride) + p["b"]
+        return depthwise_conv(h, p["w"], u.stride, impl) + p["b"]
     if u.kind == "pw":
         return jnp.einsum("bhwc,cd->bhwd", h, p["w"]) + p["b"]
     return jnp.mean(h, axis=(1, 2)) @ p["w"] + p["b"]  # fc
