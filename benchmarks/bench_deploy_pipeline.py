@@ -8,6 +8,14 @@ test images go through one at a time (latency phase) and then pipelined (stream 
 same settings: the links' bytes / (scale x bandwidth) + latency and every device's compute time calibrated in
 isolation on this machine (``--compute-scale host``). Prints one markdown row per (run, scale) with the load
 average, and writes the per-term analyses as JSON (``--out``) and one plot per run (RUN/deploy/bench.png).
+
+The honest mode, ``--predict-table TABLE`` (a ``jmsnas profile`` table of the run's space measured on this
+machine): the compute terms come from the table through the cost model (``predict.table_compute_ms``) and the
+parts run at host speed, nothing calibrated or slowed; then a row also gives every device's predicted / measured
+compute (ms), the latency model's own error.
+
+    jmsnas profile --space default --out TABLE
+    python benchmarks/bench_deploy_pipeline.py --runs RUN --scales 0.05 0.02 0.01 --predict-table TABLE
 """
 from __future__ import annotations
 
@@ -22,6 +30,7 @@ from jmsnas.deploy import reference, report  # noqa: E402
 from jmsnas.deploy.export import export_run  # noqa: E402
 from jmsnas.deploy.analysis import analyze  # noqa: E402
 from jmsnas.deploy.pipeline import run_pipeline  # noqa: E402
+from jmsnas.deploy.predict import table_compute_ms  # noqa: E402
 from jmsnas.deploy.runtime import load_manifest  # noqa: E402
 
 
@@ -41,6 +50,7 @@ def main(argv=None) -> int:
     ap.add_argument("--scales", type=float, nargs="+", default=[1.0, 0.1, 0.03, 0.01])
     ap.add_argument("--images", type=int, default=40)
     ap.add_argument("--out", default="/tmp/bench_deploy_pipeline.json")
+    ap.add_argument("--predict-table", default=None, help="honest mode: compute predicted by this table")
     args = ap.parse_args(argv)
     rows, everything = [], []
     print("| topology | bandwidth | predicted T (ms) | measured T, median [p10, p90] (ms) | error | eq. of measured "
@@ -53,8 +63,10 @@ def main(argv=None) -> int:
         manifest = load_manifest(export_dir)
         images, _ = reference.test_images(run, args.images)
         analyses = []
+        table = table_compute_ms(run, args.predict_table) if args.predict_table else None
         for s in args.scales:
-            raw = run_pipeline(export_dir, images, bandwidth_scale=s, phase="both", timeout_s=60.0)
+            raw = run_pipeline(export_dir, images, bandwidth_scale=s, phase="both", timeout_s=60.0,
+                               predicted_compute_ms=table)
             a = analyze(manifest, raw)
             a["load_average"] = os.getloadavg()
             a["run"] = run
@@ -64,6 +76,10 @@ def main(argv=None) -> int:
                   f"[{m['total_p10']:.2f}, {m['total_p90']:.2f}] | {a['error_pct']:+.1f}% | {m['eq_of_measured']:.2f} "
                   f"| {m['overhead_ms']:.2f} | {_worst_term(a)} | {p['throughput_per_s']:.1f} / "
                   f"{m['throughput_per_s']:.1f} | {a['load_average'][0]:.1f} |", flush=True)
+            if table is not None:
+                print("|  | per device, predicted / measured compute (ms): " + ", ".join(
+                    f"{d} {p['per_device'][d]:.3f} / {m['per_device'][d]:.3f}" for d in manifest["order"]) + " |",
+                      flush=True)
         os.makedirs(os.path.join(run, "deploy"), exist_ok=True)
         report.plot(analyses, manifest, os.path.join(run, "deploy", "bench.png"))
         print(report.format_table(analyses, manifest), file=sys.stderr)

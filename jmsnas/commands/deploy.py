@@ -77,6 +77,9 @@ def add_parser(sub) -> None:
                         "local processes on 127.0.0.1)")
     q.add_argument("--connect-timeout", type=float, default=5.0,
                    help="seconds to wait for a worker in --hosts to accept the connection (default 5)")
+    q.add_argument("--predict-table", default=None, metavar="TABLE",
+                   help="a latency table of this machine (jmsnas profile) predicts every device's compute; the "
+                        "parts run at host speed, nothing slowed or calibrated (the latency model's real error)")
     q.add_argument("--pacing", default="user", choices=("user", "network"),
                    help="user: the senders pace every link (default); network: no pacing in user space, the "
                         "network's shaper (tc) sets the links' rates")
@@ -167,6 +170,10 @@ def _pipeline(args, export_run) -> int:
     from jmsnas.deploy.runtime import DeployError, load_manifest
     compute = parse_compute(args.compute_scale)
     hosts = read_hosts(args.hosts) if args.hosts else None
+    predicted = None
+    if args.predict_table:
+        from jmsnas.deploy.predict import table_compute_ms
+        predicted = table_compute_ms(args.workdir, args.predict_table)
     if not args.connect_timeout > 0:
         raise DeployError(f"--connect-timeout must be > 0 seconds, got {args.connect_timeout!r}")
     export_dir = args.export_dir or os.path.join(args.workdir, "export")
@@ -190,7 +197,7 @@ def _pipeline(args, export_run) -> int:
         raw = run_pipeline(export_dir, images, bandwidth_scale=s, compute=compute, phase=args.phase,
                            timeout_s=args.timeout, base_port=args.base_port, window=args.window, hosts=hosts,
                            hosts_source=args.hosts or "the hosts", pacing=args.pacing,
-                           connect_timeout_s=args.connect_timeout)
+                           connect_timeout_s=args.connect_timeout, predicted_compute_ms=predicted)
         a = analyze(manifest, raw)
         if labels is not None:
             a["accuracy"] = float(np.mean(np.argmax(raw["outputs"].reshape(len(labels), -1), -1) == labels))

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import export as jax_export
 
-from jmsnas.deploy.runtime import FORMAT, MANIFEST, DeployError, sha256, versions
+from jmsnas.deploy.runtime import FORMAT, MANIFEST, DeployError, versions
 from jmsnas.quant import network, parts as qparts
 from jmsnas.quant.packing import pack, unpack
 from jmsnas.quant.quantizers import act_codes, act_dequant, fake_quant_act
@@ -151,7 +151,7 @@ def export_autosplit(parts_dir: str, out: str | None = None, *, platforms=("cpu"
                      bandwidth_mbps: float | None = None, latency_ms: float = 0.0) -> dict:
     """Writes ``out`` (default ``PARTS/export``) as the module docstring says; returns its manifest. The link's
     bandwidth defaults to the ``autosplit`` preset's edge -> cloud link."""
-    from jmsnas.deploy.export import PLATFORMS
+    from jmsnas.deploy.export import PLATFORMS, write_programs
     platforms = tuple(platforms)
     if not platforms or [p for p in platforms if p not in PLATFORMS]:
         raise DeployError(f"platforms must be a non-empty subset of {list(PLATFORMS)}, got {list(platforms)}")
@@ -185,14 +185,7 @@ def export_autosplit(parts_dir: str, out: str | None = None, *, platforms=("cpu"
         link = [l for l in presets.topology("autosplit").links][0]
         bandwidth_mbps = float(link.bandwidth_mbps)
     out = os.path.join(parts_dir, "export") if out is None else out
-    os.makedirs(out, exist_ok=True)
-    for dev, (blob, weights) in programs.items():
-        prog, wfile = os.path.join(out, f"{dev}.jaxexport"), os.path.join(out, f"{dev}.npz")
-        with open(prog, "wb") as f:
-            f.write(bytes(blob))
-        np.savez(wfile, **weights)
-        parts[dev].update(program=f"{dev}.jaxexport", program_sha256=sha256(prog), weights=f"{dev}.npz",
-                          weights_sha256=sha256(wfile))
+    write_programs(out, programs, parts)
     made = {k: v for k, v in versions().items() if k != "calling_convention_supported"}
     made["calling_convention_version"] = max(conventions)
     manifest = {"format": FORMAT, "system": "autosplit", "run": os.path.abspath(parts_dir),

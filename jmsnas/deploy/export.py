@@ -174,6 +174,20 @@ def _check_weights(device: str, flat: dict, entry: dict, space: SearchSpace, ste
                           + "; ".join(problems))
 
 
+def write_programs(out: str, programs: dict, parts: dict) -> None:
+    """Writes every device's ``<device>.jaxexport`` and ``<device>.npz`` from {device: (serialized program,
+    {name: weight})} into ``out`` and records the file names and their SHA-256 in ``parts[device]``."""
+    os.makedirs(out, exist_ok=True)
+    for dev, (blob, weights) in programs.items():
+        prog = safeio.child_path(out, dev, ".jaxexport", "device name")
+        wfile = safeio.child_path(out, dev, ".npz", "device name")
+        with open(prog, "wb") as f:
+            f.write(bytes(blob))
+        np.savez(wfile, **weights)
+        parts[dev].update(program=f"{dev}.jaxexport", program_sha256=sha256(prog),
+                          weights=f"{dev}.npz", weights_sha256=sha256(wfile))
+
+
 def export_run(run: str, out: str | None = None, *, platforms=("cpu",), batch: int = 1) -> dict:
     """Writes ``out`` (default ``RUN/export``) as described in the module docstring; returns its manifest."""
     platforms = tuple(platforms)
@@ -234,14 +248,7 @@ def _write(out, programs, manifest_parts, space, shapes, predicted, run, platfor
            convention: int) -> None:
     """The export's files into the (temporary) folder ``out`` (``convention``: the programs' calling convention)."""
     order = [d for d in manifest_parts]
-    for dev, (blob, weights) in programs.items():
-        prog = safeio.child_path(out, dev, ".jaxexport", "device name")
-        wfile = safeio.child_path(out, dev, ".npz", "device name")
-        with open(prog, "wb") as f:
-            f.write(bytes(blob))
-        np.savez(wfile, **weights)
-        manifest_parts[dev].update(program=f"{dev}.jaxexport", program_sha256=sha256(prog),
-                                   weights=f"{dev}.npz", weights_sha256=sha256(wfile))
+    write_programs(out, programs, manifest_parts)
     topo = space.topology
     links = []
     for l in topo.links:

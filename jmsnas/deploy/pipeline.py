@@ -362,12 +362,15 @@ def _to_coordinator(records: dict, offsets: dict, order: list) -> dict:
 def run_pipeline(export_dir: str, images: np.ndarray, *, bandwidth_scale: float = 1.0, compute="host",
                  phase: str = "both", timeout_s: float = 10.0, startup_timeout_s: float = 180.0,
                  base_port: int = 0, window: int = 8, on_start=None, hosts=None, hosts_source: str = "the hosts",
-                 pacing: str = "user", connect_timeout_s: float = 5.0) -> dict:
+                 pacing: str = "user", connect_timeout_s: float = 5.0, predicted_compute_ms: dict | None = None
+                 ) -> dict:
     """Runs ``images`` float32[N, H, W, C] through the deployed parts; returns the raw measurement.
 
     ``hosts``: {device: "HOST:PORT"} of ``jmsnas worker --listen`` processes (None: local processes on
     127.0.0.1); ``pacing``: "user" (the senders pace every link to bandwidth_scale x its bandwidth and latency) or
-    "network" (nothing is paced in user space; the network, e.g. ``tc``, shapes the links).
+    "network" (nothing is paced in user space; the network, e.g. ``tc``, shapes the links);
+    ``predicted_compute_ms`` {device: ms per image} (e.g. ``predict.table_compute_ms``): the prediction's compute
+    terms, with every device at host speed (``compute`` must be "host"): the honest mode, nothing calibrated.
 
     Returns {"outputs": float32[N, ...] (latency phase, else stream), "records": {phase: {device: {image: rec}}}
     (every time on the coordinator's clock), "coordinator": {phase: {image: [sent, output received]}} (s, its
@@ -380,6 +383,13 @@ def run_pipeline(export_dir: str, images: np.ndarray, *, bandwidth_scale: float 
     _check_settings(manifest, images, bandwidth_scale, phase, timeout_s, window)
     if pacing not in PACING:
         raise DeployError(f"pacing must be one of {PACING}, got {pacing!r}")
+    if predicted_compute_ms is not None:
+        if compute not in ("host", 1, 1.0):
+            raise DeployError(f"a predicted compute (a latency table) runs every device at host speed; compute "
+                              f"must be 'host', got {compute!r}")
+        lacking = [d for d in manifest["order"] if d not in predicted_compute_ms]
+        if lacking:
+            raise DeployError(f"the predicted compute has no term for devices {lacking}")
     _verify_files(export_dir, manifest)
     if hosts is not None:
         hosts = check_hosts(hosts, manifest["order"], hosts_source)
@@ -406,6 +416,8 @@ def run_pipeline(export_dir: str, images: np.ndarray, *, bandwidth_scale: float 
                     got = _collect(cl, "calib_ms", time.time() + startup_timeout_s, [d])[d]["calib_ms"]
                     calib[d] = min(calib.get(d, float("inf")), float(got))
             stretch, target = compute_targets(manifest, compute, calib)
+            if predicted_compute_ms is not None:  # per image; a call takes a batch
+                target = {d: float(predicted_compute_ms[d]) * b for d in order}
             for d in order:
                 part = manifest["parts"][d]
                 out = {}
@@ -465,7 +477,9 @@ def run_pipeline(export_dir: str, images: np.ndarray, *, bandwidth_scale: float 
                           "delay_ms": o.delay_s * 1e3, "exchanges": o.exchanges} for d, o in offsets.items()},
             "where": dict(cl.where), "calib_ms": calib, "stretch": stretch, "predicted_compute_ms": target,
             "pids": cl.pids(),
-            "settings": {"bandwidth_scale": float(bandwidth_scale), "compute": compute, "phase": phase,
+            "settings": {"bandwidth_scale": float(bandwidth_scale),
+                         "compute": compute if predicted_compute_ms is None else "host, predicted by a table",
+                         "phase": phase,
                          "images": int(len(images)), "batch": b, "window": int(window), "pacing": pacing,
                          "hosts": None if hosts is None else {d: f"{h}:{p}" for d, (h, p) in hosts.items()}}}
 

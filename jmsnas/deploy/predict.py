@@ -52,3 +52,29 @@ def predict(manifest: dict, compute_ms: dict, bandwidth_scale: float = 1.0) -> d
     return {"total": total_ms(manifest, compute_ms, links), "per_device": dict(compute_ms), "per_link": links,
             "throughput_per_s": 1e3 / stages[bottleneck] if stages[bottleneck] > 0 else float("inf"),
             "bottleneck": bottleneck}
+
+
+def table_compute_ms(run: str, table_path: str) -> dict:
+    """{device: ms per image} of the run's architecture from a latency table measured on this machine
+    (``jmsnas profile``, one table for every device: all parts run on this host), through the cost model's own
+    eq. (1)/(2) terms (``cost.latency.arch_latency`` with the run's split). The honest prediction: nothing in the
+    pipeline is slowed or calibrated to it."""
+    import numpy as np
+
+    from jmsnas.cost.build import TableSpecError, build_table
+    from jmsnas.cost.latency import arch_latency, breakdown_dict
+    from jmsnas.deploy.export import load_run
+    from jmsnas.deploy.runtime import DeployError
+    from jmsnas.space import op_index
+    space, pm, _ = load_run(run)
+    names = space.topology.device_names
+    ops, where = [0] * space.num_layers, [0] * space.num_layers
+    for dev, entry in pm["devices"].items():
+        for n, op in zip(entry["layers"], entry["ops"]):
+            ops[int(n)], where[int(n)] = op_index(op), names.index(dev)
+    try:
+        table = build_table(space, {d: {"kind": "measured", "path": table_path} for d in names})
+    except (TableSpecError, ValueError, OSError) as e:
+        raise DeployError(f"--predict-table {table_path}: {' '.join(str(e).split())}") from None
+    lat = arch_latency(space, table, np.asarray(ops, np.int32), np.asarray(where, np.int32))
+    return breakdown_dict(space, lat)["per_device"]
