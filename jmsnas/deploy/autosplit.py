@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import export as jax_export
 
-from jmsnas.deploy.runtime import FORMAT, MANIFEST, DeployError, versions
+from jmsnas.deploy.runtime import FORMAT, MANIFEST, DeployError, export_versions
 from jmsnas.quant import network, parts as qparts
 from jmsnas.quant.packing import pack, unpack
 from jmsnas.quant.quantizers import act_codes, act_dequant, fake_quant_act
@@ -186,8 +186,7 @@ def export_autosplit(parts_dir: str, out: str | None = None, *, platforms=("cpu"
         bandwidth_mbps = float(link.bandwidth_mbps)
     out = os.path.join(parts_dir, "export") if out is None else out
     write_programs(out, programs, parts)
-    made = {k: v for k, v in versions().items() if k != "calling_convention_supported"}
-    made["calling_convention_version"] = max(conventions)
+    made = export_versions(max(conventions))
     manifest = {"format": FORMAT, "system": "autosplit", "run": os.path.abspath(parts_dir),
                 "platforms": list(platforms), "batch": batch, "versions": made, "kind": "chain", "order": [e, c],
                 "root": None, "branches": [], "parts": parts,

@@ -30,7 +30,7 @@ import numpy as np
 from jax import export as jax_export
 
 from jmsnas import ops as O
-from jmsnas.deploy.runtime import FORMAT, MANIFEST, DeployError, sha256, versions
+from jmsnas.deploy.runtime import FORMAT, MANIFEST, DeployError, export_versions, sha256
 from jmsnas import runcheck, safeio, topology
 from jmsnas.deploy.spec import space_from_dict
 from jmsnas.space import OPS, SearchSpace, op_index
@@ -256,8 +256,7 @@ def _write(out, programs, manifest_parts, space, shapes, predicted, run, platfor
         links.append({"src": l.src, "dst": l.dst, "bandwidth_mbps": float(l.bandwidth_mbps),
                       "latency_ms": float(l.latency_ms), "bytes": nbytes,
                       "predicted_ms": predicted.get("per_link", {}).get(f"{l.src}->{l.dst}")})
-    made = {k: v for k, v in versions().items() if k != "calling_convention_supported"}
-    made["calling_convention_version"] = convention
+    made = export_versions(convention)
     manifest = {"format": FORMAT, "run": os.path.abspath(run), "platforms": list(platforms), "batch": batch,
                 "versions": made,
                 "kind": topo.kind, "topology": topology.to_dict(topo), "order": order,

@@ -47,6 +47,15 @@ def versions() -> dict:
                                              int(jax_export.maximum_supported_calling_convention_version)]}
 
 
+def export_versions(calling_convention: int | None = None) -> dict:
+    """What an export records under ``versions``: ``versions()`` without the readable range, with the calling
+    convention its programs use (default: the one this jax writes)."""
+    made = {k: v for k, v in versions().items() if k != "calling_convention_supported"}
+    cc = calling_convention if calling_convention is not None else jax.config.jax_export_calling_convention_version
+    made["calling_convention_version"] = int(cc)
+    return made
+
+
 def reexport_command(manifest: dict, directory: str) -> str:
     """The command that exports the manifest's run again into ``directory`` (on the machine that loads it)."""
     cmd = f"jmsnas export --workdir {manifest.get('run', 'RUN')} --out {directory}"

@@ -31,7 +31,7 @@ from jax import export as jax_export
 from jmsnas import safeio
 from jmsnas import topology as topo_mod
 from jmsnas.deploy.export import device_graph
-from jmsnas.deploy.runtime import FORMAT, MANIFEST, DeployError, sha256
+from jmsnas.deploy.runtime import FORMAT, MANIFEST, DeployError, export_versions, sha256
 
 RECORD = "traced.json"
 PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
@@ -199,7 +199,7 @@ def export_traced(model, topology, workdir: str, *, method: str = "chain_dp", cu
               "data": os.path.abspath(data) if data and not data.startswith("tfds:") else data,
               "data_dir": data_dir, "act_bits": act_bits, "weight_bits": weight_bits}
     manifest = {"format": FORMAT, "run": os.path.abspath(workdir), "platforms": list(platforms), "batch": batch,
-                "kind": topo.kind, "topology": topo_mod.to_dict(topo), "order": order,
+                "versions": export_versions(), "kind": topo.kind, "topology": topo_mod.to_dict(topo), "order": order,
                 "root": topo.device_names[topo.root] if topo.kind == "mesh" else None,
                 "branches": [topo.device_names[b] for b in topo.branches],
                 "parts": parts, "links": links, "predicted_latency_ms": predicted, "architecture": None,
