@@ -11,7 +11,16 @@ digits-sized inputs. Rows:
 * ``batched chunk=c``: ``evaluate_population`` with chunks of c architectures (and ``no prefix sharing``: with
   ``share_prefixes=False``, every architecture computed in full after the shared stem and layer 0);
 * with ``--bn-batches K > 0`` the loop and the batched evaluator (first chunk size listed) also run with BN
-  recalibration on K batches.
+  recalibration on K batches;
+* ``PyTorch loop`` (unless ``--no-torch``): what a user would otherwise write (OFA's way): the same population, one
+  sub-network at a time, through the PyTorch reference of the same supernet (``benchmarks/torch_supernet.py``,
+  its weights copied from jmsnas's), eager, ``channels_last``, ``--threads`` threads, the same batch, only each
+  layer's chosen candidate computed, under ``torch.inference_mode``; loss and accuracy per sub-network. With BN
+  recalibration (``PyTorch loop, BN recal K``) each sub-network's batch norms (stem, chosen candidates, head) are
+  reset and re-estimated in train mode over the K batches as a cumulative average (``momentum=None``: PyTorch's
+  own exact average, of unbiased variances where jmsnas averages biased ones: the same work), then the batch is
+  evaluated in eval mode. Its loss and accuracy without recalibration are checked against the JAX loop (with the
+  reference's XLA-exact padding; the timed model pads the natural way, the same work).
 
 Each row is the median of ``--reps`` timed repetitions after one warm-up call (which compiles); the rows are
 timed interleaved (one repetition of every row, then the next) so that load from other processes spreads over
@@ -23,13 +32,20 @@ this machine's fp32 2048x2048 matmul rate (JAX, same run), and the fraction of t
 A batched evaluator that ran every convolution at the matmul rate could be at most
 ``matmul rate / loop rate / (1 - shared fraction)`` times faster than the loop.
 
+The table's last column is each JAX row's speed-up over the PyTorch loop (the recalibrating rows over the
+recalibrating PyTorch loop), and a closing line gives JAX batched (first chunk size) / PyTorch loop with and without
+BN recalibration; ``--json FILE`` also writes the medians and ratios.
+
 Run: python benchmarks/bench_batched_eval.py [--population 64] [--batch 256] [--reps 5]
-     [--chunks 1,2,4,8] [--bn-batches 2] [--vmap]
+     [--chunks 1,2,4,8] [--bn-batches 2] [--vmap] [--threads 2] [--no-torch] [--json FILE]
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import sys
 import time
 
 import jax
@@ -88,6 +104,64 @@ def block(tree):
     return jax.block_until_ready(tree)
 
 
+class TorchLoop:
+    """The population one sub-network at a time in PyTorch (module docstring): ``__call__(recal)`` returns
+    {"loss", "accuracy"} as float64 arrays [P]."""
+
+    def __init__(self, space, params, state, ops, x, y, bn_batches, threads: int, exact_padding: bool = False,
+                 device: str = "cpu"):
+        import torch
+
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import torch_supernet as TS
+
+        self.torch, self.F = torch, torch.nn.functional
+        torch.set_num_threads(threads)
+        fmt = torch.channels_last
+        to_nchw = lambda a: torch.from_numpy(np.asarray(a).transpose(0, 3, 1, 2).copy()).to(device,
+                                                                                             memory_format=fmt)
+        self.x, self.y = to_nchw(x), torch.from_numpy(np.asarray(y).astype(np.int64)).to(device)
+        self.bn_batches = [to_nchw(b) for b in np.asarray(bn_batches)] if bn_batches is not None else []
+        self.models = {}
+        for recal in (False, True):  # one model each: recalibration rewrites running statistics
+            model = TS.Supernet(space, exact_padding=exact_padding)
+            TS.load_jax_params(model, space, params, state)
+            self.models[recal] = model.to(device, memory_format=fmt).eval()
+        self.archs = [[int(i) for i in arch] for arch in np.asarray(ops)]
+        self.gates = [torch.nn.functional.one_hot(torch.as_tensor(a), space.mask().shape[1]).float().to(device)
+                      for a in self.archs]
+
+    def _norms(self, model, arch):
+        out = [model.stem_bn, model.head_bn]
+        for layer, i in zip(model.layers, arch):
+            cand = layer.candidates[str(i)]
+            out += [m for m in (getattr(cand, "bn1", None), getattr(cand, "bn2", None), getattr(cand, "bn3", None))
+                    if m is not None]
+        return out
+
+    def __call__(self, recal: bool = False) -> dict:
+        torch, model = self.torch, self.models[recal]
+        losses, accs = [], []
+        for arch, gates in zip(self.archs, self.gates):
+            paths = [[i] for i in arch]
+            if recal:
+                norms = self._norms(model, arch)
+                for bn in norms:
+                    bn.reset_running_stats()
+                    bn.momentum = None  # cumulative average over the K batches
+                    bn.train()
+                with torch.no_grad():
+                    for xb in self.bn_batches:
+                        model(xb, gates, paths)
+                for bn in norms:
+                    bn.eval()
+            with torch.inference_mode():
+                logits = model(self.x, gates, paths)
+                losses.append(float(self.F.cross_entropy(logits, self.y)))
+                accs.append(float((logits.argmax(-1) == self.y).float().mean()))
+        return {"loss": np.asarray(losses), "accuracy": np.asarray(accs)}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--population", type=int, default=64)
@@ -97,7 +171,15 @@ def main(argv=None) -> int:
     ap.add_argument("--bn-batches", type=int, default=2, help="K recalibration batches (0: skip those rows)")
     ap.add_argument("--vmap", action="store_true",
                     help="add the plain vmap row (vmapping lax.switch computes every candidate: memory heavy)")
+    ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch loop (needs torch: the bench extra)")
+    ap.add_argument("--threads", type=int, default=2, help="PyTorch threads (XLA:CPU uses every core)")
+    ap.add_argument("--torch-device", default="cpu", choices=("cpu", "cuda"),
+                    help="where PyTorch runs (JAX runs on its default backend: JAX_PLATFORMS=cuda for the GPU)")
+    ap.add_argument("--json", default=None, help="also write the medians and ratios to this file")
     args = ap.parse_args(argv)
+    for name in ("population", "batch", "reps", "threads"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name} must be >= 1, got {getattr(args, name)}")
 
     space = default_space()
     table = analytic_table(space)
@@ -133,6 +215,21 @@ def main(argv=None) -> int:
         for k in ("loss", "accuracy", "latency_ms"):
             np.testing.assert_allclose(np.asarray(out[k]), np.asarray(reference[key][k]), rtol=2e-4, atol=2e-4,
                                        err_msg=f"{name}: {k} differs from the loop")
+    torch_rows = {}
+    if not args.no_torch:
+        exact = TorchLoop(space, params, state, ops[:8], x, y, None, args.threads, exact_padding=True,
+                          device=args.torch_device)()
+        for k in ("loss", "accuracy"):  # the reference computes what jmsnas computes
+            np.testing.assert_allclose(exact[k], np.asarray(reference["plain"][k])[:8], rtol=2e-4, atol=2e-4,
+                                       err_msg=f"PyTorch loop: {k} differs from the JAX loop")
+        peer = TorchLoop(space, params, state, ops, x, y, bn if args.bn_batches else None, args.threads,
+                         device=args.torch_device)
+        torch_rows["PyTorch loop"] = lambda: peer(False)
+        if args.bn_batches:
+            torch_rows[f"PyTorch loop, BN recal K={args.bn_batches}"] = lambda: peer(True)
+        for fn in torch_rows.values():
+            fn()  # warm-up
+        rows.update(torch_rows)
     times = {name: [] for name in rows}
     for _ in range(args.reps):
         for name, fn in rows.items():
@@ -150,11 +247,35 @@ def main(argv=None) -> int:
           f"the matmul rate would be at most {peak / loop_rate / (1.0 - saved):.2f}x the loop\n")
     print(f"P = {args.population} architectures, batch {args.batch} x 8x8x1, median of {args.reps} reps "
           f"(interleaved), {jax.devices()[0].platform}\n")
-    print("| method | median s | per architecture ms | speed-up vs its loop |")
-    print("|---|---:|---:|---:|")
+    recal = f"BN recal K={args.bn_batches}"
+    vs_torch = bool(torch_rows)
+    print("| method | median s | per architecture ms | speed-up vs its loop |"
+          + (" speed-up vs the PyTorch loop |" if vs_torch else ""))
+    print("|---|---:|---:|---:|" + ("---:|" if vs_torch else ""))
     for name, t in med.items():
-        peer = med[f"loop, BN recal K={args.bn_batches}"] if "BN recal" in name else med["loop"]
-        print(f"| {name} | {t:.3f} | {1e3 * t / args.population:.1f} | {peer / t:.2f}x |")
+        peer = med[f"loop, {recal}"] if "BN recal" in name else med["loop"]
+        line = f"| {name} | {t:.3f} | {1e3 * t / args.population:.1f} | {peer / t:.2f}x |"
+        if vs_torch:
+            tpeer = med[f"PyTorch loop, {recal}"] if "BN recal" in name else med["PyTorch loop"]
+            line += f" {tpeer / t:.2f}x |"
+        print(line)
+    summary = {"population": args.population, "batch": args.batch, "reps": args.reps, "bn_batches": args.bn_batches,
+               "median_s": med, "loop_gflops": loop_rate, "matmul_gflops": peak, "platform": jax.devices()[0].platform,
+               "torch_device": None if args.no_torch else args.torch_device}
+    if vs_torch:
+        c = chunks[0]
+        summary["jax_batched_over_torch_loop"] = {"plain": med["PyTorch loop"] / med[f"batched chunk={c}"]}
+        line = (f"\nJAX batched (chunk={c}) / PyTorch loop: {summary['jax_batched_over_torch_loop']['plain']:.2f}x "
+                f"without BN recalibration")
+        if args.bn_batches:
+            summary["jax_batched_over_torch_loop"]["bn_recal"] = (med[f"PyTorch loop, {recal}"]
+                                                                  / med[f"batched chunk={c}, {recal}"])
+            line += f", {summary['jax_batched_over_torch_loop']['bn_recal']:.2f}x with ({recal})"
+        print(line + f"; PyTorch on {args.torch_device} ({args.threads} threads), channels_last; load average "
+                     f"{os.getloadavg()}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=2)
     return 0
 
 

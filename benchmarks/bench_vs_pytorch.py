@@ -129,13 +129,19 @@ def minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def matmul_peak(reps: int, n: int = 2048) -> tuple:
+def torch_sync(device: str) -> None:
+    """Wait for PyTorch's queued GPU work (timings on CUDA end when the work ends); nothing on the CPU."""
+    if device != "cpu":
+        torch.cuda.synchronize()
+
+
+def matmul_peak(reps: int, n: int = 2048, device: str = "cpu") -> tuple:
     """fp32 GFLOP/s of an n x n matmul: (jax, torch), median of reps."""
     a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), jnp.float32)
     f = jax.jit(lambda x: x @ x)
     tj = median_seconds(lambda: jax.block_until_ready(f(a)), reps, warmup=1)
-    at = torch.from_numpy(np.asarray(a))
-    tt = median_seconds(lambda: torch.mm(at, at), reps, warmup=1)
+    at = torch.from_numpy(np.asarray(a)).to(device)
+    tt = median_seconds(lambda: (torch.mm(at, at), torch_sync(device)), reps, warmup=1)
     return 2 * n ** 3 / tj / 1e9, 2 * n ** 3 / tt / 1e9
 
 
@@ -226,7 +232,7 @@ def build_mode(mode, args, space, data):
         st = train.init_search_state(key, space, hp)
         rt = train.init_retrain_state(space, st, ops, 1e-3)
         train_step, eval_step = train.make_retrain_steps(space, ops, 1e-3, hp.lambda1, args.dw_impl)
-        net = TS.compact_net(space, ops).to(memory_format=args.fmt)
+        net = TS.compact_net(space, ops).to(args.torch_device, memory_format=args.fmt)
         fl = forward_flops(space, [[i] for i in ops])
         if mode == "derived_forward":
             valid = jnp.ones((x.shape[0],), jnp.float32)
@@ -250,17 +256,17 @@ def build_mode(mode, args, space, data):
     st = train.init_search_state(key, space, hp)
     table = analytic_table(space)
     weight_step, arch_step, _ = train.make_search_steps(space, table, hp, args.dw_impl, args.candidate_impl)
-    model = TS.Supernet(space).to(memory_format=args.fmt)
+    model = TS.Supernet(space).to(args.torch_device, memory_format=args.fmt)
     w_opt = torch.optim.Adam(model.parameters(), hp.weight_lr, weight_decay=2 * hp.lambda1)
-    alpha_t = torch.zeros(space.num_layers, NUM_OPS, requires_grad=True)
+    alpha_t = torch.zeros(space.num_layers, NUM_OPS, requires_grad=True, device=args.torch_device)
     a_opt = torch.optim.Adam([alpha_t], hp.arch_lr)
     dev = space.layer_devices()
     per_layer = np.asarray(table.compute_ms)[dev, np.arange(space.num_layers)]
     p0 = np.asarray(G.probabilities(st.alpha, jnp.asarray(mask)))
     const = float(expected_latency(space, table, st.alpha).total) - float((p0 * per_layer).sum())
-    lat = TS.LatencyTerm(mask, per_layer, const, hp.t_const_ms, hp.lambda2)
+    lat = TS.LatencyTerm(mask, per_layer, const, hp.t_const_ms, hp.lambda2, device=args.torch_device)
     alpha0 = st.alpha
-    gates_t = torch.ones(space.num_layers, NUM_OPS)
+    gates_t = torch.ones(space.num_layers, NUM_OPS, device=args.torch_device)
 
     if mode == "two_path_weight":
         seq = replay_single_paths(st.key, alpha0, jnp.asarray(mask), total)
@@ -327,8 +333,8 @@ def bench_data(args, space) -> tuple:
     rng = np.random.default_rng(0)
     xn = rng.standard_normal((args.batch, 32, 32, 3)).astype(np.float32)
     yn = rng.integers(0, space.num_classes, args.batch).astype(np.int32)
-    xt = torch.from_numpy(xn.transpose(0, 3, 1, 2).copy()).to(memory_format=args.fmt)
-    return jnp.asarray(xn), jnp.asarray(yn), xt, torch.from_numpy(yn.astype(np.int64))
+    xt = torch.from_numpy(xn.transpose(0, 3, 1, 2).copy()).to(args.torch_device, memory_format=args.fmt)
+    return jnp.asarray(xn), jnp.asarray(yn), xt, torch.from_numpy(yn.astype(np.int64)).to(args.torch_device)
 
 
 def _status_kb(field: str) -> int:
@@ -381,6 +387,9 @@ def main() -> None:
     p.add_argument("--steps-mixture", type=int, default=2, help="steps per repetition: all-path modes")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--torch-layout", choices=("nchw", "channels_last"), default="channels_last")
+    p.add_argument("--torch-device", default="cpu", choices=("cpu", "cuda"),
+                   help="where PyTorch runs (JAX runs on its default backend: JAX_PLATFORMS=cuda for the GPU)")
+    p.add_argument("--json", default=None, help="also write the table's rows to this file")
     p.add_argument("--dw-impl", default="auto", choices=("auto", "native", "shifted", "xla"))
     p.add_argument("--candidate-impl", default="auto", choices=("auto", "own", "padded"),
                    help="how the supernet computes candidates (jmsnas.supernet.candidate_impl)")
@@ -399,6 +408,10 @@ def main() -> None:
         raise ValueError(f"--reps must be at least 5 (median of >= 5 repetitions), got {args.reps}")
     torch.set_num_threads(args.threads)
     args.fmt = torch.channels_last if args.torch_layout == "channels_last" else torch.contiguous_format
+    if args.torch_device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--torch-device cuda: this torch build sees no CUDA device")
+    if args.memory and args.torch_device != "cpu":
+        raise SystemExit("--memory measures host memory: it needs --torch-device cpu")
     space = bench_space(args.layers_per_device)
     if args.memory_side is not None:  # a child of --memory
         memory_probe(args, space, bench_data(args, space))
@@ -413,10 +426,11 @@ def main() -> None:
     if not args.no_check:
         print(f"torch reference vs jmsnas logits (exact padding): max relative difference "
               f"{check_reference(space):.1e}")
-    peak_j, peak_t = matmul_peak(args.reps)
+    peak_j, peak_t = matmul_peak(args.reps, device=args.torch_device)
     print(f"fp32 2048x2048 matmul: JAX {peak_j:.1f} GFLOP/s, torch {peak_t:.1f} GFLOP/s")
 
     data = bench_data(args, space)
+    records = []
     rows = ["| mode | step | GFLOP/step | JAX img/s | PyTorch img/s | JAX / PyTorch | JAX GFLOP/s | % of peak |",
             "|---|---|---|---|---|---|---|---|"]
     for mode in args.modes:
@@ -425,12 +439,14 @@ def main() -> None:
         jrun(-1)  # compiles
         compile_s = time.perf_counter() - t0
         trun(-1)
+        torch_sync(args.torch_device)
         jt, tt, gf, jf, tf = [], [], [], [], []
         for r in range(args.warmup + args.reps):
             f0, t0 = minor_faults(), time.perf_counter()
             jrun(r)
             f1, t1 = minor_faults(), time.perf_counter()
             trun(r)
+            torch_sync(args.torch_device)
             f2, t2 = minor_faults(), time.perf_counter()
             if r >= args.warmup:
                 jt.append(t1 - t0)
@@ -445,10 +461,18 @@ def main() -> None:
         row = (f"| {mode} | {desc} | {gflop_step:.2f} | {j_ips:.0f} | {t_ips:.0f} | {j_ips / t_ips:.2f}x | "
                f"{j_gflops:.1f} | {100 * j_gflops / peak_j:.0f}% |")
         rows.append(row)
+        records.append({"mode": mode, "jax_img_s": j_ips, "torch_img_s": t_ips, "jax_over_torch": j_ips / t_ips,
+                        "jax_gflops": j_gflops, "gflop_per_step": gflop_step, "jax_first_call_s": compile_s})
         print(row + f"  (first call {compile_s:.1f} s; load {os.getloadavg()[0]:.1f}; "
               f"JAX reps {[round(t, 3) for t in jt]}, torch reps {[round(t, 3) for t in tt]}; "
               f"page faults/step JAX {statistics.median(jf):.0f}, torch {statistics.median(tf):.0f})", flush=True)
     print("\n" + "\n".join(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"jax_backend": jax.default_backend(), "jax_devices": [d.device_kind for d in jax.devices()],
+                       "torch_device": args.torch_device, "torch": torch.__version__, "batch": args.batch,
+                       "reps": args.reps, "matmul_gflops": {"jax": peak_j, "torch": peak_t}, "rows": records}, f,
+                      indent=2)
     if args.memory:
         print("\npeak host memory above a process that runs no step, each side alone in a fresh process:")
         print("\n".join(peak_memory_rows(args)))

@@ -246,9 +246,9 @@ class LatencyTerm:
     """E[T](alpha) of a chain under its fixed split: sum_n p_n . U[device(n), n, :] + constant (ms); and the
     penalty lambda2 * (E[T] - T_const)^2 (jmsnas.objectives.latency_penalty, two-sided)."""
 
-    def __init__(self, mask, per_layer_ms, const_ms: float, t_const_ms: float, lambda2: float):
-        self.mask = torch.as_tensor(np.asarray(mask))
-        self.per_layer_ms = _t(per_layer_ms)
+    def __init__(self, mask, per_layer_ms, const_ms: float, t_const_ms: float, lambda2: float, device="cpu"):
+        self.mask = torch.as_tensor(np.asarray(mask), device=device)
+        self.per_layer_ms = _t(per_layer_ms).to(device)
         self.const_ms, self.t_const_ms, self.lambda2 = const_ms, t_const_ms, lambda2
 
     def probabilities(self, logits):
@@ -263,8 +263,8 @@ def two_path_arch_step(model: Supernet, alpha, opt, x, y, paths, active, lat: La
     """ProxylessNAS binary gates: two paths per layer computed, g = one-hot(active path); dL/dg by autograd,
     dL/dalpha by eq. (5) over the pair (softmax renormalised over it), plus the latency term's gradient."""
     n, r = alpha.shape
-    paths_t = torch.as_tensor(paths)
-    chosen = paths_t[torch.arange(n), torch.as_tensor(active)]
+    paths_t = torch.as_tensor(paths, device=alpha.device)
+    chosen = paths_t[torch.arange(n, device=alpha.device), torch.as_tensor(active, device=alpha.device)]
     gates = F.one_hot(chosen, r).float().requires_grad_()
     ce = F.cross_entropy(model(x, gates, paths), y)
     (dl_dg,) = torch.autograd.grad(ce, gates)

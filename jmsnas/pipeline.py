@@ -21,7 +21,7 @@ import ml_collections
 import numpy as np
 from tqdm import tqdm
 
-from jmsnas import (budget, data, dwconv, gates as G, programs, report, runcheck, safeio, supernet,
+from jmsnas import (ahead as A, budget, data, dwconv, gates as G, programs, report, runcheck, safeio, supernet,
                     tensorboard as tb, timing, topology, train)
 from jmsnas.checkpoint import CheckpointError, Checkpointer
 from jmsnas.cost.latency import arch_latency, best_chain_assignment, breakdown_dict, expected_latency, searched_latency
@@ -181,23 +181,92 @@ def search(cfg: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
     stored = runcheck.plain(cfg)
     runcheck.check_workdir(workdir, resume, stored, "search")
     cfg = ml_collections.ConfigDict(cfg.to_dict())
-    ds = load_data(cfg)
-    space, table = build(cfg)
-    check_run(cfg, space, ds, cfg.search.batch_size, _gate_paths(cfg))
-    claim_workdir(workdir, resume, stored, "search")
-    mesh = train.data_mesh()
-    fp = fingerprint(cfg)
-    ckpt = Checkpointer(os.path.join(workdir, "checkpoints", "search"))
-    with tb.run(workdir, tb.enabled(cfg)):
-        st, pos, history = _stage1(cfg, space, table, ds, mesh, ckpt, fp, resume, progress)
-        check_alpha(st.alpha)
-        derived = np.asarray(G.derive(st.alpha, space.mask()))
-        assignment = _assignment(cfg, space, table, derived)
-        fix = budget.repair(space, table, st.alpha, derived, float(cfg.t_const_ms), assignment)
-        ops = tuple(int(i) for i in fix.ops)
-        assignment = _assignment(cfg, space, table, fix.ops)  # re-split the repaired net: T can only fall
-        rt, history = _stage2(cfg, space, ds, mesh, st, ops, workdir, fp, resume, progress, history)
-        return _finish(cfg, space, table, ds, mesh, rt, ops, assignment, fix, derived, history, workdir)
+    with start_ahead() as ahead:
+        ds = load_data(cfg)
+        space, table = build(cfg)
+        check_run(cfg, space, ds, cfg.search.batch_size, _gate_paths(cfg))
+        claim_workdir(workdir, resume, stored, "search")
+        mesh = train.data_mesh()
+        fp = fingerprint(cfg)
+        ckpt = Checkpointer(os.path.join(workdir, "checkpoints", "search"))
+        with tb.run(workdir, tb.enabled(cfg)):
+            st, pos, history = _stage1(cfg, space, table, ds, mesh, ckpt, fp, resume, progress, ahead)
+            check_alpha(st.alpha)
+            derived = np.asarray(G.derive(st.alpha, space.mask()))
+            assignment = _assignment(cfg, space, table, derived)
+            fix = budget.repair(space, table, st.alpha, derived, float(cfg.t_const_ms), assignment)
+            ops = tuple(int(i) for i in fix.ops)
+            assignment = _assignment(cfg, space, table, fix.ops)  # re-split the repaired net: T can only fall
+            ahead.wait_for(("retrain", ops))  # its steps, compiled since the search's last batch (_compile_retrain)
+            rt, history = _stage2(cfg, space, ds, mesh, st, ops, workdir, fp, resume, progress, history)
+            return _finish(cfg, space, table, ds, mesh, rt, ops, assignment, fix, derived, history, workdir)
+
+
+def start_ahead() -> A.Ahead:
+    """The run's ahead-of-time compiler (``jmsnas.ahead``), already building the native CPU kernels (a C++
+    compiler in child processes) while the data loads. Nothing ahead in a multi-process run."""
+    ahead = A.Ahead(None if jax.process_count() == 1 else 0)
+    if jax.default_backend() == "cpu":
+        from jmsnas import native
+        ahead.submit(native.load)
+    return ahead
+
+
+def _first_batches(ds, batch_size: int, eval_batch_size: int, mesh):
+    """Abstract (x, y) of a training batch and (x, y, valid) of an evaluation batch, placed as the run places
+    them (``train.shard_batch``): the arguments the steps are compiled for ahead."""
+    x, y = ds.train.images[:batch_size], ds.train.labels[:batch_size]
+    return (A.abstract(train.shard_batch((x, y), mesh)),
+            A.abstract(train.shard_batch(next(train.padded_eval_batches(ds.val, eval_batch_size)), mesh)))
+
+
+def _compile_stage1(ahead: A.Ahead, cfg, space, ds, mesh, shapes, steps, latencies):
+    """Stage 1's steps compiled ahead, all at once, for the state of ``shapes`` (``jax.eval_shape`` of its
+    initialisation) placed as the run places it: (weight_step, arch_step, eval_step, latencies), each waiting at
+    its first call for its compilation."""
+    weight_step, arch_step, eval_step = steps
+    (x, y), (xe, ye, valid) = _first_batches(ds, cfg.search.batch_size, cfg.eval_batch_size, mesh)
+    state = A.abstract(shapes, train.replicated(mesh))
+    ops = A.abstract(jax.eval_shape(lambda a: G.derive(a, space.mask()), state.alpha), train.replicated(mesh))
+    # in the order they are first needed: the first batch, the end of epoch 0, the first architecture step
+    weight_step = ahead.compile(weight_step, state, x, y)
+    eval_step = ahead.compile(eval_step, state.params, state.bn, ops, xe, ye, valid)
+    latencies.expected = ahead.compile(latencies.expected, state.alpha)
+    if cfg.split == "fixed":
+        latencies.derived = ahead.compile(latencies.derived, ops, None)
+    arch_step = ahead.compile(arch_step, state, x, y)
+    return weight_step, arch_step, eval_step, latencies
+
+
+def _compile_retrain(ahead: A.Ahead, cfg, space, table, ds, mesh, st) -> None:
+    """Compile the retraining's steps in threads for the architecture the search ends with (``st.alpha``
+    derived and repaired to the budget, as ``search`` does next), while the search's last epoch is evaluated
+    and checkpointed, under the key ``("retrain", ops)`` (``Ahead.speculate``): ``search`` waits for it when its
+    ops are these (always, unless the two computations disagree)."""
+    alpha = train.replicate(np.asarray(st.alpha), mesh)  # a copy: st may be donated meanwhile
+    state = A.abstract(st)
+    (x, y), (xe, ye, valid) = _first_batches(ds, cfg.search.batch_size, cfg.eval_batch_size, mesh)
+    r = cfg.retrain
+
+    def guess():
+        derived = np.asarray(G.derive(alpha, space.mask()))
+        fix = budget.repair(space, table, alpha, derived, float(cfg.t_const_ms),
+                            _assignment(cfg, space, table, derived))
+        return "retrain", tuple(int(i) for i in fix.ops)
+
+    def build(key):
+        ops = key[1]
+        train_step, eval_step = retrain_steps(space, ops, r.lr, cfg.search.lambda1, cfg.dw_impl)
+        shapes = jax.eval_shape(lambda s: train.init_retrain_state(space, s, ops, r.lr), state)
+        rt = A.abstract(shapes, train.replicated(mesh))
+        host_params = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), shapes.params)
+        evaluate = lambda: (eval_step.lower(rt.params, rt.bn, xe, ye, valid).compile(),
+                            train.adam_init(r.lr).lower(host_params).compile())
+        beside = ahead.submit(evaluate) if ahead.workers > 1 else None  # this thread holds one worker
+        train_step.lower(rt, x, y).compile()
+        beside.result() if beside is not None else evaluate()
+
+    ahead.speculate(guess, build)
 
 
 def _assignment(cfg, space, table, ops):
@@ -284,19 +353,23 @@ def restore_progress(ckpt: Checkpointer, state, fp: str, resume: bool):
     return state, 0, 0, []
 
 
-def _stage1(cfg, space, table, ds, mesh, ckpt, fp, resume, progress):
+def _stage1(cfg, space, table, ds, mesh, ckpt, fp, resume, progress, ahead: A.Ahead | None = None):
     hp = _hparams(cfg)
     s = cfg.search
     weight_step, arch_step, eval_step = search_steps(cfg, space, table)
-    st = train.init_search_state(jax.random.PRNGKey(cfg.seed), space, hp, cfg.shared_weights)
-    st, epoch, start, history = restore_progress(ckpt, st, fp, resume)
+    latencies = _EpochLatencies(cfg, space, table)
+    init = lambda: train.init_search_state(jax.random.PRNGKey(cfg.seed), space, hp, cfg.shared_weights)
+    if ahead is not None:  # compiled in threads while the supernet initialises
+        weight_step, arch_step, eval_step, latencies = _compile_stage1(
+            ahead, cfg, space, ds, mesh, jax.eval_shape(init), (weight_step, arch_step, eval_step), latencies)
+    st, epoch, start, history = restore_progress(ckpt, init(), fp, resume)
     st = train.replicate(st, mesh)
     nb = data.num_batches(ds.train, s.batch_size)
     n_val = data.num_batches(ds.val, s.batch_size)
     total = s.warmup_epochs + s.epochs
     bar = timing.label(tqdm(total=total * nb, initial=epoch * nb + start, disable=not progress, desc="search",
                             unit="step"))
-    metrics, saves, latencies = {}, EpochSaves(cfg), _EpochLatencies(cfg, space, table)
+    metrics, saves = {}, EpochSaves(cfg)
     while epoch < total:
         warm = epoch < s.warmup_epochs
         for i, (x, y) in enumerate(data.epoch_batches(ds.train, s.batch_size, seed=cfg.seed, epoch=epoch,
@@ -314,6 +387,8 @@ def _stage1(cfg, space, table, ds, mesh, ckpt, fp, resume, progress):
             if progress and i % 5 == 0:  # the postfix costs a device sync and E[T]: only for a visible bar
                 bar.set_postfix(loss=f"{float(metrics['loss']):.3f}", acc=f"{float(metrics['acc']):.3f}",
                                 ET=f"{float(latencies.expected(st.alpha)):.3f}ms")
+        if ahead is not None and epoch == total - 1 and cfg.retrain.epochs > 0:  # alpha is final
+            _compile_retrain(ahead, cfg, space, table, ds, mesh, st)
         history.append(_epoch_entry(cfg, space, table, ds, mesh, st, eval_step, epoch, warm, metrics, latencies))
         if tb.active():
             tb.log(epoch, _search_scalars(cfg, space, latencies, st, history[-1]))

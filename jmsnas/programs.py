@@ -241,6 +241,18 @@ class _Persistent:
         finally:
             self._local.args = None
 
+    def lower(self, *args):
+        """``jax.jit``'s ``lower`` for these arguments (arrays, or ``jax.ShapeDtypeStruct`` with the shardings the
+        arrays will have), through the stored program as a call traces: compiling the result gives the executable
+        that a call with such arguments then runs without tracing again (``jmsnas.ahead``)."""
+        if self._identity is None or not enabled():
+            return self._jitted.lower(*args)
+        self._local.args = args
+        try:
+            return self._outer.lower(*args)
+        finally:
+            self._local.args = None
+
     def _trace(self, *tracers):
         with timing.compiling():
             exported = self._program(self._local.args)

@@ -81,21 +81,31 @@ def _init_layer(key, space: SearchSpace, n: int, shared: bool):
             continue
         mid = s.in_ch * op.expand
         for name, ch in (("bn1", mid), ("bn2", mid), ("bn3", s.out_ch)):
-            p[name]["scale"][v, :ch] = 1.0
+            p[name]["scale"] = _put(p[name]["scale"], (v, slice(None, ch)), 1.0)
         if shared:
             continue
         q, _ = O.mbconv_init(kv, op, s.in_ch, s.out_ch)
         lo = (lay.kmax - op.kernel) // 2
-        p["expand"][v, :, :mid] = q["expand"]
-        p["dw"][v, lo:lo + op.kernel, lo:lo + op.kernel, :mid] = q["dw"]
-        p["project"][v, :mid] = q["project"]
+        p["expand"] = _put(p["expand"], (v, slice(None), slice(None, mid)), q["expand"])
+        p["dw"] = _put(p["dw"], (v, slice(lo, lo + op.kernel), slice(lo, lo + op.kernel), slice(None, mid)), q["dw"])
+        p["project"] = _put(p["project"], (v, slice(None, mid)), q["project"])
         for name, ch in (("bn1", mid), ("bn2", mid), ("bn3", s.out_ch)):
-            p[name]["scale"][v, :ch] = q[name]["scale"]
+            p[name]["scale"] = _put(p[name]["scale"], (v, slice(None, ch)), q[name]["scale"])
     if shared:
         widest = OpSpec("widest", lay.kmax, M // s.in_ch, False)
         q, _ = O.mbconv_init(key, widest, s.in_ch, s.out_ch)
-        p["expand"][0], p["dw"][0], p["project"][0] = q["expand"], q["dw"], q["project"]
+        for name in ("expand", "dw", "project"):
+            p[name] = _put(p[name], 0, q[name])
     return jax.device_put(p), jax.device_put(st)  # placed as they are: no executable per shape
+
+
+def _put(a, index, value):
+    """``a`` with ``a[index] = value``: written in place into a NumPy array, or, when ``value`` is traced (the
+    initialisation under ``jit``/``eval_shape``), as ``a.at[index].set(value)``."""
+    if isinstance(value, jax.core.Tracer) or isinstance(a, jax.core.Tracer):
+        return jnp.asarray(a).at[index].set(value)
+    a[index] = value
+    return a
 
 
 def is_shared(params_n) -> bool:

@@ -7,7 +7,9 @@ inside them (nested events count once), and inside blocks marked with :func:`com
 of :mod:`jmsnas.programs`). Everything else between :meth:`Phases.start` and :meth:`Phases.summary` is run time.
 CPU time is the whole process's (``time.process_time``: every thread), so XLA's compiler threads count as
 compiling and, while a step still runs asynchronously when the next compilation starts, that step's CPU counts
-there too. The summary also counts persistent-cache hits and misses.
+there too. Compilations running at once in several threads (``jmsnas.ahead``) count once, as the wall time
+during which any of them ran (and the process's CPU time meanwhile, the main thread's included). The summary
+also counts persistent-cache hits and misses.
 
 ``measure()`` is the context manager the flows use (``pipeline.search``, ``evolve.run``): nested uses share the
 outer timer, :func:`active` returns it, and :func:`label` makes a tqdm progress bar read "<desc> (compiling)"

@@ -70,8 +70,13 @@ def data_mesh(devices=None) -> Mesh:
     return Mesh(devices, ("data",))
 
 
+def replicated(mesh: Mesh) -> NamedSharding:
+    """The sharding of everything but the batch: a full copy on every device of ``mesh``."""
+    return NamedSharding(mesh, P())
+
+
 def replicate(tree, mesh: Mesh):
-    return jax.device_put(tree, NamedSharding(mesh, P()))
+    return jax.device_put(tree, replicated(mesh))
 
 
 def shard_batch(batch, mesh: Mesh):
@@ -88,6 +93,13 @@ def init_optimizer(tx: optax.GradientTransformation, params):
     """``tx.init(params)`` as one executable: called eagerly, optax's zeros compile one executable per parameter
     shape (dozens for a supernet), each traced and looked up again on every run."""
     return jax.jit(tx.init)(params)
+
+
+@functools.lru_cache(maxsize=16)
+def adam_init(lr: float):
+    """``jax.jit(optax.adam(lr).init)``, one function per learning rate, so that its executable (compiled ahead,
+    ``jmsnas.ahead``, or at a first call) serves every later call with the same shapes."""
+    return jax.jit(optax.adam(lr).init)
 
 
 def zeros(shape, dtype=np.float32):
@@ -180,7 +192,7 @@ def _eval_sums(logits, y, valid):
 
 def init_retrain_state(space: SearchSpace, st: SearchState, ops, lr) -> RetrainState:
     params, bn = supernet.extract(space, st.params, st.bn, ops)
-    return RetrainState(params, bn, init_optimizer(optax.adam(lr), params), zeros((), np.int32))
+    return RetrainState(params, bn, adam_init(lr)(params), zeros((), np.int32))
 
 
 @functools.lru_cache(maxsize=16)  # the same jitted steps for the same network: _finish reuses the retraining trace

@@ -13,6 +13,8 @@ half-written file: each compiles to a private temporary name and renames it into
 
 When no compiler is found or the build fails, ``load()`` returns False and ``error()`` says why; callers
 (``jmsnas.dwconv`` and ``jmsnas.ops`` with impl "auto") then fall back to the pure-XLA implementations.
+``JMSNAS_NATIVE=0`` turns the kernels off (``load()`` returns False without building anything): the CPU then
+runs the implementations other backends use (``benchmarks/gpu_check.sh`` checks them that way in CI).
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ TARGETS = {  # FFI target name -> exported symbol
     "jmsnas_matmul_tn": "JmsnasMatmulTN",
 }
 
+ENV_SWITCH = "JMSNAS_NATIVE"  # 0: do not build or use the kernels
 _lock = threading.Lock()
 _state: dict = {}  # "ok": bool, "error": str; when ok also "path" (the library) and "lib" (kept loaded)
 
@@ -80,18 +83,39 @@ def _library_path(cxx: str) -> Path:
 
 
 def _build(cxx: str, out: Path, sources=SOURCES) -> None:
-    """Compile ``sources`` into the shared library ``out`` (written under a temporary name, then renamed)."""
+    """Compile ``sources`` into the shared library ``out`` (written under a temporary name, then renamed).
+
+    Each source is compiled to its own object file by its own compiler process, all at once (the C++ compiler
+    runs one translation unit per process anyway, so the objects are the ones a single command would make; on
+    two cores the build takes about half the wall time), then they are linked."""
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
+    objects = tempfile.mkdtemp(prefix=".objects-", dir=out.parent)
+    jobs = []  # (command, object file, process)
     try:
-        cmd = [cxx, *FLAGS, f"-I{jax.ffi.include_dir()}", f"-I{HERE}", *map(str, sources), "-o", tmp]
+        compile_flags = [f for f in FLAGS if f != "-shared"]
+        include = [f"-I{jax.ffi.include_dir()}", f"-I{HERE}"]
+        for i, src in enumerate(sources):
+            obj = os.path.join(objects, f"{i}-{Path(src).stem}.o")
+            cmd = [cxx, *compile_flags, *include, "-c", str(src), "-o", obj]
+            jobs.append((cmd, obj, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                                    text=True)))
+        for cmd, _, proc in jobs:
+            _, err = proc.communicate()
+            if proc.returncode != 0:
+                raise RuntimeError(f"compiling {Path(cmd[-3]).name} failed ({' '.join(cmd)}):\n{err[-4000:]}")
+        cmd = [cxx, *FLAGS, *[obj for _, obj, _ in jobs], "-o", tmp]
         res = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if res.returncode != 0:
-            names = ", ".join(Path(p).name for p in sources)
-            raise RuntimeError(f"compiling {names} failed ({' '.join(cmd)}):\n{res.stderr[-4000:]}")
+            raise RuntimeError(f"linking the native kernels failed ({' '.join(cmd)}):\n{res.stderr[-4000:]}")
         os.replace(tmp, out)
     finally:
+        for _, _, proc in jobs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(objects, ignore_errors=True)
         if os.path.exists(tmp):
             os.unlink(tmp)
 
@@ -102,6 +126,11 @@ def load() -> bool:
         if "ok" in _state:
             return _state["ok"]
         try:
+            switch = os.environ.get(ENV_SWITCH, "1").strip()
+            if switch not in ("0", "1"):
+                raise RuntimeError(f"{ENV_SWITCH} must be 0 (no native kernels) or 1, got {switch!r}")
+            if switch == "0":
+                raise RuntimeError(f"turned off ({ENV_SWITCH}=0)")
             cxx = compiler()
             if cxx is None:
                 raise RuntimeError("no C++ compiler found (set CXX, or install g++)")
