@@ -198,8 +198,7 @@ def searched_budget_config(quick: bool = False, fraction: float = 0.5):
     from jmsnas import pipeline
     cfg = level_config("mid", quick, "searched")
     probe = level_config("mid", quick, "searched")
-    pipeline.load_data(probe)
-    t_min, t_max = searched_split_range(*pipeline.build(probe))
+    t_min, t_max = searched_split_range(*pipeline.build(probe, pipeline.load_data(probe)))
     cfg.t_const_ms = round(t_min + fraction * (t_max - t_min), 4)
     cfg.experiment.update(dict(name="fig6", level=f"searched-range {fraction:g}", fraction=fraction,
                                reachable_min_ms=t_min, reachable_max_ms=t_max))
@@ -259,7 +258,7 @@ def train_from_scratch(cfg, ops, workdir: str, progress: bool = True) -> dict:
     os.makedirs(workdir, exist_ok=True)
     t0, version = time.time(), _code_version()
     ds = pipeline.load_data(cfg)
-    space, _ = pipeline.build(cfg)
+    space, _ = pipeline.build(cfg, ds)
     ops = tuple(int(i) for i in ops)
     params, bn = supernet.init(jax.random.PRNGKey(cfg.seed), space, shared_weights=cfg.shared_weights)
     params, bn = supernet.extract(space, params, bn, ops)
@@ -535,8 +534,7 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     os.makedirs(args.results, exist_ok=True)
     cfg = level_config("mid", args.quick)
-    pipeline.load_data(cfg)
-    space, table = pipeline.build(cfg)
+    space, table = pipeline.build(cfg, pipeline.load_data(cfg))
     levels, pair, scratch = train_all(args, space, not args.no_progress)
     rows, ref = all_rows(space, table, levels, pair, scratch), reference_rows()
     data = {"rows": rows, "reference": ref, "mid_rerun_identical": _same_run(levels["mid"][1], pair["fixed"][1]),

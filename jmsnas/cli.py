@@ -59,8 +59,8 @@ def main(argv=None) -> int:
     except SystemExit as e:  # argparse's refusal (2) or --help (0): a code, not an exception, for in-process callers
         return e.code if isinstance(e.code, int) else 2
     finally:
-        from jmsnas import runcheck
-        runcheck.release_workdirs()
+        from jmsnas.run import workdir
+        workdir.release_workdirs()
 
 
 def _main(argv=None) -> int:

@@ -155,6 +155,14 @@ def load(
     return Dataset(name, train, val, test, num_classes, int(height), int(channels), mean, std)
 
 
+def from_config(cfg) -> Dataset:
+    """The dataset a run's configuration names (its ``dataset``, ``data_dir``, ``val_fraction``, ``seed``,
+    ``image_size``, ``max_train``, ``max_eval``; a ConfigDict or a plain dict)."""
+    get = cfg.get
+    return load(cfg["dataset"], data_dir=get("data_dir"), val_fraction=cfg["val_fraction"], seed=cfg["seed"],
+                image_size=get("image_size"), max_train=get("max_train"), max_eval=get("max_eval"))
+
+
 def _digits_sizes(val_fraction: float) -> tuple[int, int]:
     """(train, val) sizes of the digits pool after the fixed test split; errors if either is too small."""
     pool = _DIGITS_TOTAL - _DIGITS_TEST

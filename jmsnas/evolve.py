@@ -22,7 +22,6 @@ L2 weight are ``cfg.search.batch_size``, ``weight_lr`` and ``lambda1``, the retr
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import NamedTuple
 
@@ -31,11 +30,13 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
-from tqdm import tqdm
 
-from jmsnas import budget, data, pipeline, programs, runcheck, safeio, strategies, supernet, timing, train
+from jmsnas import budget, data, pipeline, programs, strategies, supernet, timing, train
+from jmsnas import space as S
 from jmsnas import tensorboard as tb
 from jmsnas.checkpoint import Checkpointer
+from jmsnas.run import directory, loop, processes
+from jmsnas.run import workdir as W
 from jmsnas.cost.latency import arch_latency, latency, searched_latency
 from jmsnas.evaluate import evaluate_loop, evaluate_population
 from jmsnas.gates import onehot_gates
@@ -56,8 +57,8 @@ DEFAULTS = dict(
     evaluator="batched",  # "batched": evaluate_population; "loop": one jitted evaluation per architecture
 )
 EVALUATORS = ("batched", "loop")
-_INTS = {"epochs": 1, "num_random": 0, "population": 2, "generations": 1, "fitness_examples": 1, "bn_batches": 0,
-         "bn_batch_size": 1, "chunk": 1}  # name -> smallest allowed value
+INT_SETTINGS = {"epochs": 1, "num_random": 0, "population": 2, "generations": 1, "fitness_examples": 1, "bn_batches": 0,
+                "bn_batch_size": 1, "chunk": 1}  # name -> smallest allowed value
 
 
 # ----------------------------------------------------------------------------------------------- configuration
@@ -80,7 +81,7 @@ def validate(cfg) -> None:
     """Checks ``cfg`` (pipeline.validate_config plus ``cfg.evolve``); ConfigError names the bad value."""
     pipeline.validate_config(cfg)
     e = cfg.evolve
-    for name, lo in _INTS.items():
+    for name, lo in INT_SETTINGS.items():
         v = e[name]
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
             raise ConfigError(f"evolve.{name} must be an integer >= {lo}, got {v!r}")
@@ -170,37 +171,27 @@ def make_sandwich_step(space: SearchSpace, lr: float, lambda1: float, num_random
 
 
 def _train_supernet(cfg, space, table, ds, mesh, ckpt, fp, resume, progress):
-    """Stage 1 with checkpoints every ``checkpoint_every`` steps and at epoch ends (``pipeline.EpochSaves``);
+    """Stage 1 on the run layer's epoch loop (checkpoints every ``checkpoint_every`` steps and at epoch ends);
     returns (state, history)."""
     s, e = cfg.search, cfg.evolve
     made = (space, s.weight_lr, s.lambda1, e.num_random, cfg.dw_impl)
     step = programs.persistent_jit(make_sandwich_step(*made), name="evolve.sandwich_step", identity=made,
                                    donate_argnums=0)
     _, _, eval_step = pipeline.search_steps(cfg, space, table)
-    st = init_sandwich_state(jax.random.PRNGKey(cfg.seed), space, s.weight_lr, cfg.shared_weights)
-    st, epoch, start, history = pipeline.restore_progress(ckpt, st, fp, resume)
-    st = train.replicate(st, mesh)
-    nb = data.num_batches(ds.train, s.batch_size)
-    bar = timing.label(tqdm(total=e.epochs * nb, initial=epoch * nb + start, disable=not progress, desc="supernet",
-                            unit="step"))
-    m, saves = {}, pipeline.EpochSaves(cfg)
-    while epoch < e.epochs:
-        for i, (x, y) in enumerate(data.epoch_batches(ds.train, s.batch_size, seed=cfg.seed, epoch=epoch,
-                                                      start=start), start=start):
-            st, m = step(st, *train.shard_batch((x, y), mesh))
-            bar.update(1)
-            saves.mid_epoch(ckpt, i + 1, nb, lambda: (int(st.step), st, {"epoch": epoch, "batch": i + 1,
-                                                                          "history": history, "fingerprint": fp}))
-            if i % 5 == 0:
-                bar.set_postfix(loss=f"{float(m['loss']):.3f}", big=f"{float(m['acc_largest']):.3f}",
-                                small=f"{float(m['acc_smallest']):.3f}")
-        history.append(_epoch_entry(cfg, space, table, ds, mesh, st, eval_step, epoch, m))
-        tb.log(epoch, tb.history_scalars(history[-1]))
-        epoch, start = epoch + 1, 0
-        saves.save(ckpt, int(st.step), st, {"epoch": epoch, "batch": 0, "history": history, "fingerprint": fp},
-                   last_epoch=epoch == e.epochs)
-    bar.close()
-    return st, history
+    def end_epoch(st, epoch, m):
+        row = _epoch_entry(cfg, space, table, ds, mesh, st, eval_step, epoch, m)
+        tb.log(epoch, tb.history_scalars(row))
+        return row
+
+    return loop.epochs(
+        init_sandwich_state(jax.random.PRNGKey(cfg.seed), space, s.weight_lr, cfg.shared_weights), cfg=cfg,
+        ckpt=ckpt, fp=fp, resume=resume, total=e.epochs, batches_per_epoch=data.num_batches(ds.train, s.batch_size),
+        batches=lambda epoch, start: data.epoch_batches(ds.train, s.batch_size, seed=cfg.seed, epoch=epoch,
+                                                        start=start),
+        step=lambda st, epoch, i, batch: step(st, *train.shard_batch(batch, mesh)),
+        place=lambda st: train.replicate(st, mesh), desc="supernet", progress=progress, end_epoch=end_epoch,
+        postfix=lambda st, m: {"loss": f"{float(m['loss']):.3f}", "big": f"{float(m['acc_largest']):.3f}",
+                               "small": f"{float(m['acc_smallest']):.3f}"})
 
 
 def _epoch_entry(cfg, space, table, ds, mesh, st, eval_step, epoch, m) -> dict:
@@ -211,7 +202,7 @@ def _epoch_entry(cfg, space, table, ds, mesh, st, eval_step, epoch, m) -> dict:
     for name, ops in zip(("", "_smallest"), sandwich_ops(space)):
         acc, _ = train.evaluate(lambda x, y, v: eval_step(st.params, st.bn, jnp.asarray(ops), x, y, v), ds.val,
                                 cfg.eval_batch_size, mesh)
-        lat = float(arch_latency(space, table, ops, pipeline._assignment(cfg, space, table, ops)).total)
+        lat = float(arch_latency(space, table, ops, pipeline.assignment(cfg, space, table, ops)).total)
         row.update({f"val_acc{name}": acc, f"derived_latency_ms{name}": lat})
     return row
 
@@ -264,7 +255,7 @@ def fitness(space, table, params, bn, ops, fd: FitnessData, t_const_ms: float, s
     (n = number of fitness examples, so the latency term only breaks ties). numpy float64/bool arrays [P].
     ``evaluator``: "batched" (``evaluate_population`` in chunks of ``chunk``) or "loop" (``evaluate_loop``: one
     architecture at a time, the same accuracies up to float rounding, less memory). With several JAX processes
-    the rows are shared out among them (``spread_over_processes``)."""
+    the rows are shared out among them (``run.processes.spread``)."""
     if evaluator not in EVALUATORS:
         raise ValueError(f"evaluator must be one of {list(EVALUATORS)}, got {evaluator!r}")
 
@@ -274,44 +265,17 @@ def fitness(space, table, params, bn, ops, fd: FitnessData, t_const_ms: float, s
         return evaluate_population(space, table, params, bn, rows, fd.x, fd.y, bn_batches=fd.bn,
                                    chunk=chunk)["accuracy"]
 
-    acc = spread_over_processes(accuracy, params, bn, np.asarray(ops))
+    acc = processes.spread(accuracy, params, bn, np.asarray(ops))
     lat = np.asarray(_population_latency(space, table, ops, split=split), np.float64)
     feasible = budget.within(lat, t_const_ms)
     fit = np.where(feasible, acc - lat / t_const_ms / (2 * len(fd.y)), -np.inf)
     return {"accuracy": acc, "latency_ms": lat, "feasible": feasible, "fitness": fit}
 
 
-def spread_over_processes(fn, params, bn, ops: np.ndarray) -> np.ndarray:
-    """float64[P] = ``fn(params, bn, ops)`` with the P rows of ``ops`` shared out among the JAX processes.
-
-    One process: ``fn`` on every row. N processes: process i evaluates rows [i q, (i + 1) q) (q = ceil(P / N), the
-    last row repeated to fill N q) on its own devices, with a host copy of the (replicated) supernet, and the N
-    results are gathered so that every process returns the whole population's values, in row order. Each row's
-    value depends on that row only, so the result is the one-process result.
-    """
-    n = jax.process_count()
-    if n == 1:
-        return np.asarray(fn(params, bn, ops), np.float64)
-    from jax.experimental import multihost_utils
-    q = -(-ops.shape[0] // n)
-    padded = np.concatenate([ops, np.repeat(ops[-1:], n * q - ops.shape[0], 0)])
-    mine = padded[jax.process_index() * q:(jax.process_index() + 1) * q]
-    local = jax.tree.map(lambda a: np.asarray(a.addressable_data(0)) if isinstance(a, jax.Array) else a, (params, bn))
-    part = np.asarray(fn(*local, mine), np.float32)
-    gathered = np.asarray(multihost_utils.process_allgather(part, tiled=False))  # [N, q]
-    return gathered.reshape(-1)[:ops.shape[0]].astype(np.float64)
-
-
 def make_strategy(mask, e) -> strategies.Strategy:
     """The evolution strategy over ``mask`` bool[N, R] with the settings of ``cfg.evolve`` (``e``)."""
     return strategies.make("evolution", mask=mask, population=e.population, parent_ratio=e.parent_ratio,
                            mutation_prob=e.mutation_prob, mutation_ratio=e.mutation_ratio)
-
-
-def _record(ops, f, i) -> dict:
-    fit = float(f["fitness"][i])
-    return {"ops": np.asarray(ops[i]).tolist(), "accuracy": float(f["accuracy"][i]),
-            "latency_ms": float(f["latency_ms"][i]), "fitness": fit if np.isfinite(fit) else None}
 
 
 def population_bytes(space: SearchSpace, size: int, tries: int = 64) -> int:
@@ -331,46 +295,71 @@ def feasible_population(key, space: SearchSpace, table, t_const_ms: float, split
     return cand[order[:size]]
 
 
+def record(ops, f: dict, i: int) -> dict:
+    """Candidate ``i`` of a generation as JSON data: its ``ops`` and every per-candidate value of ``f`` (fitness
+    None when -inf)."""
+    out = {"ops": np.asarray(ops[i]).tolist()}
+    for k, v in f.items():
+        if k != "feasible":
+            x = float(v[i])
+            out[k] = x if np.isfinite(x) else None
+    return out
+
+
+def evolution(strategy, es, key, fitness, *, ckpt, fp, resume, total, progress):
+    """The evolution loop of every weight-sharing flow, on the run layer's generation loop (one checkpoint after
+    each generation, so a killed run resumes to the same result).
+
+    ``es``: the strategy's initial state (its population is generation 0's); generation g asks and tells with
+    the keys of ``fold_in(key, g + 1)``. ``fitness(ops int32[P, N]) -> dict`` of float arrays [P]: ``fitness``
+    (-inf for a candidate that breaks a hard limit), ``feasible`` (bool), ``accuracy``, ``latency_ms`` and any
+    other per-candidate value (its maximum goes into the log). Returns (per-generation log, the best feasible
+    candidate (None if none was), the most accurate candidate whatever its limits), candidates as ``record``.
+    """
+    ask, tell = jax.jit(strategy.ask), jax.jit(strategy.tell)
+
+    def generation(es, gen, c):
+        k_ask, k_tell = jax.random.split(jax.random.fold_in(key, gen + 1))
+        archs, es = ask(k_ask, es)
+        f = fitness(np.asarray(archs.ops))
+        es, _ = tell(k_tell, archs, jnp.asarray(f["fitness"], jnp.float32), es)
+        i, j = int(np.argmax(f["fitness"])), int(np.argmax(f["accuracy"]))
+        best, top = c["best"], c["most_accurate"]
+        if f["feasible"][i] and (best is None or f["fitness"][i] > best["fitness"]):  # strict: first kept
+            best = record(archs.ops, f, i)
+        if top is None or f["accuracy"][j] > top["accuracy"]:
+            top = record(archs.ops, f, j)
+        ok = f["feasible"]
+        row = {"generation": gen, "feasible_fraction": float(ok.mean()),
+               "best_accuracy": float(f["accuracy"][ok].max()) if ok.any() else None,
+               "mean_accuracy": float(f["accuracy"].mean()),
+               "best_so_far_accuracy": None if best is None else best["accuracy"],
+               "min_latency_ms": float(f["latency_ms"].min()),
+               **{f"max_{k}": float(v.max()) for k, v in f.items() if k not in ("fitness", "feasible", "accuracy")}}
+        extra = [f["sensor_peak_bytes"]] if "sensor_peak_bytes" in f else []  # SplitNets' memory
+        tb.log(gen, tb.generation_scalars(f["accuracy"], f["latency_ms"], f["feasible"], f["fitness"], *extra))
+        return es, {"log": c["log"] + [row], "best": best, "most_accurate": top}
+
+    _, c = loop.generations(es, ckpt=ckpt, fp=fp, resume=resume, total=total, generation=generation,
+                            carry={"log": [], "best": None, "most_accurate": None}, desc="evolution",
+                            progress=progress,
+                            postfix=lambda c: {"best": f"{c['log'][-1]['best_so_far_accuracy'] or 0:.3f}",
+                                               "feasible": f"{c['log'][-1]['feasible_fraction']:.2f}"})
+    return c["log"], c["best"], c["most_accurate"]
+
+
 def _evolution(cfg, space, table, st, fd, strategy, ckpt, fp, resume, progress):
-    """Stage 2, checkpointed after every generation. Returns (per-generation log, the best feasible candidate
-    (None if none was), the most accurate candidate whatever its latency), candidates as ``_record`` dicts."""
+    """Stage 2: ``evolution`` with the supernet's accuracy (``fitness``), from a population inside the budget."""
     e, t_const = cfg.evolve, float(cfg.t_const_ms)
     key = jax.random.PRNGKey(cfg.seed + 4)
-    ask, tell = jax.jit(strategy.ask), jax.jit(strategy.tell)
     k_init, k_pop = jax.random.split(jax.random.fold_in(key, 0))
     es = strategy.init(k_init)  # generation 0 asks for es.population: start it inside the budget
     es = es._replace(population=jnp.asarray(feasible_population(k_pop, space, table, t_const, cfg.split,
                                                                 e.population)))
-    gen, log, best, top = 0, [], None, None
-    if resume and ckpt.latest_step() is not None:
-        es, meta = ckpt.restore(jax.device_get(es), expect_meta={"fingerprint": fp},
-                                meta_types={"generation": "count", "log": list})
-        gen, log, best, top = meta["generation"], meta["log"], meta["best"], meta["most_accurate"]
-    bar = timing.label(tqdm(total=e.generations, initial=gen, disable=not progress, desc="evolution", unit="gen"))
-    while gen < e.generations:
-        k_ask, k_tell = jax.random.split(jax.random.fold_in(key, gen + 1))
-        archs, es = ask(k_ask, es)
-        f = fitness(space, table, st.params, st.bn, archs.ops, fd, t_const, cfg.split, e.chunk, e.evaluator)
-        es, _ = tell(k_tell, archs, jnp.asarray(f["fitness"], jnp.float32), es)
-        i, j = int(np.argmax(f["fitness"])), int(np.argmax(f["accuracy"]))
-        if f["feasible"][i] and (best is None or f["fitness"][i] > best["fitness"]):  # strict: first kept
-            best = _record(archs.ops, f, i)
-        if top is None or f["accuracy"][j] > top["accuracy"]:
-            top = _record(archs.ops, f, j)
-        ok = f["feasible"]
-        log.append({"generation": gen, "feasible_fraction": float(ok.mean()),
-                    "best_accuracy": float(f["accuracy"][ok].max()) if ok.any() else None,
-                    "mean_accuracy": float(f["accuracy"].mean()),
-                    "best_so_far_accuracy": None if best is None else best["accuracy"],
-                    "min_latency_ms": float(f["latency_ms"].min()), "max_latency_ms": float(f["latency_ms"].max())})
-        tb.log(gen, tb.generation_scalars(f["accuracy"], f["latency_ms"], f["feasible"], f["fitness"]))
-        gen += 1
-        bar.update(1)
-        bar.set_postfix(best=f"{log[-1]['best_so_far_accuracy'] or 0:.3f}", feasible=f"{ok.mean():.2f}")
-        pipeline._save(ckpt, gen, es, {"generation": gen, "log": log, "best": best, "most_accurate": top,
-                                       "fingerprint": fp})
-    bar.close()
-    return log, best, top
+    return evolution(strategy, es, key,
+                     lambda ops: fitness(space, table, st.params, st.bn, ops, fd, t_const, cfg.split, e.chunk,
+                                         e.evaluator),
+                     ckpt=ckpt, fp=fp, resume=resume, total=e.generations, progress=progress)
 
 
 def _winner(cfg, space, table, best, top):
@@ -379,7 +368,7 @@ def _winner(cfg, space, table, best, top):
     t_const = float(cfg.t_const_ms)
     start = np.asarray((best or top)["ops"], np.int32)
     alpha = 10.0 * np.eye(NUM_OPS, dtype=np.float32)[start]  # -log p ~ 10 per changed layer: nearest first
-    fix = budget.repair(space, table, alpha, start, t_const, pipeline._assignment(cfg, space, table, start))
+    fix = budget.repair(space, table, alpha, start, t_const, pipeline.assignment(cfg, space, table, start))
     if not fix.repaired:
         note = ("the evolution's best architecture (validation accuracy in the supernet, BN recalibrated) "
                 "meets T_const")
@@ -400,17 +389,17 @@ def evolve(cfg: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
     history.json, evolution.json, the plots, parts/ and checkpoints/ into ``workdir``; returns the result dict."""
     cfg = with_defaults(ml_collections.ConfigDict(cfg.to_dict()))
     validate(cfg)
-    stored = runcheck.plain(cfg)
-    runcheck.check_workdir(workdir, resume, stored, "evolve")
+    stored = W.plain(cfg)
+    W.check_workdir(workdir, resume, stored, "evolve")
     ds = pipeline.load_data(cfg)
     fd = fitness_data(cfg, ds)
-    space, table = pipeline.build(cfg)
+    space, table = pipeline.build(cfg, ds)
     pipeline.check_run(cfg, space, ds, cfg.search.batch_size, 2 + cfg.evolve.num_random,
                        population_bytes(space, cfg.evolve.population), f", evolve.population={cfg.evolve.population}")
-    pipeline.claim_workdir(workdir, resume, stored, "evolve")
+    W.claim(workdir, resume, stored, "evolve")
     e = cfg.evolve
     mesh = train.data_mesh()
-    fp = pipeline.fingerprint(cfg)
+    fp = W.fingerprint(cfg, S.to_dict(space))
     ckpts = os.path.join(workdir, "checkpoints")
     with tb.run(workdir, tb.enabled(cfg)):
         st, history = _train_supernet(cfg, space, table, ds, mesh, Checkpointer(os.path.join(ckpts, "supernet")),
@@ -418,16 +407,14 @@ def evolve(cfg: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
         log, best, top = _evolution(cfg, space, table, st, fd, make_strategy(space.mask(), e),
                                     Checkpointer(os.path.join(ckpts, "evolution")), fp, resume, progress)
         ops, fix, note = _winner(cfg, space, table, best, top)
-        assignment = pipeline._assignment(cfg, space, table, ops)
-        rt, history = pipeline._stage2(cfg, space, ds, mesh, st, ops, workdir, fp, resume, progress, history)
+        split = pipeline.assignment(cfg, space, table, ops)
+        rt, history = pipeline.retrain(cfg, space, ds, mesh, st, ops, workdir, fp, resume, progress, history)
         summary = {"population": e.population, "generations": e.generations,
                    "evaluated": e.population * e.generations, "fitness_examples": len(fd.y),
                    "bn_recalibration_examples": 0 if fd.bn is None else int(fd.bn.shape[0] * fd.bn.shape[1]),
                    "supernet_val_acc": best["accuracy"] if best and list(ops) == best["ops"] else None}
-        if jax.process_index() == 0:
-            with pipeline.output_errors(workdir), safeio.atomic_write(os.path.join(workdir, "evolution.json")) as f:
-                json.dump({"generations": log, "best": best, "most_accurate": top, "winner": list(ops),
-                           "summary": summary}, f, indent=2)
-        return pipeline._finish(cfg, space, table, ds, mesh, rt, ops, assignment, fix, None, history, workdir,
-                                note=note, extra={"flow": "evolve", "evolution": summary})
+        directory.write_json(workdir, directory.EVOLUTION, {"generations": log, "best": best, "most_accurate": top,
+                                                            "winner": list(ops), "summary": summary})
+        return pipeline.finish(cfg, space, table, ds, mesh, rt, ops, split, fix, None, history, workdir, note=note,
+                               extra={"flow": "evolve", "evolution": summary})
 

@@ -1,34 +1,32 @@
 """The main job: ``search(config, workdir)`` runs stage 1, repairs the budget, retrains, reports.
 
-Everything a run needs to continue is checkpointed (orbax) every ``checkpoint_every`` steps and at epoch ends
-(every ``checkpoint_min_interval_s`` seconds at most, and after each stage's last epoch: ``EpochSaves``): the
-whole state plus the position in the data and the history. ``resume=True`` continues from the latest
-checkpoint; because batches are a pure function of (seed, epoch, position) and the PRNG key is part of the state,
-a resumed run ends with the same architecture as an uninterrupted one.
+Both stages train in the run layer's epoch loop (``jmsnas.run.loop``): everything a run needs to continue is
+checkpointed (orbax) every ``checkpoint_every`` steps and at epoch ends (every ``checkpoint_min_interval_s``
+seconds at most, and after each stage's last epoch): the whole state plus the position in the data and the
+history. ``resume=True`` continues from the latest checkpoint; because batches are a pure function of (seed,
+epoch, position) and the PRNG key is part of the state, a resumed run ends with the same architecture as an
+uninterrupted one.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
-import hashlib
-import json
 import os
-import time
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from tqdm import tqdm
 
-from jmsnas import (ahead as A, budget, data, dwconv, gates as G, programs, report, runcheck, safeio, supernet,
+from jmsnas import (ahead as A, budget, data, dwconv, gates as G, programs, report, runcheck, supernet,
                     tensorboard as tb, timing, topology, train)
-from jmsnas.checkpoint import CheckpointError, Checkpointer
+from jmsnas.checkpoint import Checkpointer
 from jmsnas.cost.latency import arch_latency, best_chain_assignment, breakdown_dict, expected_latency, searched_latency
 from jmsnas.cost.tables import CostTable, analytic_table
-from jmsnas.deploy.spec import space_to_dict
 from jmsnas.objectives import PENALTIES
+from jmsnas.run import directory, loop
+from jmsnas.run import workdir as W
 from jmsnas.runcheck import ConfigError
+from jmsnas import space as S
 from jmsnas.space import OP_NAMES, SearchSpace, adapt_schedule, build_space
 from jmsnas.topology import Topology
 
@@ -91,20 +89,16 @@ def resolve_topology(cfg) -> Topology:
     return topology.resolve(cfg.topology, cfg.get("layers_per_device"))
 
 
-def build(cfg):
-    """(space, table) from the configuration. A topology file's devices also go into ``cfg.topology_resolved``
-    (so the run's fingerprint covers the file's content); the space's per-device widths and strides are
-    resampled to the topology's devices when the config gives another number (``space.adapt_schedule``)."""
+def build(cfg, ds):
+    """(space, table) of the configuration on data of ``ds``'s sizes (``image_size``, ``channels``,
+    ``num_classes``: a loaded ``data.Dataset`` or anything with those). The space's per-device widths and strides
+    are resampled to the topology's devices when the config gives another number (``space.adapt_schedule``)."""
     topo = resolve_topology(cfg)
-    if cfg.topology not in topology.presets.TOPOLOGIES:
-        with cfg.unlocked():
-            cfg.topology_resolved = topology.to_dict(topo)
-    ds = cfg.space
-    channels, strides = adapt_schedule(topo, tuple(ds.device_channels), tuple(ds.device_strides))
-    space = build_space(topo, image_size=cfg.image_size_resolved, in_channels=cfg.channels_resolved,
-                        num_classes=cfg.num_classes_resolved, device_channels=channels,
-                        device_strides=strides, stem_channels=ds.stem_channels,
-                        stem_stride=ds.stem_stride, head_channels=ds.head_channels)
+    sc = cfg.space
+    channels, strides = adapt_schedule(topo, tuple(sc.device_channels), tuple(sc.device_strides))
+    space = build_space(topo, image_size=ds.image_size, in_channels=ds.channels, num_classes=ds.num_classes,
+                        device_channels=channels, device_strides=strides, stem_channels=sc.stem_channels,
+                        stem_stride=sc.stem_stride, head_channels=sc.head_channels)
     return space, make_table(space, cfg)
 
 
@@ -115,14 +109,6 @@ def make_table(space: SearchSpace, cfg) -> CostTable:
         from jmsnas.cost.build import build_table  # measured / imported / fitted tables
         return build_table(space, dict(tables_cfg), activation_bits=cfg.cost.activation_bits)
     return analytic_table(space, cfg.cost.activation_bits)
-
-
-def fingerprint(cfg) -> str:
-    """A hash of everything that determines the run (so a resumed run cannot silently change it)."""
-    d = cfg.to_dict()
-    for key in runcheck.CHECKPOINT_KEYS:
-        d.pop(key, None)
-    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def _hparams(cfg) -> train.SearchHParams:
@@ -142,64 +128,42 @@ def check_run(cfg, space: SearchSpace, ds, batch_size: int, paths: int, extra_by
     runcheck.check_memory(space, batch_size, paths, f"image_size={space.image_size}", extra_bytes, extra_what)
 
 
-def claim_workdir(workdir: str, resume: bool, stored: dict, command: str) -> None:
-    """``runcheck.claim_workdir`` by process 0 once every process has checked the workdir (multi-process runs)."""
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-        multihost_utils.sync_global_devices("jmsnas: workdir checked")
-    if jax.process_index() == 0:
-        runcheck.claim_workdir(workdir, resume, stored, command)
-
-
-def prepare_workdir(workdir: str, resume: bool, cfg, command: str, resumable: bool = True) -> None:
-    """Checks ``workdir`` for ``jmsnas <command>`` (``runcheck.check_workdir``), then creates it and stores the
-    configuration: for flows whose other checks are all done (separable networks, SplitNets)."""
-    stored = runcheck.plain(cfg)
-    runcheck.check_workdir(workdir, resume, stored, command, resumable)
-    claim_workdir(workdir, resume, stored, command)
-
-
 def _gate_paths(cfg) -> int:
     """Candidates one layer computes per step: 2 for two-path gates, all 13 for the others."""
     return 2 if cfg.search.gate_mode == "two_path" else len(OP_NAMES)
 
 
-def load_data(cfg):
-    ds = data.load(cfg.dataset, data_dir=cfg.get("data_dir"), val_fraction=cfg.val_fraction, seed=cfg.seed,
-                   image_size=cfg.get("image_size"), max_train=cfg.get("max_train"), max_eval=cfg.get("max_eval"))
-    with cfg.unlocked():
-        cfg.image_size_resolved = ds.image_size
-        cfg.channels_resolved = ds.channels
-        cfg.num_classes_resolved = ds.num_classes
-    return ds
+def load_data(cfg) -> data.Dataset:
+    """The dataset the configuration names (``data.from_config``); the configuration is not changed."""
+    return data.from_config(cfg)
 
 
 @timing.measured
 def search(cfg: ml_collections.ConfigDict, workdir: str, *, resume: bool = False, progress: bool = True) -> dict:
     """Runs both stages and writes result.json, plots, per-device parts and checkpoints into ``workdir``."""
     validate_config(cfg)
-    stored = runcheck.plain(cfg)
-    runcheck.check_workdir(workdir, resume, stored, "search")
+    stored = W.plain(cfg)
+    W.check_workdir(workdir, resume, stored, "search")
     cfg = ml_collections.ConfigDict(cfg.to_dict())
     with start_ahead() as ahead:
         ds = load_data(cfg)
-        space, table = build(cfg)
+        space, table = build(cfg, ds)
         check_run(cfg, space, ds, cfg.search.batch_size, _gate_paths(cfg))
-        claim_workdir(workdir, resume, stored, "search")
+        W.claim(workdir, resume, stored, "search")
         mesh = train.data_mesh()
-        fp = fingerprint(cfg)
+        fp = W.fingerprint(cfg, S.to_dict(space))
         ckpt = Checkpointer(os.path.join(workdir, "checkpoints", "search"))
         with tb.run(workdir, tb.enabled(cfg)):
-            st, pos, history = _stage1(cfg, space, table, ds, mesh, ckpt, fp, resume, progress, ahead)
+            st, history = _stage1(cfg, space, table, ds, mesh, ckpt, fp, resume, progress, ahead)
             check_alpha(st.alpha)
             derived = np.asarray(G.derive(st.alpha, space.mask()))
-            assignment = _assignment(cfg, space, table, derived)
-            fix = budget.repair(space, table, st.alpha, derived, float(cfg.t_const_ms), assignment)
+            split = assignment(cfg, space, table, derived)
+            fix = budget.repair(space, table, st.alpha, derived, float(cfg.t_const_ms), split)
             ops = tuple(int(i) for i in fix.ops)
-            assignment = _assignment(cfg, space, table, fix.ops)  # re-split the repaired net: T can only fall
+            split = assignment(cfg, space, table, fix.ops)  # re-split the repaired net: T can only fall
             ahead.wait_for(("retrain", ops))  # its steps, compiled since the search's last batch (_compile_retrain)
-            rt, history = _stage2(cfg, space, ds, mesh, st, ops, workdir, fp, resume, progress, history)
-            return _finish(cfg, space, table, ds, mesh, rt, ops, assignment, fix, derived, history, workdir)
+            rt, history = retrain(cfg, space, ds, mesh, st, ops, workdir, fp, resume, progress, history)
+            return finish(cfg, space, table, ds, mesh, rt, ops, split, fix, derived, history, workdir)
 
 
 def start_ahead() -> A.Ahead:
@@ -251,7 +215,7 @@ def _compile_retrain(ahead: A.Ahead, cfg, space, table, ds, mesh, st) -> None:
     def guess():
         derived = np.asarray(G.derive(alpha, space.mask()))
         fix = budget.repair(space, table, alpha, derived, float(cfg.t_const_ms),
-                            _assignment(cfg, space, table, derived))
+                            assignment(cfg, space, table, derived))
         return "retrain", tuple(int(i) for i in fix.ops)
 
     def build(key):
@@ -269,48 +233,12 @@ def _compile_retrain(ahead: A.Ahead, cfg, space, table, ds, mesh, st) -> None:
     ahead.speculate(guess, build)
 
 
-def _assignment(cfg, space, table, ops):
+def assignment(cfg, space, table, ops):
     """The layer->device split: D^m (None) when fixed, the exact best chain split of ``ops`` when searched."""
     if cfg.split == "fixed":
         return None
     onehot = jax.nn.one_hot(jnp.asarray(ops), len(OP_NAMES))
     return np.asarray(best_chain_assignment(space, table, onehot))
-
-
-def _save(ckpt: Checkpointer, step: int, state, meta: dict) -> None:
-    if step not in ckpt.all_steps():
-        ckpt.save(step, jax.device_get(state), meta)
-
-
-class EpochSaves:
-    """A stage's checkpoints: mid-epoch every ``cfg.checkpoint_every`` batches (``mid_epoch``), and at epoch ends
-    (``save``) always after the last epoch, otherwise when at least ``cfg.checkpoint_min_interval_s`` seconds (0:
-    always) have passed since the stage's last checkpoint of either kind. A run that is killed resumes from the
-    latest checkpoint and repeats the epochs after it, to the same result; a save costs a device-to-host copy and an
-    orbax write (0.2 s in the main job)."""
-
-    def __init__(self, cfg, clock=time.monotonic):
-        self.every, self.clock, self.last = cfg.checkpoint_every, clock, None
-        self.interval = float(cfg.get("checkpoint_min_interval_s", 0.0))
-
-    def saved(self) -> None:
-        self.last = self.clock()
-
-    def mid_epoch(self, ckpt: Checkpointer, batches_done: int, batches: int, what) -> None:
-        """After ``batches_done`` of an epoch's ``batches``: the checkpoint every ``checkpoint_every`` batches (none
-        at the epoch's end, which ``save`` decides). ``what() -> (step, state, meta)`` is called only when one is
-        written, so the step counter is not read back from the device every batch."""
-        if batches_done % self.every == 0 and batches_done < batches:
-            _save(ckpt, *what())
-            self.saved()
-
-    def save(self, ckpt: Checkpointer, step: int, state, meta: dict, *, last_epoch: bool) -> bool:
-        """Writes the epoch-end checkpoint if it is due; returns whether it did."""
-        if not (last_epoch or self.last is None or self.clock() - self.last >= self.interval):
-            return False
-        _save(ckpt, step, state, meta)
-        self.saved()
-        return True
 
 
 def search_steps(cfg, space: SearchSpace, table: CostTable):
@@ -322,16 +250,13 @@ def search_steps(cfg, space: SearchSpace, table: CostTable):
                  for step, name, donate in zip(steps, ("weight_step", "arch_step", "eval_step"), (0, 0, ())))
 
 
-@functools.lru_cache(maxsize=16)  # the same steps for the same network: _finish reuses the retraining's
+@functools.lru_cache(maxsize=16)  # the same steps for the same network: finish reuses the retraining's
 def retrain_steps(space: SearchSpace, ops: tuple, lr: float, lambda1: float, dw_impl: str):
     """(train_step, eval_step) of ``train.make_retrain_steps``, each with its traced program kept for later runs."""
     made = (space, ops, lr, lambda1, dw_impl)
     train_step, eval_step = train.make_retrain_steps(*made)
     return (programs.persistent_jit(train_step, name="retrain.train_step", identity=made, donate_argnums=0),
             programs.persistent_jit(eval_step, name="retrain.eval_step", identity=made))
-
-
-META_TYPES = {"epoch": "count", "batch": "count", "history": list}  # what a training checkpoint's meta holds
 
 
 def check_alpha(alpha, what: str = "the search") -> None:
@@ -344,16 +269,10 @@ def check_alpha(alpha, what: str = "the search") -> None:
                           f"search.lambda2, or start again")
 
 
-def restore_progress(ckpt: Checkpointer, state, fp: str, resume: bool):
-    """(state, epoch, batch, history): from the latest checkpoint when resuming one (its fingerprint must be
-    ``fp``), else ``state`` at the start."""
-    if resume and ckpt.latest_step() is not None:
-        state, meta = ckpt.restore(jax.device_get(state), expect_meta={"fingerprint": fp}, meta_types=META_TYPES)
-        return state, meta["epoch"], meta["batch"], meta["history"]
-    return state, 0, 0, []
-
-
 def _stage1(cfg, space, table, ds, mesh, ckpt, fp, resume, progress, ahead: A.Ahead | None = None):
+    """Stage 1 (warm-up, then weight and architecture steps) on the run layer's epoch loop; (state, history). With
+    ``ahead``, its steps are compiled in threads while the supernet initialises, and the retraining's once alpha is
+    final."""
     hp = _hparams(cfg)
     s = cfg.search
     weight_step, arch_step, eval_step = search_steps(cfg, space, table)
@@ -362,41 +281,37 @@ def _stage1(cfg, space, table, ds, mesh, ckpt, fp, resume, progress, ahead: A.Ah
     if ahead is not None:  # compiled in threads while the supernet initialises
         weight_step, arch_step, eval_step, latencies = _compile_stage1(
             ahead, cfg, space, ds, mesh, jax.eval_shape(init), (weight_step, arch_step, eval_step), latencies)
-    st, epoch, start, history = restore_progress(ckpt, init(), fp, resume)
-    st = train.replicate(st, mesh)
-    nb = data.num_batches(ds.train, s.batch_size)
     n_val = data.num_batches(ds.val, s.batch_size)
     total = s.warmup_epochs + s.epochs
-    bar = timing.label(tqdm(total=total * nb, initial=epoch * nb + start, disable=not progress, desc="search",
-                            unit="step"))
-    metrics, saves = {}, EpochSaves(cfg)
-    while epoch < total:
-        warm = epoch < s.warmup_epochs
-        for i, (x, y) in enumerate(data.epoch_batches(ds.train, s.batch_size, seed=cfg.seed, epoch=epoch,
-                                                      start=start), start=start):
-            st, m = weight_step(st, *train.shard_batch((x, y), mesh))
+    metrics = {}
+
+    def step(st, epoch, i, batch):
+        st, m = weight_step(st, *train.shard_batch(batch, mesh))
+        metrics.update(m)
+        if epoch >= s.warmup_epochs and i % s.arch_every == 0:
+            j = (i // s.arch_every) % n_val
+            xv, yv = next(data.epoch_batches(ds.val, s.batch_size, seed=cfg.seed + 1, epoch=epoch, start=j))
+            st, m = arch_step(st, *train.shard_batch((xv, yv), mesh))
             metrics.update(m)
-            if not warm and i % s.arch_every == 0:
-                j = (i // s.arch_every) % n_val
-                xv, yv = next(data.epoch_batches(ds.val, s.batch_size, seed=cfg.seed + 1, epoch=epoch, start=j))
-                st, m = arch_step(st, *train.shard_batch((xv, yv), mesh))
-                metrics.update(m)
-            bar.update(1)
-            saves.mid_epoch(ckpt, i + 1, nb, lambda: (int(st.step), st, {"epoch": epoch, "batch": i + 1,
-                                                                          "history": history, "fingerprint": fp}))
-            if progress and i % 5 == 0:  # the postfix costs a device sync and E[T]: only for a visible bar
-                bar.set_postfix(loss=f"{float(metrics['loss']):.3f}", acc=f"{float(metrics['acc']):.3f}",
-                                ET=f"{float(latencies.expected(st.alpha)):.3f}ms")
+        return st, metrics
+
+    def end_epoch(st, epoch, m):
         if ahead is not None and epoch == total - 1 and cfg.retrain.epochs > 0:  # alpha is final
             _compile_retrain(ahead, cfg, space, table, ds, mesh, st)
-        history.append(_epoch_entry(cfg, space, table, ds, mesh, st, eval_step, epoch, warm, metrics, latencies))
+        row = _epoch_entry(cfg, space, table, ds, mesh, st, eval_step, epoch, epoch < s.warmup_epochs, m, latencies)
         if tb.active():
-            tb.log(epoch, _search_scalars(cfg, space, latencies, st, history[-1]))
-        epoch, start = epoch + 1, 0
-        saves.save(ckpt, int(st.step), st, {"epoch": epoch, "batch": 0, "history": history, "fingerprint": fp},
-                   last_epoch=epoch == total)
-    bar.close()
-    return st, (epoch, start), history
+            tb.log(epoch, _search_scalars(cfg, space, latencies, st, row))
+        return row
+
+    return loop.epochs(
+        train.init_search_state(jax.random.PRNGKey(cfg.seed), space, hp, cfg.shared_weights), cfg=cfg, ckpt=ckpt,
+        fp=fp, resume=resume, total=s.warmup_epochs + s.epochs, batches_per_epoch=data.num_batches(ds.train,
+                                                                                                  s.batch_size),
+        batches=lambda epoch, start: data.epoch_batches(ds.train, s.batch_size, seed=cfg.seed, epoch=epoch,
+                                                        start=start),
+        step=step, place=lambda st: train.replicate(st, mesh), desc="search", progress=progress,
+        end_epoch=end_epoch, postfix=lambda st, m: {"loss": f"{float(m['loss']):.3f}", "acc": f"{float(m['acc']):.3f}",
+                                                    "ET": f"{float(latencies.expected(st.alpha)):.3f}ms"})
 
 
 class _EpochLatencies:
@@ -436,65 +351,57 @@ def _epoch_entry(cfg, space, table, ds, mesh, st, eval_step, epoch, warm, metric
     return {"epoch": epoch, "stage": "warmup" if warm else "search", "train_loss": float(metrics["loss"]),
             "train_acc": float(metrics["acc"]), "val_acc": acc,
             "expected_latency_ms": float(latencies.expected(st.alpha)),
-            "derived_latency_ms": float(latencies.derived(ops, _assignment(cfg, space, table, np.asarray(ops))))}
+            "derived_latency_ms": float(latencies.derived(ops, assignment(cfg, space, table, np.asarray(ops))))}
 
 
-def _stage2(cfg, space, ds, mesh, st, ops, workdir, fp, resume, progress, history):
+def retrain(cfg, space, ds, mesh, st, ops, workdir, fp, resume, progress, history):
+    """Stage 2: trains the network ``ops`` (weights inherited from the search state ``st``) for
+    ``cfg.retrain.epochs`` on the run layer's epoch loop, checkpointed under ``checkpoints/retrain``; returns
+    (state, history with one row per epoch appended)."""
     r = cfg.retrain
-    rt = train.init_retrain_state(space, jax.device_get(st), ops, r.lr)
-    ckpt = Checkpointer(os.path.join(workdir, "checkpoints", "retrain"))
-    epoch, start = 0, 0
-    if resume and ckpt.latest_step() is not None:
-        rt, meta = ckpt.restore(jax.device_get(rt), expect_meta={"fingerprint": fp, "ops": list(ops)},
-                                meta_types=META_TYPES)
-        epoch, start, history = meta["epoch"], meta["batch"], meta["history"]
-    rt = train.replicate(rt, mesh)
     train_step, eval_step = retrain_steps(space, ops, r.lr, cfg.search.lambda1, cfg.dw_impl)
     bs = cfg.search.batch_size
-    nb = data.num_batches(ds.train, bs)
-    bar = timing.label(tqdm(total=r.epochs * nb, initial=epoch * nb + start, disable=not progress, desc="retrain",
-                            unit="step"))
-    metrics, saves = {}, EpochSaves(cfg)
-    while epoch < r.epochs:
-        for i, (x, y) in enumerate(data.epoch_batches(ds.train, bs, seed=cfg.seed + 2, epoch=epoch, start=start),
-                                   start=start):
-            rt, metrics = train_step(rt, *train.shard_batch((x, y), mesh))
-            bar.update(1)
-            if i % 5 == 0:
-                bar.set_postfix(loss=f"{float(metrics['loss']):.3f}", acc=f"{float(metrics['acc']):.3f}")
-            saves.mid_epoch(ckpt, i + 1, nb, lambda: (int(rt.step), rt, {"epoch": epoch, "batch": i + 1,
-                                                                          "history": history, "fingerprint": fp,
-                                                                          "ops": list(ops)}))
-        acc, _ = train.evaluate(lambda x, y, v: eval_step(rt.params, rt.bn, x, y, v), ds.val, cfg.eval_batch_size, mesh)
-        history.append({"epoch": len(history), "stage": "retrain", "train_loss": float(metrics["loss"]),
-                        "train_acc": float(metrics["acc"]), "val_acc": acc, "expected_latency_ms": None,
-                        "derived_latency_ms": None})
-        tb.log(history[-1]["epoch"], tb.history_scalars(history[-1]))
-        epoch, start = epoch + 1, 0
-        saves.save(ckpt, int(rt.step), rt, {"epoch": epoch, "batch": 0, "history": history, "fingerprint": fp,
-                                            "ops": list(ops)}, last_epoch=epoch == r.epochs)
-    bar.close()
+    first = len(history)  # the retraining's rows continue the search's numbering
+
+    def end_epoch(rt, epoch, metrics):
+        acc, _ = train.evaluate(lambda x, y, v: eval_step(rt.params, rt.bn, x, y, v), ds.val, cfg.eval_batch_size,
+                                mesh)
+        row = {"epoch": first + epoch, "stage": "retrain", "train_loss": float(metrics["loss"]),
+               "train_acc": float(metrics["acc"]), "val_acc": acc, "expected_latency_ms": None,
+               "derived_latency_ms": None}
+        tb.log(row["epoch"], tb.history_scalars(row))
+        return row
+
+    rt, history = loop.epochs(
+        train.init_retrain_state(space, jax.device_get(st), ops, r.lr), cfg=cfg,
+        ckpt=Checkpointer(os.path.join(workdir, "checkpoints", "retrain")), fp=fp, resume=resume, total=r.epochs,
+        batches_per_epoch=data.num_batches(ds.train, bs),
+        batches=lambda epoch, start: data.epoch_batches(ds.train, bs, seed=cfg.seed + 2, epoch=epoch, start=start),
+        step=lambda rt, epoch, i, batch: train_step(rt, *train.shard_batch(batch, mesh)),
+        place=lambda rt: train.replicate(rt, mesh), end_epoch=end_epoch, desc="retrain", progress=progress,
+        postfix=lambda rt, m: {"loss": f"{float(m['loss']):.3f}", "acc": f"{float(m['acc']):.3f}"},
+        extra_meta={"ops": list(ops)}, history=history)
     return rt, history
 
 
-def _finish(cfg, space, table, ds, mesh, rt, ops, assignment, fix, derived, history, workdir, *,
-            note: str | None = None, extra: dict | None = None) -> dict:
+def finish(cfg, space, table, ds, mesh, rt, ops, split, fix, derived, history, workdir, *,
+           note: str | None = None, extra: dict | None = None) -> dict:
     """Evaluates the retrained net and writes result.json, history.json, the report and parts/. ``note``
     replaces the budget note and ``extra`` adds keys to result.json (for flows other than the search)."""
     _, eval_step = retrain_steps(space, ops, cfg.retrain.lr, cfg.search.lambda1, cfg.dw_impl)
     ev = lambda split: train.evaluate(lambda x, y, v: eval_step(rt.params, rt.bn, x, y, v), split,
                                       cfg.eval_batch_size, mesh)[0]
     val_acc, test_acc = ev(ds.val), ev(ds.test)
-    lat = breakdown_dict(space, arch_latency(space, table, jnp.asarray(ops), assignment))
-    devices = space.layer_devices() if assignment is None else assignment
+    lat = breakdown_dict(space, arch_latency(space, table, jnp.asarray(ops), split))
+    devices = space.layer_devices() if split is None else split
     for h in history:
         if h["derived_latency_ms"] is None:
             h["derived_latency_ms"] = lat["total"]
     names = space.topology.device_names
     params = jax.device_get(rt.params)
     result = {
-        "topology": space.topology.name, "topology_spec": topology.to_dict(space.topology),
-        "space": space_dict(space), "t_const_ms": float(cfg.t_const_ms),
+        "flow": "search", "topology": space.topology.name, "space": S.to_dict(space),
+        "t_const_ms": float(cfg.t_const_ms),
         "architecture": [{"layer": s.index, "device": names[int(d)], "op": OP_NAMES[i]}
                          for s, i, d in zip(space.layers, ops, devices)],
         "split": cfg.split,
@@ -508,44 +415,20 @@ def _finish(cfg, space, table, ds, mesh, rt, ops, assignment, fix, derived, hist
     }
     if timing.active() is not None:  # compile and run time so far (wall, CPU): the only entry that varies by run
         result["time"] = timing.summary()
-    with output_errors(workdir):
-        if jax.process_index() != 0:  # process 0 writes the outputs of a multi-process run
-            return result
-        with safeio.atomic_write(os.path.join(workdir, "result.json")) as f:
-            json.dump(result, f, indent=2)
-        with safeio.atomic_write(os.path.join(workdir, "history.json")) as f:
-            json.dump(history, f, indent=2)
-        figures = report.write_report(result, history, workdir)
-        write_parts(space, params, jax.device_get(rt.bn), ops, os.path.join(workdir, "parts"), assignment)
+    directory.write_json(workdir, directory.RESULT, result)
+    directory.write_json(workdir, directory.HISTORY, history)
+    figures = []
+    if directory.writes():
+        with directory.output_errors(workdir):
+            figures = report.write_report(result, history, workdir)
+    write_parts(space, params, jax.device_get(rt.bn), ops, workdir, split)
     if tb.active():
         step = len(history)
-        parts = [supernet.device_parts(space, tree, ops, assignment) for tree in (params, jax.device_get(rt.bn))]
+        parts = [supernet.device_parts(space, tree, ops, split) for tree in (params, jax.device_get(rt.bn))]
         held = {d: sum(supernet.count_params(p[d]["params"]) for p in parts) for d in parts[0]}
         tb.log(step, {**tb.result_scalars(result), **tb.device_memory_scalars(held)})
         tb.images(step, tb.figures(figures))
     return result
-
-
-@contextlib.contextmanager
-def output_errors(workdir: str):
-    """An OSError while writing the outputs becomes one ConfigError line; the checkpoints stay, so the same
-    command with --resume writes them once the workdir is writable again."""
-    try:
-        yield
-    except OSError as e:
-        where = e.filename or workdir
-        raise ConfigError(f"cannot write the run's outputs to {where!r}: {e.strerror or e}; the checkpoints are "
-                          f"kept: fix that and rerun the same command with --resume (or `jmsnas retrain --workdir "
-                          f"{workdir}`)") from None
-
-
-def space_dict(space: SearchSpace) -> dict:
-    """The arguments of ``build_space`` (besides the topology) that rebuild ``space``: what result.json records."""
-    firsts = [space.layers[space.layers_of(d)[0]] for d in range(space.topology.num_devices)]
-    return {"image_size": space.image_size, "in_channels": space.in_channels, "num_classes": space.num_classes,
-            "device_channels": [s.out_ch for s in firsts], "device_strides": [s.stride for s in firsts],
-            "stem_channels": space.stem_channels, "stem_stride": space.stem_stride,
-            "head_channels": space.head_channels}
 
 
 def _budget_note(fix, derived, t_const) -> str:
@@ -558,29 +441,17 @@ def _budget_note(fix, derived, t_const) -> str:
     return "the derived (argmax) architecture meets T_const"
 
 
-def write_parts(space: SearchSpace, params, bn, ops, directory: str, assignment=None) -> dict:
-    """Per-device parts ready to deploy: ``<device>.npz`` (weights + BN statistics) and ``manifest.json``, written
-    as one folder (``safeio.atomic_dir``: a failure leaves the previous folder or none, never a partial one)."""
-    parts = supernet.device_parts(space, params, ops, assignment)
-    bn_parts = supernet.device_parts(space, bn, ops, assignment)
-    manifest = {"op_names": list(OP_NAMES), "devices": {}, "space": space_to_dict(space)}
-    os.makedirs(os.path.dirname(os.path.abspath(directory)), exist_ok=True)
-    with safeio.atomic_dir(directory) as tmp:
-        for dev, part in parts.items():
-            flat = {}
-            for prefix, tree in (("params", part["params"]), ("bn", bn_parts[dev]["params"])):
-                for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-                    flat[prefix + "/" + "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)] = \
-                        np.asarray(leaf)
-            with open(safeio.child_path(tmp, dev, ".npz", "device name"), "wb") as f:
-                np.savez(f, **flat)
-            layers = part["layers"]
-            manifest["devices"][dev] = {"layers": layers, "ops": part["ops"], "file": f"{dev}.npz",
-                                        "input_shape": _io_shape(space, layers, first=True),
-                                        "output_shape": _io_shape(space, layers, first=False)}
-        with open(os.path.join(tmp, "manifest.json"), "w", encoding="utf-8") as f:
-            json.dump(manifest, f, indent=2)
-    return manifest
+def write_parts(space: SearchSpace, params, bn, ops, workdir: str, split=None) -> dict:
+    """Per-device parts ready to deploy: ``parts/<device>.npz`` (weights + BN statistics) and
+    ``parts/manifest.json`` with the space (``run.directory.write_parts``); ``split``: the layer -> device
+    assignment (None: the topology's D^m)."""
+    parts = supernet.device_parts(space, params, ops, split)
+    bn_parts = supernet.device_parts(space, bn, ops, split)
+    return directory.write_parts(workdir, {
+        dev: {"params": part["params"], "bn": bn_parts[dev]["params"], "layers": part["layers"], "ops": part["ops"],
+              "input_shape": _io_shape(space, part["layers"], first=True),
+              "output_shape": _io_shape(space, part["layers"], first=False)}
+        for dev, part in parts.items()}, {"op_names": list(OP_NAMES), "space": S.to_dict(space)})
 
 
 def _io_shape(space, layers, first: bool):

@@ -1,15 +1,12 @@
-"""Checks a run makes before it touches its workdir, and the workdir's record of the run.
+"""Checks a run makes before it touches its workdir: the values of its settings and the memory of one step.
 
 A run (``jmsnas search``, ``retrain``, ``evolve``) validates every setting, loads its data and builds its cost
-table, estimates the memory of one training step, and checks the workdir, all before it creates or writes
-anything. Only then does :func:`claim_workdir` create the workdir and store ``config.json`` (the command and its
-whole configuration), which lets ``jmsnas retrain --workdir DIR`` continue any run without its config file and
-lets a resumed run say which setting differs from the stored one.
+table, estimates the memory of one training step, and checks the workdir (``jmsnas.run.workdir``), all before it
+creates or writes anything. ``ConfigError`` is the one error type of a configuration value that cannot be used;
+``number``/``check_bounds`` are the vocabulary a flow declares its settings' bounds in.
 """
 from __future__ import annotations
 
-import contextlib
-import json
 import math
 import os
 import resource
@@ -18,16 +15,15 @@ import numpy as np
 
 from jmsnas import safeio
 
-CONFIG_FILE = "config.json"
-
-
 class ConfigError(ValueError):
     """A configuration value that cannot be used; the message names it."""
 
 
-def number(cfg, key: str, *, low=None, high=None, low_open=False, integer=False, optional=False):
+def number(cfg, key: str, *, low=None, high=None, low_open=False, high_open=False, integer=False,
+           optional=False):
     """The value at dotted ``key`` of ``cfg`` (a ConfigDict or dict), checked: a (finite) number, integer if asked,
-    within bounds; ConfigError naming ``key`` otherwise."""
+    within bounds (``low``/``high`` inclusive unless ``low_open``/``high_open``); ConfigError naming ``key``, the
+    bounds and the value otherwise."""
     node = cfg
     for part in key.split("."):
         node = node[part]
@@ -40,15 +36,22 @@ def number(cfg, key: str, *, low=None, high=None, low_open=False, integer=False,
     if ok and low is not None:
         ok = v > low if low_open else v >= low
     if ok and high is not None:
-        ok = v <= high
+        ok = v < high if high_open else v <= high
     if not ok:
         rng = ""
         if low is not None:
             rng = f" {'>' if low_open else '>='} {low:g}"
         if high is not None:
-            rng += f"{' and' if rng else ''} <= {high:g}"
+            rng += f"{' and' if rng else ''} {'<' if high_open else '<='} {high:g}"
         raise ConfigError(f"{key} must be {kind}{rng}, got {safeio.short(v)}")
     return v
+
+
+def check_bounds(cfg, bounds: dict) -> None:
+    """Every ``{dotted key: number() keyword arguments}`` of ``bounds`` checked in ``cfg``: how a flow declares the
+    bounds of its numeric settings as data."""
+    for key, kw in bounds.items():
+        number(cfg, key, **kw)
 
 
 def check_values(cfg) -> None:
@@ -203,191 +206,3 @@ def check_memory(space, batch: int, paths: int, what: str, extra_bytes: int = 0,
                           f"{batch}, {space.num_layers} layers, head_channels={space.head_channels}"
                           f"{extra_what}), more than the {limit / 2**30:.1f} GiB {source}; use a smaller image_size, "
                           "batch_size, layers_per_device or head_channels")
-
-
-# ------------------------------------------------------------------------------------------ the workdir
-
-def _writable_ancestor(path: str) -> str | None:
-    """The nearest existing ancestor of ``path`` (itself included) when it is a writable directory, else None."""
-    p = os.path.abspath(path)
-    while not os.path.exists(p):
-        parent = os.path.dirname(p)
-        if parent == p:
-            return None
-        p = parent
-    return p if os.path.isdir(p) and os.access(p, os.W_OK | os.X_OK) else None
-
-
-def stored_config(workdir: str) -> dict | None:
-    """``{"command", "config"}`` stored in ``workdir``, None when there is none; ConfigError when unreadable."""
-    path = os.path.join(workdir, CONFIG_FILE)
-    if not os.path.isfile(path):
-        return None
-    try:
-        with open(path, "r", encoding="utf-8") as f:
-            d = json.load(f)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"cannot read the run's stored configuration {path!r}: {safeio.clip(e)}") from None
-    if not isinstance(d, dict) or not isinstance(d.get("config"), dict) or not isinstance(d.get("command"), str):
-        raise ConfigError(f"{path!r} is not a stored run configuration (expected {{'command', 'config'}})")
-    return d
-
-
-def _flat(d, prefix=""):
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = list(v) if isinstance(v, tuple) else v
-    return out
-
-
-# how often checkpoints are written, and whether TensorBoard logs are: not what the run computes, so free to change
-# on resume and left out of the run's fingerprint
-CHECKPOINT_KEYS = ("checkpoint_every", "checkpoint_min_interval_s", "tensorboard")
-
-
-def config_diff(saved: dict, now: dict) -> list:
-    """``key: stored X, now Y`` for every setting that differs (how often checkpoints are written may change on
-    resume: ``CHECKPOINT_KEYS``)."""
-    a, b = _flat(saved), _flat(now)
-    keys = sorted(k for k in set(a) | set(b) if k not in CHECKPOINT_KEYS and a.get(k, "<unset>") != b.get(k, "<unset>"))
-    return [f"{k}: stored {safeio.short(a.get(k, '<unset>'), 60)}, now {safeio.short(b.get(k, '<unset>'), 60)}"
-            for k in keys]
-
-
-def check_workdir(workdir: str, resume: bool, config: dict, command: str, resumable: bool = True) -> None:
-    """Everything about ``workdir`` that would refuse the run, checked without creating or writing anything.
-
-    A new run needs a workdir that is creatable/writable and holds no run output (checkpoints with files,
-    result.json, history.json, summary.txt, plots, parts/, evolution.json, config.json); a resumed one needs
-    checkpoints, a stored configuration (when there is one) equal to ``config`` except ``CHECKPOINT_KEYS``, and the
-    same command. ``resumable=False`` (a flow without --resume) never advises --resume.
-    """
-    if os.path.exists(workdir) and not os.path.isdir(workdir):
-        raise ConfigError(f"workdir {workdir!r} is not writable: it exists and is not a directory")
-    if os.path.isdir(workdir):
-        if not os.access(workdir, os.W_OK | os.X_OK):
-            raise ConfigError(f"workdir {workdir!r} is not writable: permission denied")
-    elif _writable_ancestor(workdir) is None:
-        raise ConfigError(f"workdir {workdir!r} is not writable: it cannot be created here")
-    check_not_busy(workdir)
-    found = safeio.run_outputs(workdir)
-    if not resume:
-        if found:
-            how = "pass --resume to continue it or choose" if resumable else \
-                "this flow cannot resume a run (no --resume): choose"
-            raise ConfigError(f"workdir {workdir!r} already holds a run ({', '.join(found[:4])}); {how} another "
-                              "workdir (nothing was changed)")
-        return
-    if "checkpoints/" not in found:
-        raise ConfigError(f"--resume given but workdir {workdir!r} has no checkpoint")
-    stored = stored_config(workdir)
-    if stored is None:
-        return  # a run made before workdirs stored their config: the checkpoints' fingerprint still guards it
-    if stored["command"] != command and not {stored["command"], command} <= {"search", "retrain"}:
-        raise ConfigError(f"workdir {workdir!r} holds a `jmsnas {stored['command']}` run; continue it with "
-                          f"`jmsnas {stored['command']} --resume`, not `jmsnas {command}`")
-    diff = config_diff(stored["config"], config)
-    if diff:
-        more = f" (and {len(diff) - 3} more)" if len(diff) > 3 else ""
-        raise ConfigError(f"the run in {workdir!r} was made with other settings: {'; '.join(diff[:3])}{more}; "
-                          f"resume with the stored ones (omit --config and overrides: they are read from "
-                          f"{os.path.join(workdir, CONFIG_FILE)})")
-
-
-# ------------------------------------------------------------------------------------------ one writer per workdir
-
-LOCK_FILE = ".jmsnas.lock"  # flock'ed by the process writing the workdir (filelock)
-OWNER_FILE = ".jmsnas.owner"  # who holds it: {"command", "pid", "host", "started"} (read by the refused process)
-_HELD = {}  # realpath of a workdir -> its held FileLock (released by release_workdirs, or at process exit)
-
-
-def _owner(workdir: str) -> str:
-    try:
-        with open(os.path.join(workdir, OWNER_FILE), encoding="utf-8") as f:
-            o = json.load(f)
-        return f"`jmsnas {o['command']}` (process {o['pid']} on {o['host']}, started {o['started']})"
-    except (OSError, ValueError, KeyError, TypeError):
-        return "another jmsnas process"
-
-
-def _busy(workdir: str) -> ConfigError:
-    return ConfigError(f"workdir {workdir!r} is in use by {_owner(workdir)}; wait for it to end (or stop it) "
-                       "before starting another command on this workdir (nothing was changed)")
-
-
-def check_not_busy(workdir: str) -> None:
-    """ConfigError naming the other process when a process holds ``workdir``'s lock (changes nothing)."""
-    import filelock
-    path = os.path.join(workdir, LOCK_FILE)
-    if os.path.realpath(workdir) in _HELD or not os.path.isfile(path):
-        return
-    lock = filelock.FileLock(path, timeout=0)
-    try:
-        lock.acquire()
-    except filelock.Timeout:
-        raise _busy(workdir) from None
-    except OSError:
-        return  # an unwritable workdir: check_workdir names that
-    lock.release()
-
-
-def lock_workdir(workdir: str, command: str) -> None:
-    """Hold ``workdir``'s lock for the rest of this command (one writer per workdir: a second ``jmsnas`` command
-    on the same workdir is refused with a line naming this one). ConfigError when another process holds it."""
-    import datetime
-    import socket
-
-    import filelock
-    key = os.path.realpath(workdir)
-    if key in _HELD:
-        return
-    lock = filelock.FileLock(os.path.join(workdir, LOCK_FILE), timeout=0)
-    try:
-        lock.acquire()
-    except filelock.Timeout:
-        raise _busy(workdir) from None
-    _HELD[key] = lock
-    with safeio.atomic_write(os.path.join(workdir, OWNER_FILE), encoding="utf-8") as f:
-        json.dump({"command": command, "pid": os.getpid(), "host": socket.gethostname(),
-                   "started": datetime.datetime.now().isoformat(timespec="seconds")}, f)
-
-
-def release_workdirs() -> None:
-    """Release every workdir lock this process holds (the command ended)."""
-    while _HELD:
-        key, lock = _HELD.popitem()
-        with contextlib.suppress(OSError):
-            os.remove(os.path.join(key, OWNER_FILE))
-        lock.release()
-
-
-def claim_workdir(workdir: str, resume: bool, config: dict, command: str) -> None:
-    """Create ``workdir``, take its lock (:func:`lock_workdir`) and store the run's configuration there
-    (atomically), after :func:`check_workdir`."""
-    try:
-        os.makedirs(workdir, exist_ok=True)
-        lock_workdir(workdir, command)
-        if not resume:  # a resumed run keeps what it has (a run older than config.json stays without one)
-            with safeio.atomic_write(os.path.join(workdir, CONFIG_FILE), encoding="utf-8") as f:
-                json.dump({"command": "search" if command == "retrain" else command, "config": config}, f,
-                          indent=2, default=str)
-    except OSError as e:
-        raise ConfigError(f"workdir {workdir!r} is not writable: {e.strerror or e}") from None
-
-
-def plain(config) -> dict:
-    """A ConfigDict (or dict) as JSON-ready nested dicts (tuples become lists)."""
-    d = config.to_dict() if hasattr(config, "to_dict") else config
-    return json.loads(json.dumps(d, default=str))
-
-
-def tuples(d):
-    """Lists in a stored configuration back to tuples (the built-in configs hold tuples)."""
-    if isinstance(d, dict):
-        return {k: tuples(v) for k, v in d.items()}
-    if isinstance(d, list):
-        return tuple(tuples(v) for v in d)
-    return d

@@ -15,12 +15,12 @@ command prints with ``--json``.
 """
 from __future__ import annotations
 
-import json
 import os
 
 from matplotlib.figure import Figure
 
 from jmsnas import report
+from jmsnas.run import directory
 
 GROUP_KEYS = ("topology", "dataset", "flow", "none")
 
@@ -39,9 +39,8 @@ def load_runs(paths, labels=None) -> list:
         if not os.path.isfile(file):
             raise ValueError(f"{p!r} is neither a result.json file nor a run directory holding one")
         try:
-            with open(file, encoding="utf-8") as f:
-                result = json.load(f)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            result = directory.read_json(file, "result")
+        except directory.RunDirError as e:
             raise ValueError(f"cannot read {file!r}: {e}") from None
         try:
             report.validate_result(result)
@@ -51,10 +50,9 @@ def load_runs(paths, labels=None) -> list:
         hist_file = os.path.join(os.path.dirname(file), "history.json")
         if os.path.isfile(hist_file):
             try:
-                with open(hist_file, encoding="utf-8") as f:
-                    history = json.load(f)
+                history = directory.read_json(hist_file, "history")
                 report.validate_history(history)
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError, TypeError) as e:
+            except (ValueError, TypeError) as e:
                 raise ValueError(f"{hist_file}: bad history ({e})") from None
         name = labels[i] if labels is not None else os.path.basename(os.path.dirname(os.path.abspath(file)))
         runs.append({"label": name, "path": file, "result": result, "history": history})

@@ -20,6 +20,7 @@ from typing import NamedTuple, Sequence
 import jax.numpy as jnp
 import numpy as np
 
+from jmsnas import topology as T
 from jmsnas.topology import Topology, TopologyError
 
 
@@ -201,6 +202,37 @@ def build_space(topology: Topology, *, image_size: int, in_channels: int, num_cl
             hw, ch = add_device(dev, -1, hw, ch)
     return SearchSpace(topology, tuple(layers), image_size, in_channels, num_classes, stem_channels,
                        stem_stride, head_channels)
+
+
+_SCALARS = ("image_size", "in_channels", "num_classes", "stem_channels", "stem_stride", "head_channels")
+_FIELDS = ("topology", *_SCALARS, "device_channels", "device_strides")
+
+
+def to_dict(space: SearchSpace) -> dict:
+    """The space as plain JSON data, the one serialisation of a space (result.json's ``space``, a parts
+    manifest's ``space``): its topology in the topology-file format (``topology.to_dict``, every field explicit)
+    and the arguments of ``build_space`` that lay out its slots. ``from_dict(to_dict(s)) == s``."""
+    firsts = [space.layers[space.layers_of(d)[0]] for d in range(space.topology.num_devices)]
+    return {"topology": T.to_dict(space.topology), **{k: int(getattr(space, k)) for k in _SCALARS},
+            "device_channels": [int(s.out_ch) for s in firsts], "device_strides": [int(s.stride) for s in firsts]}
+
+
+def from_dict(d, source: str = "the recorded space") -> SearchSpace:
+    """The SearchSpace of ``to_dict``'s data, validated again (``topology.from_dict``, ``build_space``); a
+    ValueError (TopologyError for the topology) names ``source`` and what is missing or bad."""
+    if not isinstance(d, dict):
+        raise ValueError(f"{source}: must be a mapping with {list(_FIELDS)}, got {type(d).__name__}")
+    missing = [k for k in _FIELDS if k not in d]
+    if missing:
+        raise ValueError(f"{source}: lacks {missing}")
+    topo = T.from_dict(d["topology"], f"{source}: topology")
+    try:
+        return build_space(topo, **{k: d[k] for k in _SCALARS}, device_channels=tuple(d["device_channels"]),
+                           device_strides=tuple(d["device_strides"]))
+    except TopologyError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{source}: {e}") from None
 
 
 def op_flops(op: OpSpec, s: LayerSlot) -> float:

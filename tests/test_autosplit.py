@@ -16,7 +16,7 @@ from jmsnas.deploy.pipeline import run_pipeline
 from jmsnas.deploy.runtime import DeployError, load_manifest, load_part
 from jmsnas.quant.packing import packed_bytes, unpack
 from jmsnas.quant.quantizers import act_codes
-from jmsnas.space import OP_NAMES, op_index
+from jmsnas.space import OP_NAMES, op_index, to_dict as space_to_dict
 from jmsnas.split import zoo
 from jmsnas.split.solvers import cut_bytes
 
@@ -34,7 +34,7 @@ def run_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("run")
     cfg = configs.tiny(configs.default_config())
     ds = pipeline.load_data(cfg)
-    space, _ = pipeline.build(cfg)
+    space, _ = pipeline.build(cfg, ds)
     params, state = supernet.init(jax.random.PRNGKey(0), space)
     ops = [op_index("mbconv_k5_e3_res"), op_index("mbconv_k3_e3"), op_index("identity"), op_index("mbconv_k3_e6")]
     space.validate_arch(ops)
@@ -42,10 +42,11 @@ def run_dir(tmp_path_factory):
     cs = {k: (_randomise(v, jax.random.PRNGKey(i), 0.5, 1.5) if k != "layers" else
               tuple(_randomise(l, jax.random.PRNGKey(10 + j), 0.2, 1.2) for j, l in enumerate(v)))
           for i, (k, v) in enumerate(cs.items())}
-    pipeline.write_parts(space, cp, cs, ops, str(d / "parts"))
+    pipeline.write_parts(space, cp, cs, ops, str(d))
     names = space.topology.device_names
     result = {"architecture": [{"layer": s.index, "device": names[s.device], "op": OP_NAMES[i]}
-                               for s, i in zip(space.layers, ops)], "accuracy": {"val": None, "test": None}}
+                               for s, i in zip(space.layers, ops)], "accuracy": {"val": None, "test": None},
+              "space": space_to_dict(space)}
     (d / "result.json").write_text(json.dumps(result))
     (d / "config.json").write_text(cfg.to_json_best_effort())
     return str(d), space, ops, cp, cs, ds
@@ -161,17 +162,19 @@ def test_run_directory_without_config_is_refused(tmp_path, capsys):
     assert "has no configuration" in err and len(err.strip().splitlines()) == 1
 
 
-def test_result_json_with_topology_and_space_rebuilds_the_same_network(run_dir, tmp_path):
-    """Runs written since result.json records topology_spec and space: the space comes from result.json."""
+def test_the_space_comes_from_result_json(run_dir, tmp_path):
+    """result.json records the space (jmsnas.space.to_dict): it equals the run's, and the config's copy of the
+    space is not read (a changed config does not change the network)."""
     import shutil
-    from jmsnas import topology
-    from jmsnas.pipeline import space_dict
+    from jmsnas import space as S
     d, space = run_dir[0], run_dir[1]
+    result = json.loads(open(os.path.join(d, "result.json")).read())
+    assert S.from_dict(result["space"]) == space
     copy = tmp_path / "run"
     shutil.copytree(d, copy)
-    result = json.loads((copy / "result.json").read_text())
-    result.update(topology_spec=topology.to_dict(space.topology), space=space_dict(space))
-    (copy / "result.json").write_text(json.dumps(result))
+    stored = json.loads((copy / "config.json").read_text())
+    stored["space"]["device_channels"] = [99, 99, 99, 99]
+    (copy / "config.json").write_text(json.dumps(stored))
     a, b = network.load_run(d).net, network.load_run(str(copy)).net
     assert a.units == b.units and a.input_shape == b.input_shape
     assert all(np.array_equal(p["w"], q["w"]) for p, q in zip(a.params, b.params))

@@ -13,6 +13,8 @@ import pytest
 from jmsnas import budget, cli, pipeline, runcheck, safeio
 from jmsnas.checkpoint import CheckpointError, Checkpointer
 from jmsnas.commands import search as search_cmd
+from jmsnas.run import directory, loop
+from jmsnas.run import workdir as W
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -124,13 +126,13 @@ def test_a_workdir_holding_any_run_output_is_refused(capsys, workdir, files):
 
 def test_empty_checkpoint_folders_do_not_block_a_new_run(workdir):  # K17: left by an old refused run
     (workdir / "checkpoints" / "search").mkdir(parents=True)
-    runcheck.check_workdir(str(workdir), False, {}, "search")
+    W.check_workdir(str(workdir), False, {}, "search")
 
 
 def _fake_run(workdir, config, command="search"):
     (workdir / "checkpoints" / "search" / "4").mkdir(parents=True)
     (workdir / "checkpoints" / "search" / "4" / "x").write_text("x")
-    (workdir / "config.json").write_text(json.dumps({"command": command, "config": runcheck.plain(config)}))
+    (workdir / "config.json").write_text(json.dumps({"command": command, "config": W.plain(config)}))
 
 
 def test_resume_names_the_setting_that_changed(capsys, workdir):  # K02, K15
@@ -148,10 +150,10 @@ def test_retrain_reads_the_stored_config(workdir):  # K15: `jmsnas retrain --wor
     _fake_run(workdir, cfg)
     args = cli.argparse.Namespace(command="retrain", workdir=str(workdir), config=None)
     got = search_cmd.run_config(args, [])
-    assert runcheck.plain(got) == runcheck.plain(cfg)
+    assert W.plain(got) == W.plain(cfg)
     assert got.space.device_channels == (8, 8, 8, 8)
-    assert pipeline.fingerprint(got) == pipeline.fingerprint(cfg)
-    runcheck.check_workdir(str(workdir), True, runcheck.plain(got), "retrain")
+    assert W.fingerprint(got) == W.fingerprint(cfg)
+    W.check_workdir(str(workdir), True, W.plain(got), "retrain")
 
 
 def test_evolve_resume_on_a_search_workdir_is_refused_at_once(capsys, workdir):  # V06
@@ -164,9 +166,7 @@ def test_evolve_resume_on_a_search_workdir_is_refused_at_once(capsys, workdir): 
 def test_unwritable_outputs_are_one_line_and_keep_the_checkpoints(tmp_path):  # E08
     (tmp_path / "result.json").mkdir()  # root ignores permission bits: a directory in the way fails the same
     with pytest.raises(runcheck.ConfigError, match="cannot write the run's outputs") as info:
-        with pipeline.output_errors(str(tmp_path)):
-            with safeio.atomic_write(str(tmp_path / "result.json")) as f:
-                f.write("{}")
+        directory.write_json(str(tmp_path), "result.json", {})
     assert "--resume" in str(info.value) and "\n" not in str(info.value)
     assert sorted(os.listdir(tmp_path)) == ["result.json"]  # no temporary file left
 
@@ -218,7 +218,7 @@ def test_damaged_checkpoint_data_is_caught_by_its_checksum(tmp_path, damage):
 def test_checkpoint_meta_of_the_wrong_type(tmp_path):  # K08
     d, state = _saved(tmp_path, {"epoch": "abc", "batch": 0, "history": [], "fingerprint": "f"})
     with Checkpointer(str(d)) as c, pytest.raises(CheckpointError, match="meta 'epoch' is 'abc', expected an int"):
-        c.restore(state, meta_types=pipeline.META_TYPES)
+        c.restore(state, meta_types=loop.META_TYPES)
 
 
 NOISE = textwrap.dedent("""

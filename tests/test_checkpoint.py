@@ -274,12 +274,12 @@ def test_kill_during_save_keeps_previous_checkpoint(tmp_path):
 
 
 def test_epoch_end_checkpoints_follow_the_minimum_interval(tmp_path):
-    """pipeline.EpochSaves with a hand-driven clock: the first epoch end saves, later ones only once the interval
+    """run.loop.EpochSaves with a hand-driven clock: the first epoch end saves, later ones only once the interval
     has passed since the last save (a mid-epoch save counts), the stage's last epoch always; 0 saves every epoch."""
     import ml_collections
-    from jmsnas import pipeline
+    from jmsnas.run import loop
     now = [0.0]
-    saves = pipeline.EpochSaves(ml_collections.ConfigDict({"checkpoint_every": 2, "checkpoint_min_interval_s": 30.0}),
+    saves = loop.EpochSaves(ml_collections.ConfigDict({"checkpoint_every": 2, "checkpoint_min_interval_s": 30.0}),
                                 clock=lambda: now[0])
     ckpt = Checkpointer(str(tmp_path / "a"))
     state = {"w": np.zeros(3, np.float32)}
@@ -296,7 +296,7 @@ def test_epoch_end_checkpoints_follow_the_minimum_interval(tmp_path):
     now[0] = 95.0
     assert not saves.save(ckpt, 9, state, {"epoch": 9}, last_epoch=False)
     assert ckpt.all_steps() == [5, 8]  # max_to_keep = 2: the newest two of 1, 3, 5, 8
-    every = pipeline.EpochSaves(ml_collections.ConfigDict({"checkpoint_every": 2, "checkpoint_min_interval_s": 0.0}),
+    every = loop.EpochSaves(ml_collections.ConfigDict({"checkpoint_every": 2, "checkpoint_min_interval_s": 0.0}),
                                 clock=lambda: 0.0)
     ckpt0 = Checkpointer(str(tmp_path / "b"))
     assert all(every.save(ckpt0, s, state, {"epoch": s}, last_epoch=False) for s in (1, 2, 3))

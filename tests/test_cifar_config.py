@@ -28,8 +28,7 @@ def test_cifar_chain_config():
     pipeline.validate_config(c)
     s = m.get_config("standin")  # the embedded digits at 32x32: the same space but the stem's input channels
     pipeline.validate_config(s)
-    pipeline.load_data(s)
-    space, _ = pipeline.build(s)
+    space, _ = pipeline.build(s, pipeline.load_data(s))
     assert space.num_layers == 20 and space.image_size == 32 and space.in_channels == 1
     assert m.reachable_range(1)[0] < s.t_const_ms < m.reachable_range(1)[1]
     with pytest.raises(ValueError, match="cifar_chain config argument must be one of"):

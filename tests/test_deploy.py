@@ -55,7 +55,7 @@ def make_run(workdir, kind: str, seed: int = 0, assignment=None, topo=None, shap
     cp = fill({"stem": stem[0], "head": head[0], "layers": tuple(p for p, _ in layers)})  # as supernet.extract
     cs = fill({"stem": stem[1], "head": head[1], "layers": tuple(st for _, st in layers)})
     os.makedirs(workdir, exist_ok=True)
-    main_job.write_parts(space, cp, cs, ops, os.path.join(workdir, "parts"), assignment)
+    main_job.write_parts(space, cp, cs, ops, workdir, assignment)
     table = analytic_table(space)
     devices = space.layer_devices() if assignment is None else assignment
     result = {"topology": kind if topo.name == kind else topo.name, "dataset": "digits", "seed": 0,

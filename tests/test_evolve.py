@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import types
 
 import chex
 import jax
@@ -22,6 +23,7 @@ from jmsnas.evaluate import evaluate_loop
 from jmsnas.gates import onehot_gates
 from jmsnas.objectives import cross_entropy, l2_norm_sq
 from jmsnas.pipeline import ConfigError
+from jmsnas.run import processes
 from jmsnas.space import NUM_OPS, OP_NAMES, OPS, build_space, op_index
 from jmsnas.strategies.base import sample_valid
 from jmsnas.topology import DeviceProfile, chain
@@ -37,18 +39,15 @@ def small_space():
                        device_strides=[1, 2], stem_channels=4, head_channels=8)
 
 
+DIGITS = types.SimpleNamespace(image_size=8, channels=1, num_classes=10)  # the data's sizes, without loading it
+
+
 def tiny_space():
-    cfg = configs.tiny(configs.default_config())
-    with cfg.unlocked():
-        cfg.image_size_resolved, cfg.channels_resolved, cfg.num_classes_resolved = 8, 1, 10
-    return pipeline.build(cfg)
+    return pipeline.build(configs.tiny(configs.default_config()), DIGITS)
 
 
 def mesh_space():
-    cfg = configs.tiny(configs.mesh_config())
-    with cfg.unlocked():
-        cfg.image_size_resolved, cfg.channels_resolved, cfg.num_classes_resolved = 8, 1, 10
-    return pipeline.build(cfg)[0]
+    return pipeline.build(configs.tiny(configs.mesh_config()), DIGITS)[0]
 
 
 # ----------------------------------------------------------------------------------------------- sub-networks
@@ -255,7 +254,7 @@ TINY = textwrap.dedent("""
                         bn_batch_size=32)
         return c
 """)
-SEARCH_KEYS = {"topology", "topology_spec", "space", "t_const_ms", "architecture", "split", "latency_ms", "accuracy", "params", "budget",
+SEARCH_KEYS = {"topology", "space", "t_const_ms", "architecture", "split", "latency_ms", "accuracy", "params", "budget",
                "dataset", "seed"}
 
 
@@ -346,6 +345,6 @@ def test_spread_over_processes_gives_each_process_its_rows_and_gathers_them_in_o
     monkeypatch.setattr(multihost_utils, "process_allgather", gather)
     for pid in range(3):  # the last simulated process gathers every part
         monkeypatch.setattr(jax, "process_index", lambda pid=pid: pid)
-        out = evolve.spread_over_processes(fn, np.float32(1.0), np.float32(2.0), ops)
+        out = processes.spread(fn, np.float32(1.0), np.float32(2.0), ops)
     assert seen == {0: [0, 2, 4], 1: [6, 8, 10], 2: [12, 12, 12]}
     np.testing.assert_array_equal(out, ops[:, 0] * 10.0 + 3.0)

@@ -44,8 +44,7 @@ def spaces(configs):
     out = {}
     for t in TOPOLOGIES:
         cfg = ml_collections.ConfigDict(configs[(t, "mid")].to_dict())
-        pipeline.load_data(cfg)
-        out[t] = pipeline.build(cfg)
+        out[t] = pipeline.build(cfg, pipeline.load_data(cfg))
     return out
 
 

@@ -424,8 +424,7 @@ def _write_run(workdir, topology_file):
     from jmsnas import configs
     cfg = configs.tiny(configs.default_config())
     cfg.topology = topology_file
-    pipeline.load_data(cfg)
-    space, _ = pipeline.build(cfg)
+    space, _ = pipeline.build(cfg, pipeline.load_data(cfg))
     rng = np.random.default_rng(0)
     ops = tuple(int(np.flatnonzero(m)[0]) for m in space.mask())
     import jax
@@ -440,5 +439,5 @@ def _write_run(workdir, topology_file):
     cs = jax.tree_util.tree_map(np.abs, {"stem": t["stem"][1], "head": t["head"][1],
                                          "layers": tuple(s for _, s in t["layers"])})
     os.makedirs(workdir, exist_ok=True)
-    pipeline.write_parts(space, cp, cs, ops, os.path.join(workdir, "parts"))
+    pipeline.write_parts(space, cp, cs, ops, workdir)
     _write(workdir, "result.json", json.dumps({"dataset": "digits", "seed": 0, "architecture": []}))

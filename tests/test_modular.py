@@ -28,7 +28,7 @@ def tiny():
     """(space, ops, compact params, compact state, dataset, cfg) of a tiny chain network with random weights."""
     cfg = configs.tiny(configs.default_config())
     ds = pipeline.load_data(cfg)
-    space, _ = pipeline.build(cfg)
+    space, _ = pipeline.build(cfg, ds)
     mask = space.mask()
     rng = np.random.default_rng(3)
     ops = tuple(int(rng.choice(np.flatnonzero(mask[n]))) for n in range(space.num_layers))
@@ -46,10 +46,11 @@ def run_dir(tiny, tmp_path_factory):
     """A directory laid out like a jmsnas search run (config.json, result.json, parts/) of the tiny network."""
     space, ops, cp, cs, ds, cfg = tiny
     d = str(tmp_path_factory.mktemp("run"))
-    pipeline.write_parts(space, cp, cs, ops, os.path.join(d, "parts"))
-    from jmsnas.space import OP_NAMES
+    pipeline.write_parts(space, cp, cs, ops, d)
+    from jmsnas.space import OP_NAMES, to_dict as space_to_dict
     with open(os.path.join(d, "result.json"), "w") as f:
-        json.dump({"architecture": [{"layer": n, "op": OP_NAMES[i]} for n, i in enumerate(ops)]}, f)
+        json.dump({"architecture": [{"layer": n, "op": OP_NAMES[i]} for n, i in enumerate(ops)],
+                   "space": space_to_dict(space)}, f)
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(cfg.to_dict(), f, default=list)
     return d

@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from jmsnas import distributed, runcheck
+from jmsnas import distributed
+from jmsnas.run import workdir as W
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = textwrap.dedent("""
@@ -106,7 +107,7 @@ def test_two_processes_give_the_one_process_result_and_resume(run_env, tmp_path)
     _same(_result(killed), _result(one))
     assert json.loads((killed / "config.json").read_text())["command"] == "search"
     leftovers = [f for _, _, fs in os.walk(killed) for f in fs
-                 if (f.endswith(".tmp") or f.startswith(".")) and f != runcheck.LOCK_FILE]
+                 if (f.endswith(".tmp") or f.startswith(".")) and f != W.LOCK_FILE]
     assert not leftovers  # process 0 wrote each output once, atomically; nothing half-written (the lock file stays)
 
 

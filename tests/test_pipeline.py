@@ -90,7 +90,7 @@ FOUR_DEVICES = textwrap.dedent("""
     cfg = configs.tiny(configs.default_config())
     cfg.dw_impl = "xla"
     ds = pipeline.load_data(cfg)
-    space, table = pipeline.build(cfg)
+    space, table = pipeline.build(cfg, ds)
     mesh = train.data_mesh()
     hp = pipeline._hparams(cfg)
     w, a, _ = train.make_search_steps(space, table, hp, "xla")
@@ -131,9 +131,14 @@ def _cli_error(capsys, argv):
 
 
 def _tree_digest(path):
+    """{file: hash of its bytes}, the workdir's lock file and TensorBoard events aside (a refused resume takes and
+    releases the lock, and opens its TensorBoard log before the checkpoint is read)."""
+    from jmsnas.run.workdir import LOCK_FILE
     out = {}
     for root, _, files in os.walk(path):
         for f in files:
+            if f == LOCK_FILE or f.startswith("events.out.tfevents"):
+                continue
             p = os.path.join(root, f)
             with open(p, "rb") as fh:
                 out[os.path.relpath(p, path)] = hash(fh.read())

@@ -220,3 +220,21 @@ def test_scaling_benchmark_counts_the_work_each_step_computes():
     assert w8["mean_path_mflop"] < w8["all_candidates_mflop"] / 6
     # the added layers keep their shape: more candidates per layer, so the Gumbel step's work grows faster
     assert w16["all_candidates_mflop"] / w8["all_candidates_mflop"] > 2.0
+
+
+def test_to_dict_from_dict_is_the_one_serialisation():
+    import json
+    from jmsnas.space import from_dict, to_dict
+    for sp in (mesh_space((1, 2, 1, 1, 1, 2)),
+               build_space(presets.topology("chain", [2, 2, 1, 3]), image_size=8, in_channels=3, num_classes=5,
+                           device_channels=(8, 16, 16, 24), device_strides=(1, 2, 1, 2), stem_channels=4,
+                           stem_stride=2, head_channels=32)):
+        d = json.loads(json.dumps(to_dict(sp)))  # plain JSON data
+        assert from_dict(d) == sp and d["topology"]["name"] == sp.topology.name
+    d = to_dict(mesh_space((1,) * 6))
+    with pytest.raises(ValueError, match=r"the recorded space: lacks \['device_strides'\]"):
+        from_dict({k: v for k, v in d.items() if k != "device_strides"})
+    with pytest.raises(ValueError, match="the recorded space: device_strides for 'ue' must be 1 or 2, got 3"):
+        from_dict(dict(d, device_strides=[3] + d["device_strides"][1:]))
+    with pytest.raises(ValueError, match="must be a mapping"):
+        from_dict(None)

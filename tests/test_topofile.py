@@ -80,7 +80,7 @@ def test_preset_overrides_memory_mb_and_layer_defaults(tmp_path):
 def test_a_run_result_json_loads_as_its_topology(tmp_path):
     t = presets.mesh_preset()
     p = tmp_path / "result.json"
-    p.write_text(json.dumps({"topology": t.name, "topology_spec": topology.to_dict(t), "t_const_ms": 3.0}))
+    p.write_text(json.dumps({"topology": t.name, "space": {"topology": topology.to_dict(t)}, "t_const_ms": 3.0}))
     assert topology.load(p) == t
 
 
@@ -257,7 +257,7 @@ def own_run(tmp_path_factory):
 def test_search_on_own_file_records_its_devices_links_and_topology(own_run):
     result = json.loads((own_run / "result.json").read_text())
     t = topology.load(OWN)
-    assert result["topology"] == "phone_edge_cloud" and topology.from_dict(result["topology_spec"]) == t
+    assert result["topology"] == "phone_edge_cloud" and topology.from_dict(result["space"]["topology"]) == t
     assert [a["device"] for a in result["architecture"]] == ["phone"] * 2 + ["edge"] * 2 + ["cloud"] * 2
     lat = result["latency_ms"]
     assert set(lat["per_device"]) == {"phone", "edge", "cloud"} and set(lat["per_link"]) == {"phone->edge",

@@ -6,7 +6,9 @@ import os
 import jax
 import numpy as np
 
-from jmsnas import configs, ops as O, pipeline, runcheck
+from jmsnas import configs, ops as O, pipeline
+from jmsnas import space as S
+from jmsnas.run import workdir as W
 from jmsnas.cost.latency import arch_latency, breakdown_dict
 from jmsnas.space import OP_NAMES, OPS
 
@@ -14,8 +16,7 @@ from jmsnas.space import OP_NAMES, OPS
 def make(workdir: str, seed: int = 0) -> str:
     """Writes parts/, result.json and config.json of a tiny chain run into ``workdir``; returns it."""
     cfg = configs.tiny(configs.default_config())
-    pipeline.load_data(cfg)  # records the resolved image size, channels and classes in cfg, as a run does
-    space, table = pipeline.build(cfg)
+    space, table = pipeline.build(cfg, pipeline.load_data(cfg))
     mask = space.mask()
     rng = np.random.default_rng(seed)
     ops = tuple(int(rng.choice(np.flatnonzero(mask[n]))) for n in range(space.num_layers))
@@ -30,16 +31,16 @@ def make(workdir: str, seed: int = 0) -> str:
     cp = fill({"stem": stem[0], "head": head[0], "layers": tuple(p for p, _ in layers)})
     cs = fill({"stem": stem[1], "head": head[1], "layers": tuple(st for _, st in layers)})
     os.makedirs(workdir, exist_ok=True)
-    pipeline.write_parts(space, cp, cs, ops, os.path.join(workdir, "parts"))
+    pipeline.write_parts(space, cp, cs, ops, workdir)
     topo = space.topology
-    result = {"topology": cfg.topology, "dataset": cfg.dataset, "seed": cfg.seed,
+    result = {"topology": cfg.topology, "dataset": cfg.dataset, "seed": cfg.seed, "space": S.to_dict(space),
               "architecture": [{"layer": s.index, "device": topo.device_names[d], "op": OP_NAMES[i]}
                                for s, i, d in zip(space.layers, ops, space.layer_devices())],
               "latency_ms": breakdown_dict(space, arch_latency(space, table, np.asarray(ops)))}
     with open(os.path.join(workdir, "result.json"), "w") as f:
         json.dump(result, f)
     with open(os.path.join(workdir, "config.json"), "w") as f:
-        json.dump({"command": "search", "config": runcheck.plain(cfg)}, f)
+        json.dump({"command": "search", "config": W.plain(cfg)}, f)
     return workdir
 
 

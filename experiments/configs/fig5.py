@@ -46,8 +46,7 @@ def reachable_range(cfg: ml_collections.ConfigDict) -> tuple[float, float]:
     from jmsnas.cost.latency import arch_latency
 
     cfg = ml_collections.ConfigDict(cfg.to_dict())
-    pipeline.load_data(cfg)
-    space, table = pipeline.build(cfg)
+    space, table = pipeline.build(cfg, pipeline.load_data(cfg))
     dev = space.layer_devices()
     lat = np.asarray(table.compute_ms, np.float64)[dev, np.arange(space.num_layers)]  # [N, R] on own device
     valid = space.mask()

@@ -29,6 +29,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.evolve = ml_collections.ConfigDict(dict(epochs=4, num_random=2, population=32, generations=4,
                                               fitness_examples=229, bn_batches=2, bn_batch_size=64))
     c.retrain = ml_collections.ConfigDict(dict(epochs=2, lr=1e-3))
+    c.checkpoint_every = 50  # batches between mid-epoch checkpoints (jmsnas.run.loop)
+    c.checkpoint_min_interval_s = 30.0  # epoch-end checkpoints at most this often, and after each stage's last
     if arg == "tiny":  # tests and smoke runs
         c.max_train = 128
         c.splitnets.phase_channels, c.splitnets.phase_strides, c.splitnets.max_depth = (8, 16), (2, 2), 2

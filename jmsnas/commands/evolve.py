@@ -37,6 +37,6 @@ def run(args, extra=()) -> int:
     if isinstance(result, int):
         return result
     print(report.format_summary(result))
-    print(f"\nwrote {os.path.join(args.workdir, 'result.json')}, evolution.json and plots, parts/"
-          + ("" if result.get("flow") == "splitnets" else " and checkpoints/") + " there")
+    print(f"\nwrote {os.path.join(args.workdir, 'result.json')}, evolution.json and plots, parts/ and checkpoints/ "
+          "there")
     return 0

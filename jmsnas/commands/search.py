@@ -29,12 +29,12 @@ def run_config(args, extra, with_defaults=None):
     """The configuration of a run: --config (or the default), or, when resuming a workdir without --config, the
     configuration stored there (``config.json``); then the overrides."""
     import ml_collections
-    from jmsnas import runcheck
+    from jmsnas.run import directory
     resume = args.command == "retrain" or getattr(args, "resume", False)
-    stored = runcheck.stored_config(args.workdir) if resume and args.config is None and os.path.isdir(
+    stored = directory.stored_config(args.workdir) if resume and args.config is None and os.path.isdir(
         args.workdir) else None
     if stored is not None:
-        cfg = ml_collections.ConfigDict(runcheck.tuples(stored["config"]))
+        cfg = ml_collections.ConfigDict(directory.tuples(stored["config"]))
     else:
         cfg = load_config(args.config)
         cfg = with_defaults(cfg) if with_defaults else cfg

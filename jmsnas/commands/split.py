@@ -16,11 +16,13 @@ model of each device. Methods: see ``jmsnas.split.compare``. ``--json`` prints {
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from jmsnas import topology
-from jmsnas.split import compare, derived
+from jmsnas.run import directory
 from jmsnas.runcheck import number_flag
+from jmsnas.split import compare
 from jmsnas.topology import TopologyError
 
 
@@ -38,14 +40,6 @@ def add_parser(sub) -> None:
     p.add_argument("--methods", nargs="+", default=list(compare.METHODS), choices=compare.METHODS,
                    help="methods to run (default: all)")
     p.add_argument("--json", action="store_true", help="print a JSON object instead of text")
-
-
-def _read_json(path: str):
-    try:
-        with open(path, "r", encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
 
 
 def _fail(message: str) -> int:
@@ -80,10 +74,10 @@ def run(args) -> int:
         net = compare.load_net(args.model)
         name = args.topology
         if name is None:
-            if not derived.is_result(_read_json(args.model)):
+            if not (os.path.isfile(args.model) and directory.is_result(directory.read_json(args.model, "result"))):
                 raise ValueError("--topology is required (a preset or a topology file) unless --model is a search "
                                  "run's result.json")
-            name = args.model  # the run's topology_spec
+            name = args.model  # the run's topology (its space.topology)
         topo = topology.resolve(name, bandwidths_mbps=args.bandwidth)
         setup = compare.make_setup(net, topo, act_bits=args.act_bits, weight_bits=args.weight_bits)
     except (ValueError, TopologyError) as e:

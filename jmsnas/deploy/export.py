@@ -1,7 +1,7 @@
 """``export_run``: every device's part of a finished run as a serialized ``jax.export`` program plus its weights.
 
 Reads ``RUN/parts/manifest.json`` (the layers and ops of every device and the recorded search space, see
-``jmsnas.deploy.spec``), ``RUN/parts/<device>.npz`` (the compact network's weights and batch-norm statistics of
+``jmsnas.space.to_dict``), ``RUN/parts/<device>.npz`` (the compact network's weights and batch-norm statistics of
 that device) and ``RUN/result.json`` (the predicted latency breakdown of eq. (1)/(2)), and writes into
 ``RUN/export/``:
 
@@ -32,22 +32,11 @@ from jax import export as jax_export
 from jmsnas import ops as O
 from jmsnas.deploy.runtime import FORMAT, MANIFEST, DeployError, export_versions, sha256
 from jmsnas import runcheck, safeio, topology
-from jmsnas.deploy.spec import space_from_dict
+from jmsnas import space as S
+from jmsnas.run import directory
 from jmsnas.space import OPS, SearchSpace, op_index
 
 PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
-
-
-def unflatten(flat: dict) -> dict:
-    """{"a/b/c": leaf} -> {"a": {"b": {"c": leaf}}} (the inverse of ``pipeline.write_parts``'s naming)."""
-    tree: dict = {}
-    for key, leaf in flat.items():
-        node = tree
-        *path, last = key.split("/")
-        for k in path:
-            node = node.setdefault(k, {})
-        node[last] = leaf
-    return tree
 
 
 def part_forward(space: SearchSpace, layers, ops, *, stem: bool, head: bool, dw_impl: str = "xla"):
@@ -74,9 +63,9 @@ def part_forward(space: SearchSpace, layers, ops, *, stem: bool, head: bool, dw_
 
 
 def read_json(path: str) -> dict:
+    """A JSON object file of an export (its manifest.json); DeployError when missing or not one."""
     if not os.path.isfile(path):
-        raise DeployError(f"{path} is missing: {os.path.dirname(path)!r} holds no finished run (run `jmsnas search` "
-                          "to its end first)")
+        raise DeployError(f"{path} is missing")
     try:
         d = safeio.read_json(path, "file")
     except ValueError as e:
@@ -109,12 +98,10 @@ def _graph(space: SearchSpace, parts: dict) -> tuple:
 
 
 def load_weights(run: str, device: str, entry: dict) -> dict:
+    """{"params/...": array, "bn/...": array} of one device's part of the run (``run.directory.read_part``)."""
     try:
-        name = entry.get("file", f"{device}.npz")
-        path = safeio.child_path(os.path.join(run, "parts"), str(name)[:-4] if str(name).endswith(".npz") else name,
-                                 ".npz", "parts/manifest.json: part file")
-        return safeio.load_npz(path, "part file")
-    except ValueError as e:
+        return directory.read_part(run, device, entry)
+    except directory.RunDirError as e:
         raise DeployError(str(e)) from None
 
 
@@ -132,16 +119,20 @@ def check_out(run: str, out: str) -> None:
 
 
 def load_run(run: str) -> tuple:
-    """(space, parts manifest, result) of a finished run; DeployError for a missing or mismatched file."""
-    pm = read_json(os.path.join(run, "parts", "manifest.json"))
+    """(space, parts manifest, result) of a finished run (``run.directory``); DeployError for a missing or
+    mismatched file."""
+    try:
+        pm = directory.read_manifest(run)
+        result = directory.read_result(run)
+    except directory.RunDirError as e:
+        raise DeployError(str(e)) from None
     if "space" not in pm:
         raise DeployError(f"{run}/parts/manifest.json records no search space (written by an older jmsnas); "
                           "run the search again to export it")
     try:
-        space = space_from_dict(pm["space"])
+        space = S.from_dict(pm["space"], "space")
     except ValueError as e:
         raise DeployError(f"{run}/parts/manifest.json: {e}") from None
-    result = read_json(os.path.join(run, "result.json"))
     if space.topology.kind not in ("chain", "mesh"):
         raise DeployError(f"the pipeline deploys chain and mesh topologies; {space.topology.name!r} is a "
                           f"{space.topology.kind}")
@@ -212,7 +203,7 @@ def export_run(run: str, out: str | None = None, *, platforms=("cpu",), batch: i
         fwd = part_forward(space, entry["layers"], [op_index(o) for o in entry["ops"]], stem=stem, head=head)
 
         def call(*args, names=names, fwd=fwd):
-            t = unflatten(dict(zip(names, args[:len(names)])))
+            t = directory.unflatten(dict(zip(names, args[:len(names)])))
             return fwd(t.get("params", {}), t.get("bn", {}), *args[len(names):])
         in_shapes = [shapes[s] for s in srcs[dev]]
         specs = [jax.ShapeDtypeStruct(flats[dev][k].shape, flats[dev][k].dtype) for k in names]

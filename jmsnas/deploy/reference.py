@@ -7,36 +7,31 @@ of the run's dataset's test split, normalised as ``data.load`` does for the run'
 """
 from __future__ import annotations
 
-import os
-
 import jax
 import numpy as np
 
 from jmsnas import data, supernet
-from jmsnas.deploy.export import load_weights, read_json, load_run, unflatten
+from jmsnas.run import directory
+from jmsnas.deploy.export import load_run
 from jmsnas.deploy.runtime import DeployError
 from jmsnas.space import op_index
 
 
 def compact_params(run: str) -> tuple:
-    """(space, ops, params, state) of the run's compact network, from its parts."""
+    """(space, ops, params, state) of the run's compact network, from its parts (``run.directory``)."""
     space, pm, _ = load_run(run)
     ops = [None] * space.num_layers
-    params, state = {"layers": {}}, {"layers": {}}
-    for dev, entry in pm["devices"].items():
+    for entry in pm["devices"].values():
         for n, op in zip(entry["layers"], entry["ops"]):
             ops[int(n)] = op_index(op)
-        tree = unflatten(load_weights(run, dev, entry))
-        for src, dst in ((tree.get("params", {}), params), (tree.get("bn", {}), state)):
-            for key, sub in src.items():
-                if key == "layers":
-                    dst["layers"].update(sub)
-                else:
-                    dst[key] = sub
     if any(o is None for o in ops):
         raise DeployError(f"{run}/parts/manifest.json leaves layers {[n for n, o in enumerate(ops) if o is None]} "
                           "on no device")
-    layers = lambda t: tuple(t["layers"].get(str(n), {}) for n in range(space.num_layers))
+    try:
+        params, state = directory.read_weights(run, pm)
+    except directory.RunDirError as e:
+        raise DeployError(str(e)) from None
+    layers = lambda t: tuple(t["layers"].get(n, {}) for n in range(space.num_layers))
     return space, tuple(ops), {**params, "layers": layers(params)}, {**state, "layers": layers(state)}
 
 
@@ -49,7 +44,7 @@ def whole_network(run: str):
 
 def test_images(run: str, n: int) -> tuple:
     """(images float32[n, H, W, C], labels int32[n]) from the run's dataset's test split."""
-    result = read_json(os.path.join(run, "result.json"))
+    _, _, result = load_run(run)
     ds = data.load(result.get("dataset", "digits"), seed=int(result.get("seed", 0)))
     if not 0 < n <= len(ds.test.images):
         raise DeployError(f"images must be between 1 and the {len(ds.test.images)} test images of "

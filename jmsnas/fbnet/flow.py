@@ -24,7 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jmsnas import runcheck, safeio, tensorboard as tb
+from jmsnas import safeio, tensorboard as tb
+from jmsnas.run import workdir as W
 from jmsnas.fbnet import help as H, net, search as S, space as SP
 
 DEFAULTS = dict(width=0.25, tables=None, fitness="supernet", supernet_epochs=2, batch_size=64, lr=3e-3,
@@ -107,9 +108,9 @@ def run(cfg, workdir: str, *, resume: bool = False, progress: bool = True) -> in
     published = SP.fbnet_c100()
     plan = S.plan(published, topo, tables)
     S.check_budget(plan, float(cfg.t_const_ms))
-    runcheck.check_workdir(workdir, False, {}, "search", resumable=False)  # writable, not busy, holds no run
+    W.check_workdir(workdir, False, {}, "search", resumable=False)  # writable, not busy, holds no run
     os.makedirs(workdir, exist_ok=True)
-    runcheck.lock_workdir(workdir, "search")  # one writer: a second command on this workdir is refused
+    W.lock_workdir(workdir, "search")  # one writer: a second command on this workdir is refused
     if s["fitness"] == "supernet":
         from jmsnas import data
         ds = data.load(cfg.get("dataset", "digits"), data_dir=cfg.get("data_dir"), seed=s["seed"])

@@ -160,8 +160,7 @@ def format_load(r: dict) -> str:
 def finetune(directory: str, *, steps: int = 20, lr: float = 1e-3, batch: int = 64, seed: int = 0) -> dict:
     """Fine-tune the last child of a modularized jmsnas run on its dataset's validation split (data the run did not
     train on; the accuracies reported are on that data)."""
-    import ml_collections
-    from jmsnas import pipeline
+    from jmsnas import data
     from jmsnas.modular.finetune import finetune as ft
     m = store.read_manifest(directory)
     if "run_config" not in m:
@@ -173,7 +172,7 @@ def finetune(directory: str, *, steps: int = 20, lr: float = 1e-3, batch: int = 
         raise ModularError(f"--lr must be a positive number, got {lr!r}")
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ModularError(f"--batch must be an integer >= 1, got {batch!r}")
-    ds = pipeline.load_data(ml_collections.ConfigDict(m["run_config"]))
+    ds = data.from_config(m["run_config"])
     # "new data": the validation split, which the run never trained on
     try:
         with safeio.write_errors(f"the fine-tuned child into {directory!r}"):

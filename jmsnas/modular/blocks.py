@@ -28,7 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jmsnas import ops as O
-from jmsnas import safeio
+from jmsnas.run import directory
+from jmsnas.space import OPS
 
 
 class ModularError(ValueError):
@@ -225,89 +226,51 @@ def from_zoo(name: str, seed: int = 0) -> Network:
 
 # ------------------------------------------------------------------------------------------------ jmsnas runs
 
-def _unflatten(flat: dict) -> dict:
-    out = {}
-    for key, value in flat.items():
-        node = out
-        *path, leaf = key.split("/")
-        for part in path:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return out
-
-
-def _read_json(path: str, what: str):
-    if not os.path.exists(path):
-        raise ModularError(f"{what} {path!r} does not exist") from None
-    try:
-        return safeio.read_json(path, what)
-    except ValueError as e:
-        raise ModularError(str(e)) from None
-
-
 def run_config(run_dir: str, config=None):
-    """The run's configuration: ``config`` if given, else ``<run_dir>/config.json`` (written by jmsnas search)."""
+    """The run's configuration: ``config`` if given, else ``<run_dir>/config.json`` (``run.directory``)."""
     import ml_collections
     if config is not None:
         return config
-    path = os.path.join(run_dir, "config.json")
-    if not os.path.isfile(path):
+    if not os.path.isfile(os.path.join(run_dir, directory.CONFIG)):
         raise ModularError(f"run directory {run_dir!r} has no config.json; pass the run's config file "
                            "(--config FILE)")
-    stored = _read_json(path, "run config")
-    if isinstance(stored, dict) and set(stored) == {"command", "config"}:  # as jmsnas.runcheck stores it
-        from jmsnas.runcheck import tuples
-        stored = tuples(stored["config"])
-    return ml_collections.ConfigDict(stored)
+    try:
+        return ml_collections.ConfigDict(directory.read_config(run_dir))
+    except directory.RunDirError as e:
+        raise ModularError(str(e)) from None
 
 
 def from_run(run_dir: str, config=None) -> Network:
-    """The derived network of the ``jmsnas search`` run in ``run_dir`` (stem, layers, head as blocks)."""
-    from jmsnas import pipeline
-    from jmsnas.space import OP_NAMES
-    if not os.path.isdir(run_dir):
-        raise ModularError(f"run directory {run_dir!r} does not exist")
-    result = _read_json(os.path.join(run_dir, "result.json"), "run result")
-    manifest = _read_json(os.path.join(run_dir, "parts", "manifest.json"), "parts manifest")
-    cfg = run_config(run_dir, config)
-    if "image_size_resolved" not in cfg:
-        pipeline.load_data(cfg)
-    space, _ = pipeline.build(cfg)
-    if space.topology.kind == "mesh":
-        raise ModularError(f"run {run_dir!r} has a mesh topology; modularizing needs a chain (one tensor "
-                           "between consecutive layers)")
-    ops = [entry["op"] for entry in sorted(result["architecture"], key=lambda e: e["layer"])]
-    if len(ops) != space.num_layers or any(op not in OP_NAMES for op in ops):
-        raise ModularError(f"run {run_dir!r}: result.json's architecture ({len(ops)} layers) does not match "
-                           f"its config ({space.num_layers} layers)")
-    flat = {}
-    for dev in manifest["devices"].values():
-        try:
-            name = str(dev["file"])
-            path = safeio.child_path(os.path.join(run_dir, "parts"), name[:-4] if name.endswith(".npz") else name,
-                                     ".npz", "parts/manifest.json: part file")
-            flat.update({k: np.asarray(v, np.float32) for k, v in safeio.load_npz(path, "part").items()})
-        except (KeyError, TypeError, ValueError) as e:
-            raise ModularError(f"run {run_dir!r}: {safeio.clip(e)}") from None
-    tree = _unflatten(flat)
-    params, state = tree.get("params", {}), tree.get("bn", {})
+    """The derived network of the ``jmsnas search`` run in ``run_dir`` (stem, layers, head as blocks): its space
+    and architecture from result.json, its weights from parts/ (``run.directory``)."""
+    try:
+        space = directory.read_space(run_dir)
+        cfg = run_config(run_dir, config)
+        if space.topology.kind == "mesh":
+            raise ModularError(f"run {run_dir!r} has a mesh topology; modularizing needs a chain (one tensor "
+                               "between consecutive layers)")
+        ops = [OPS[i].name for i in directory.read_ops(run_dir, space)]
+        params, state = directory.read_weights(run_dir)
+    except directory.RunDirError as e:
+        raise ModularError(str(e)) from None
+    params = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float32), params)
+    state = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float32), state)
     layers_p, layers_s = params.get("layers", {}), state.get("layers", {})
     blocks = [Block("stem", {"kind": "jmsnas", "part": "stem", "stride": space.stem_stride},
                     {"params": params["stem"], "state": state["stem"]})]
     for s, op in zip(space.layers, ops):
         blocks.append(Block(f"layer{s.index}:{op}", {"kind": "jmsnas", "part": "layer", "op": op,
                                                      "stride": s.stride, "dw_impl": cfg.get("dw_impl", "auto")},
-                            {"params": layers_p.get(str(s.index), {}), "state": layers_s.get(str(s.index), {})}))
+                            {"params": layers_p.get(s.index, {}), "state": layers_s.get(s.index, {})}))
     blocks.append(Block("head", {"kind": "jmsnas", "part": "head"}, {"params": params["head"],
                                                                      "state": state["head"]}))
-    hw = cfg.image_size_resolved
+    hw = space.image_size
     return Network(f"jmsnas-run:{os.path.basename(os.path.abspath(run_dir))}",
-                   (hw, hw, cfg.channels_resolved), tuple(blocks))
+                   (hw, hw, space.in_channels), tuple(blocks))
 
 
 def from_compact(space, ops, params, state, name: str = "jmsnas", dw_impl: str = "auto") -> Network:
     """Blocks of a compact network (``supernet.extract``'s params and state) of a chain space."""
-    from jmsnas.space import OPS
     to_np = lambda t: jax.tree_util.tree_map(lambda a: np.asarray(a, np.float32), t)
     blocks = [Block("stem", {"kind": "jmsnas", "part": "stem", "stride": space.stem_stride},
                     to_np({"params": params["stem"], "state": state["stem"]}))]

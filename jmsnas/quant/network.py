@@ -23,13 +23,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jmsnas import data, safeio, topology
+from jmsnas import data
 from jmsnas.dwconv import depthwise_conv
 from jmsnas.graph import LayerSpec, NetSpec
 from jmsnas.ops import BN_EPS, full_conv
 from jmsnas.quant.quantizers import act_distortion, fake_quant_act, fake_quant_weight, weight_distortion
-from jmsnas.space import OPS, OP_NAMES, build_space
-from jmsnas.split import derived
+from jmsnas.run import directory as RD
+from jmsnas.space import OPS
 
 
 class Unit(NamedTuple):
@@ -69,17 +69,6 @@ def _fold(w, bn, stats):
             "b": (np.asarray(bn["bias"]) - np.asarray(stats["mean"]) * s).astype(np.float32)}
 
 
-def _nested(npz) -> dict:
-    out = {}
-    for key in (npz.files if hasattr(npz, "files") else npz):
-        node = out
-        *path, leaf = key.split("/")
-        for part in path:
-            node = node.setdefault(part, {})
-        node[leaf] = npz[key]
-    return out
-
-
 def fold_compact(name: str, space, ops, params, state) -> FoldedNet:
     """Folds a compact network (``supernet.extract`` layout: params/state with stem, layers, head) into units."""
     units, folded = [], []
@@ -113,56 +102,25 @@ def fold_compact(name: str, space, ops, params, state) -> FoldedNet:
     return FoldedNet(name, tuple(units), params_j, (space.image_size, space.image_size, space.in_channels))
 
 
-def _read_json(path: str, what: str) -> dict:
-    if not os.path.exists(path):
-        raise ValueError(f"run directory {os.path.dirname(path)!r} has no {what} ({os.path.basename(path)}); "
-                         "expected the workdir of a finished `jmsnas search`") from None
-    d = safeio.read_json(path, what)
-    if not isinstance(d, dict):
-        raise ValueError(f"{what} {path!r} is not a JSON object")
-    return d
-
-
-def load_run(directory: str) -> Run:
-    """The folded compact network, configuration, result and data of the search run in ``directory``."""
-    if not os.path.isdir(directory):
-        raise ValueError(f"run directory {directory!r} does not exist")
-    result = _read_json(os.path.join(directory, "result.json"), "result")
-    cfg = _read_json(os.path.join(directory, "config.json"), "configuration (written by jmsnas search)")
-    if isinstance(cfg, dict) and set(cfg) == {"command", "config"}:  # as jmsnas.runcheck stores it
-        cfg = cfg["config"]
-    manifest = _read_json(os.path.join(directory, "parts", "manifest.json"), "parts manifest")
-    if derived.is_result(result):  # result.json records its topology and space (topology files included)
-        _, _, space = derived.from_result(result, os.path.join(directory, "result.json"))
-    else:
-        topo = topology.resolve(cfg["topology"], cfg.get("layers_per_device"))
-        sp = cfg["space"]
-        space = build_space(topo, image_size=cfg["image_size_resolved"], in_channels=cfg["channels_resolved"],
-                            num_classes=cfg["num_classes_resolved"], device_channels=tuple(sp["device_channels"]),
-                            device_strides=tuple(sp["device_strides"]), stem_channels=sp["stem_channels"],
-                            stem_stride=sp["stem_stride"], head_channels=sp["head_channels"])
-    if space.topology.kind != "chain":
-        raise ValueError(f"run {directory!r} searched a {space.topology.kind} topology; autosplit reads chain runs "
-                         "(a mesh's parallel branches have no single edge/cloud cut)")
-    params, state = {"layers": {}}, {"layers": {}}
-    for dev in manifest["devices"].values():
-        name = str(dev["file"])
-        tree = _nested(safeio.load_npz(safeio.child_path(
-            os.path.join(directory, "parts"), name[:-4] if name.endswith(".npz") else name, ".npz",
-            "parts/manifest.json: part file"), "part file"))
-        for src, dst in ((tree.get("params", {}), params), (tree.get("bn", {}), state)):
-            for key, val in src.items():
-                if key == "layers":
-                    dst["layers"].update({int(k): v for k, v in val.items()})
-                else:
-                    dst[key] = val
-    ops = [OP_NAMES.index(a["op"]) for a in sorted(result["architecture"], key=lambda a: a["layer"])]
+def load_run(run: str) -> Run:
+    """The folded compact network, configuration, result and data of the search run in ``run`` (read through
+    ``run.directory``: the space and architecture from result.json, the weights from parts/)."""
+    try:
+        result = RD.read_result(run)
+        cfg = RD.read_config(run)
+        space = RD.read_space(run)
+        if space.topology.kind != "chain":
+            raise ValueError(f"run {run!r} searched a {space.topology.kind} topology; autosplit reads chain runs "
+                             "(a mesh's parallel branches have no single edge/cloud cut)")
+        ops = RD.read_ops(run, space)
+        params, state = RD.read_weights(run)
+    except RD.RunDirError as e:
+        raise ValueError(str(e)) from None
     params["layers"] = tuple(params["layers"].get(n, {}) for n in range(space.num_layers))
     state["layers"] = tuple(state["layers"].get(n, {}) for n in range(space.num_layers))
-    net = fold_compact(os.path.basename(os.path.normpath(directory)), space, ops, params, state)
-    ds = data.load(cfg["dataset"], data_dir=cfg.get("data_dir"), val_fraction=cfg["val_fraction"], seed=cfg["seed"],
-                   image_size=cfg.get("image_size"), max_train=cfg.get("max_train"), max_eval=cfg.get("max_eval"))
-    return Run(directory, net, cfg, result, ds)
+    net = fold_compact(os.path.basename(os.path.normpath(run)), space, ops, params, state)
+    ds = data.from_config(cfg)
+    return Run(run, net, cfg, result, ds)
 
 
 # ----------------------------------------------------------------------------------------------- forward

@@ -3,11 +3,8 @@ from __future__ import annotations
 
 import ml_collections
 
-from jmsnas import data
-
-
-class SeparableConfigError(ValueError):
-    """A configuration value of the separable run that cannot be used; the message names it."""
+from jmsnas import data, runcheck
+from jmsnas.runcheck import ConfigError
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -66,10 +63,13 @@ def tiny(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
 _POS_INT = ("rounds", "net_steps", "decisions_per_step", "batch_size", "ctrl_steps", "population", "hidden",
             "final_samples")
-
-
-def _num(x) -> bool:
-    return not isinstance(x, bool) and isinstance(x, (int, float))
+# the bounds of the numeric settings (runcheck.number's keyword arguments)
+BOUNDS = {**{f"search.{n}": dict(low=1, integer=True) for n in _POS_INT},
+          "search.finetune_steps": dict(low=0, integer=True), "search.augment_shift": dict(low=0, integer=True),
+          **{f"search.{n}": dict(low=0, low_open=True) for n in ("lr", "ctrl_lr", "finetune_lr")},
+          "search.entropy_coef": dict(low=0), "search.comm_cost": dict(low=0),
+          "search.baseline_decay": dict(low=0, high=1, high_open=True),
+          "cluster.efficiency": {}, "cluster.link_latency_ms": {}}
 
 
 def validate(cfg) -> None:
@@ -77,26 +77,7 @@ def validate(cfg) -> None:
     if not isinstance(cfg.get("tensorboard", True), bool):
         raise SeparableConfigError(f"tensorboard must be true or false, got {cfg.tensorboard!r}")
     if cfg.dataset not in data.DATASETS:
-        raise SeparableConfigError(f"unknown dataset {cfg.dataset!r}; expected one of {list(data.DATASETS)}")
-    s = cfg.search
-    for name in _POS_INT:
-        v = s[name]
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise SeparableConfigError(f"search.{name} must be a positive integer, got {v!r}")
-    for name, unit in (("finetune_steps", ""), ("augment_shift", " (pixels)")):
-        v = s.get(name, 0)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise SeparableConfigError(f"search.{name} must be a non-negative integer{unit}, got {v!r}")
-    for name in ("lr", "ctrl_lr", "finetune_lr"):
-        if not _num(s[name]) or not s[name] > 0:
-            raise SeparableConfigError(f"search.{name} must be a positive number, got {s[name]!r}")
-    for name in ("entropy_coef", "comm_cost"):
-        if not _num(s[name]) or not s[name] >= 0:
-            raise SeparableConfigError(f"search.{name} must be a number >= 0, got {s[name]!r}")
-    d = s.get("baseline_decay", 0.0)
-    if not _num(d) or not 0 <= d < 1:
-        raise SeparableConfigError(f"search.baseline_decay must be a number in [0, 1), got {d!r}")
-    cl = cfg.cluster
-    for name in ("efficiency", "link_latency_ms"):
-        if not _num(cl[name]):
-            raise SeparableConfigError(f"cluster.{name} must be a number, got {cl[name]!r}")
+        raise ConfigError(f"unknown dataset {cfg.dataset!r}; expected one of {list(data.DATASETS)}")
+    optional = ("search.finetune_steps", "search.augment_shift", "search.baseline_decay")  # older configs lack them
+    runcheck.check_bounds(cfg, {k: v for k, v in BOUNDS.items()
+                                if k not in optional or k.split(".")[1] in cfg.search})

@@ -16,7 +16,6 @@ one does.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 
@@ -25,11 +24,12 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
-from tqdm import tqdm
 
-from jmsnas import data, pipeline
+from jmsnas import data, timing
 from jmsnas import tensorboard as tb
 from jmsnas.checkpoint import Checkpointer
+from jmsnas.run import directory, loop
+from jmsnas.run import workdir as W
 from jmsnas.separable import config as sconfig, cost, decisions as dec, network as net, plots
 from jmsnas.separable.controller import ask_many, make_controller, make_random
 from jmsnas.strategies.base import Strategy, sample_valid
@@ -316,10 +316,11 @@ def prepare(cfg, workdir: str, resume: bool):
     if cfg.get("decisions") is not None:
         dec.from_permutations(spec.decision_space(), cfg.decisions, cfg.get("levels"))
     data.num_batches(ds.train, cfg.search.batch_size)  # batch size fits the split
-    pipeline.prepare_workdir(workdir, resume, cfg, "separable")
+    W.check_and_claim(workdir, resume, cfg, "separable")
     return Run(cfg, ds, spec, build_spec(cfg, ds, reference=True), topo), cfg
 
 
+@timing.measured
 def search(cfg, workdir: str, *, resume: bool = False, progress: bool = True) -> dict:
     """Runs the rounds, fine-tunes, writes result.json, history.json, the plots and checkpoints; returns result."""
     run, cfg = prepare(cfg, workdir, resume)
@@ -333,33 +334,33 @@ def search(cfg, workdir: str, *, resume: bool = False, progress: bool = True) ->
 
 
 def _search(cfg, run, workdir, resume, progress) -> dict:
-    fp = pipeline.fingerprint(cfg)
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints", "separable"))
-    state, history, start = run.init_state(), [], 0
-    if resume:
-        state, meta = ckpt.restore(state, expect_meta={"fingerprint": fp})
-        history, start = meta["history"], int(meta["round"])
-    for r in tqdm(range(start, cfg.search.rounds), initial=start, total=cfg.search.rounds, disable=not progress,
-                  desc="separable rounds"):
+
+    def one_round(state, r, carry):
         state, entry = run.round(state, r)
-        history.append(entry)
         per_round, per_step = tb.separable_round_scalars(entry, cfg.search.ctrl_steps)
         tb.log(r, per_round)
         for step, scalars in per_step:
             tb.log(step, scalars)
-        ckpt.save(r + 1, state, {"round": r + 1, "history": history, "fingerprint": fp})
+        return state, {"history": carry["history"] + [entry]}
+
+    state, carry = loop.generations(run.init_state(), ckpt=ckpt, fp=W.fingerprint(cfg), resume=resume,
+                                    total=cfg.search.rounds, generation=one_round, carry={"history": []},
+                                    desc="separable rounds", progress=progress, unit="round")
     ckpt.close()
-    out = run.finish(state)
-    result = _result(cfg, run, out, history)
-    with open(os.path.join(workdir, "result.json"), "w") as f:
-        json.dump(result, f, indent=2)
-    with open(os.path.join(workdir, "history.json"), "w") as f:
-        json.dump(history, f, indent=2)
-    result["plots"] = plots.write(result, history, workdir)
-    with open(os.path.join(workdir, "result.json"), "w") as f:
-        json.dump(result, f, indent=2)
+    history = carry["history"]
+    result = _result(cfg, run, run.finish(state), history)
+    paths = []
+    if directory.writes():
+        with directory.output_errors(workdir):
+            paths = plots.write(result, history, workdir)
+    result["plots"] = [os.path.basename(p) for p in paths]  # in the workdir
+    if timing.active() is not None:  # compile and run time (wall, CPU): the only entry that varies by run
+        result["time"] = timing.summary()
+    directory.write_json(workdir, directory.HISTORY, history)
+    directory.write_json(workdir, directory.RESULT, result)
     tb.log(len(history), tb.separable_result_scalars(result))
-    tb.images(len(history), tb.figures(result["plots"]))
+    tb.images(len(history), tb.figures(paths))
     return result
 
 
@@ -383,13 +384,14 @@ def reward_summary(history) -> dict:
 def _result(cfg, run: Run, out: dict, history) -> dict:
     spec, s = run.spec, cfg.search
     evals = s.rounds * (s.ctrl_steps * s.population + s.final_samples)
-    return {"flow": "separable", "config": cfg.to_dict(),
+    return {"flow": "separable", "topology": run.topo.name, "dataset": cfg.dataset, "seed": cfg.seed,
+            "config": cfg.to_dict(),
             "network": {"G": spec.num_groups, "alpha": spec.alpha, "K": spec.num_levels, "p_min": spec.p_min,
                         "float16": spec.float16, "blocks": spec.num_blocks, "steps": spec.num_steps,
                         "search_space_size": float(math.factorial(spec.num_groups) ** spec.num_steps
                                                    * spec.num_levels ** spec.num_steps),
                         "num_params": net.num_params(jax.eval_shape(lambda k: net.init(k, spec), jax.random.PRNGKey(0)))},
-            "topology": {"name": run.topo.name, "devices": list(run.topo.device_names),
+            "cluster": {"name": run.topo.name, "devices": list(run.topo.device_names),
                          "links": list(run.topo.link_names), "input_device": cfg.cluster.input_device,
                          "output_device": run.topo.device_names[spec.output_group]},
             "decision_evaluations_per_arm": evals, "reward_summary": reward_summary(history), **out}

@@ -19,9 +19,8 @@ the aggregator's chain, each sensor's link at its share of a shared bus); ``mesh
 """
 from __future__ import annotations
 
-import json
-import os
 import math
+import os
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -29,6 +28,7 @@ import numpy as np
 from jmsnas.cost import roofline
 from jmsnas.cost.memory import peak_memory_bytes
 from jmsnas.graph import LayerSpec, NetSpec
+from jmsnas.run import directory
 from jmsnas.split import dag, derived, solvers, zoo
 from jmsnas.topology import Topology
 
@@ -62,14 +62,13 @@ def load_net(name_or_path: str) -> NetSpec:
     if ref.is_reference(name_or_path) and not os.path.isfile(name_or_path):
         from jmsnas.traced.trace import net_spec
         return net_spec(name_or_path)  # your own model, traced (docs/your_model.md)
+    if not os.path.isfile(name_or_path):
+        raise ValueError(f"--model {name_or_path!r} is neither a zoo network {list(zoo.NAMES)} nor a file")
     try:
-        with open(name_or_path, "r", encoding="utf-8") as f:
-            obj = json.load(f)
-    except FileNotFoundError:
-        raise ValueError(f"--model {name_or_path!r} is neither a zoo network {list(zoo.NAMES)} nor a file") from None
-    except (OSError, ValueError, RecursionError) as e:  # ValueError: not JSON, or not UTF-8
+        obj = directory.read_json(name_or_path, "network file")
+    except (directory.RunDirError, RecursionError) as e:
         raise ValueError(f"cannot read network file {name_or_path!r}: {e}") from None
-    if derived.is_result(obj):
+    if directory.is_result(obj):
         return derived.from_result(obj, name_or_path)[0]
     return net_from_json(obj, name_or_path)
 

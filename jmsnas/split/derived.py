@@ -6,16 +6,14 @@ projection, each with its batch norm; a "add" layer for the shortcut) or nothing
 branch outputs where a mesh's aggregator merges them, and the head (1x1 convolution, global pool, classifier).
 MACs and parameters follow ``space.op_flops`` / ``space.op_params`` (tested against them).
 
-``load_result(path)`` reads a run's ``result.json`` (``jmsnas search`` / ``evolve``), which records the topology
-(``topology_spec``), the space's shape arguments (``space``) and the op of every layer (``architecture``).
+``load_result(path)`` reads a run's ``result.json`` (``jmsnas search`` / ``evolve``), which records the space
+(``space``: ``jmsnas.space.to_dict``, its topology included) and the op of every layer (``architecture``).
 """
 from __future__ import annotations
 
-import json
-
-from jmsnas import topology
 from jmsnas.graph import LayerSpec, NetSpec
-from jmsnas.space import OPS, SearchSpace, build_space, op_index
+from jmsnas.run import directory
+from jmsnas.space import OPS, SearchSpace, from_dict, op_index
 from jmsnas.topology import Topology, TopologyError
 
 
@@ -62,20 +60,11 @@ def net_from_space(space: SearchSpace, ops, name: str = "derived") -> NetSpec:
     return net
 
 
-def is_result(obj) -> bool:
-    """True for the parsed result.json of a search/evolve run."""
-    return isinstance(obj, dict) and {"architecture", "topology_spec", "space"} <= set(obj)
-
-
 def from_result(obj: dict, source: str = "result.json") -> tuple:
     """(NetSpec, Topology, SearchSpace) of a run's parsed result.json: the derived network with its shapes."""
-    topo: Topology = topology.from_dict(obj["topology_spec"], source)
     try:
-        sp = obj["space"]
-        space = build_space(topo, image_size=sp["image_size"], in_channels=sp["in_channels"],
-                            num_classes=sp["num_classes"], device_channels=tuple(sp["device_channels"]),
-                            device_strides=tuple(sp["device_strides"]), stem_channels=sp["stem_channels"],
-                            stem_stride=sp["stem_stride"], head_channels=sp["head_channels"])
+        space = from_dict(obj["space"], "space")
+        topo: Topology = space.topology
         arch = obj["architecture"]
         if [a["layer"] for a in arch] != list(range(space.num_layers)):
             raise ValueError(f"architecture lists layers {[a['layer'] for a in arch]}, expected 0..{space.num_layers - 1}")
@@ -90,12 +79,8 @@ def from_result(obj: dict, source: str = "result.json") -> tuple:
 
 def load_result(path: str) -> tuple:
     """(NetSpec, Topology, SearchSpace) of a run's result.json file (see ``from_result``)."""
-    try:
-        with open(path, "r", encoding="utf-8") as f:
-            obj = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"cannot read {path!r}: {e}") from None
-    if not is_result(obj):
-        raise ValueError(f"{path}: not a search result (needs architecture, topology_spec and space; written by "
+    obj = directory.read_json(path, "result")
+    if not directory.is_result(obj):
+        raise ValueError(f"{path}: not a search result (needs architecture and space; written by "
                          "jmsnas search/evolve)")
     return from_result(obj, path)

@@ -14,9 +14,7 @@ bus and the sensor peak memory), history.json, evolution.json, the report plots 
 from __future__ import annotations
 
 import itertools
-import json
 import os
-import time
 from typing import NamedTuple
 
 import jax
@@ -24,12 +22,15 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
-from tqdm import tqdm
 
-from jmsnas import data, pipeline, report, safeio, strategies
-from jmsnas import tensorboard as tb
+from jmsnas import data, evolve as EV, report, strategies, tensorboard as tb, timing, train
+from jmsnas.checkpoint import Checkpointer
+from jmsnas.evolve import SandwichState
 from jmsnas.objectives import cross_entropy, l2_norm_sq
-from jmsnas.pipeline import ConfigError
+from jmsnas.run import directory, loop, processes
+from jmsnas.run import workdir as W
+from jmsnas import runcheck
+from jmsnas.runcheck import ConfigError
 from jmsnas.splitnets import hardware as H
 from jmsnas.splitnets import net as N
 from jmsnas.splitnets import views as VW
@@ -41,13 +42,13 @@ DEFAULTS = dict(views=1, view_size=12, stem_channels=8, phase_channels=(16, 24, 
                 max_depth=3, kernels=(3, 5), expands=(3, 6), reductions=(2, 4, 8), split_kernel=1,
                 head_channels=64, init="geometric", extra_modules=0.5, topology=None, bus_mbps=1200.0,
                 sensor_memory_bytes=2e6)
+RUN_DEFAULTS = dict(checkpoint_every=50, checkpoint_min_interval_s=30.0)  # what jmsnas.configs.default_config has
 
 
 # ----------------------------------------------------------------------------------------------- configuration
 
 def with_defaults(cfg) -> ml_collections.ConfigDict:
     """A copy of ``cfg`` whose ``splitnets`` block holds every setting of ``DEFAULTS`` (and ``evolve`` filled)."""
-    from jmsnas import evolve as EV
     cfg = EV.with_defaults(ml_collections.ConfigDict(cfg.to_dict()))
     given = cfg.splitnets.to_dict()
     unknown = sorted(set(given) - set(DEFAULTS))
@@ -55,6 +56,9 @@ def with_defaults(cfg) -> ml_collections.ConfigDict:
         raise ConfigError(f"unknown splitnets settings {unknown}; expected some of {sorted(DEFAULTS)}")
     with cfg.unlocked():
         cfg.splitnets = ml_collections.ConfigDict({**DEFAULTS, **given}, type_safe=False)
+        for key, value in RUN_DEFAULTS.items():  # the run layer's checkpoint cadence (jmsnas.run.loop)
+            if key not in cfg:
+                cfg[key] = value
     return cfg
 
 
@@ -85,7 +89,6 @@ def build_space(cfg, image_size: int, channels: int, classes: int) -> SplitSpace
 
 def validate(cfg) -> None:
     """Checks every setting before anything is read or written; ConfigError names the bad value."""
-    from jmsnas import evolve as EV
     tb.enabled(cfg)  # a bool
     s = cfg.splitnets
     v = s.views
@@ -101,7 +104,7 @@ def validate(cfg) -> None:
     if cfg.dataset not in data.DATASETS:
         raise ConfigError(f"unknown dataset {cfg.dataset!r}; expected one of {list(data.DATASETS)}")
     e = cfg.evolve
-    for name, lo in EV._INTS.items():
+    for name, lo in EV.INT_SETTINGS.items():
         x = e[name]
         if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < lo:
             raise ConfigError(f"evolve.{name} must be an integer >= {lo}, got {x!r}")
@@ -109,9 +112,9 @@ def validate(cfg) -> None:
         x = cfg.search[name]
         if isinstance(x, bool) or not isinstance(x, int) or x < 1:
             raise ConfigError(f"search.{name} must be a positive integer, got {x!r}")
-    r = cfg.retrain.epochs
-    if isinstance(r, bool) or not isinstance(r, int) or r < 0:
-        raise ConfigError(f"retrain.epochs must be an integer >= 0, got {r!r}")
+    runcheck.number(cfg, "retrain.epochs", low=0, integer=True)
+    runcheck.number(cfg, "checkpoint_every", low=1, integer=True)
+    runcheck.number(cfg, "checkpoint_min_interval_s", low=0)
     try:
         hardware(cfg)
         build_space(cfg, s.view_size, 1, 2)
@@ -183,14 +186,6 @@ class CostCache:
 
 # ----------------------------------------------------------------------------------------------- stage 1
 
-class TrainState(NamedTuple):
-    params: dict
-    bn: dict
-    opt: tuple
-    key: jnp.ndarray
-    step: jnp.ndarray
-
-
 def sandwich_step(space: SplitSpace, lr: float, lambda1: float, num_random: int, extra_prob: float):
     """Pure ``(state, x, y) -> (state, metrics)``: largest + smallest + ``num_random`` random networks, summed
     gradients, one Adam step. x float32[B, V, H, W, C], y int32[B]."""
@@ -203,7 +198,7 @@ def sandwich_step(space: SplitSpace, lr: float, lambda1: float, num_random: int,
         logits, bn = N.apply(space, p, bn, genes, x, train=True, extras=extras)
         return cross_entropy(logits, y), (bn, jnp.mean((jnp.argmax(logits, -1) == y).astype(jnp.float32)))
 
-    def step(st: TrainState, x, y):
+    def step(st: SandwichState, x, y):
         key, k1, k2 = jax.random.split(st.key, 3)
         genes = jnp.concatenate([big[None], small[None], sample_valid(k1, mask, num_random)]).astype(jnp.int32)
         extras = jax.random.bernoulli(k2, extra_prob, (genes.shape[0], P)).astype(jnp.float32)
@@ -218,16 +213,16 @@ def sandwich_step(space: SplitSpace, lr: float, lambda1: float, num_random: int,
         (grads, bn), (ce, acc) = jax.lax.scan(body, (zeros, st.bn), (genes, extras))
         grads = jax.tree_util.tree_map(jnp.add, grads, jax.grad(lambda p: lambda1 * l2_norm_sq(p))(st.params))
         updates, opt = tx.update(grads, st.opt, st.params)
-        st = TrainState(optax.apply_updates(st.params, updates), bn, opt, key, st.step + 1)
+        st = SandwichState(optax.apply_updates(st.params, updates), bn, opt, key, st.step + 1)
         return st, {"loss": jnp.mean(ce), "acc": jnp.mean(acc), "loss_largest": ce[0], "loss_smallest": ce[1]}
 
     return step
 
 
-def init_state(key, space: SplitSpace, lr: float, init_mode: str) -> TrainState:
+def init_state(key, space: SplitSpace, lr: float, init_mode: str) -> SandwichState:
     k_init, k_run = jax.random.split(key)
     params, bn = N.init(k_init, space, init_mode)
-    return TrainState(params, bn, optax.adam(lr).init(params), k_run, jnp.zeros((), jnp.int32))
+    return SandwichState(params, bn, optax.adam(lr).init(params), k_run, jnp.zeros((), jnp.int32))
 
 
 def population_accuracy(space: SplitSpace, params, pop, calib, x, y, chunk: int = 8):
@@ -269,33 +264,32 @@ _pop_acc = jax.jit(lambda space, params, pop, calib, x, y: jax.lax.map(
     lambda g: _acc_one(space, params, g, calib, x, y), pop), static_argnums=0)
 
 
-def train_supernet(cfg, space, ds, init_mode: str, progress: bool = True, log=None):
-    """Stage 1; returns (state, history rows, seconds)."""
+def train_supernet(cfg, space, ds, init_mode: str, progress: bool = True, *, ckpt=None, fp: str = "",
+                   resume: bool = False, mesh=None):
+    """Stage 1 on the run layer's epoch loop (checkpoints in ``ckpt``, None: none); returns (state, history)."""
     e, s = cfg.evolve, cfg.search
+    mesh = train.data_mesh() if mesh is None else mesh
     step = jax.jit(sandwich_step(space, s.weight_lr, s.lambda1, e.num_random, float(cfg.splitnets.extra_modules)
                                  if space.views == 1 else 0.0), donate_argnums=0)
-    st = init_state(jax.random.PRNGKey(cfg.seed), space, s.weight_lr, init_mode)
-    nb = data.num_batches(ds.train, s.batch_size)
     calib, xv, yv = _eval_data(cfg, ds)
-    history, t0 = [], time.time()
-    bar = tqdm(total=e.epochs * nb, disable=not progress, desc="supernet", unit="step")
-    for epoch in range(e.epochs):
-        losses = []
-        for x, y in data.epoch_batches(ds.train, s.batch_size, seed=cfg.seed, epoch=epoch):
-            st, m = step(st, x, y)
-            losses.append(float(m["loss"]))
-            bar.update(1)
-        accs = np.asarray(population_accuracy(space, st.params, np.stack([space.extreme(True),
-                                                                          space.extreme(False)]), calib, xv, yv))
-        history.append({"epoch": epoch, "stage": "search", "train_loss": float(np.mean(losses)),
-                        "train_acc": float(m["acc"]), "val_acc": float(accs[0]), "val_acc_smallest": float(accs[1]),
-                        "loss_std_within_epoch": float(np.std(losses)), "expected_latency_ms": None,
-                        "derived_latency_ms": None})
-        tb.log(epoch, tb.history_scalars(history[-1]))
-        if log:
-            log(history[-1])
-    bar.close()
-    return st, history, time.time() - t0
+    extremes = np.stack([space.extreme(True), space.extreme(False)])
+
+    def end_epoch(st, epoch, m):
+        accs = np.asarray(population_accuracy(space, jax.device_get(st.params), extremes, calib, xv, yv))
+        row = {"epoch": epoch, "stage": "search", "train_loss": float(m["loss"]), "train_acc": float(m["acc"]),
+               "val_acc": float(accs[0]), "val_acc_smallest": float(accs[1]), "expected_latency_ms": None,
+               "derived_latency_ms": None}
+        tb.log(epoch, tb.history_scalars(row))
+        return row
+
+    return loop.epochs(
+        init_state(jax.random.PRNGKey(cfg.seed), space, s.weight_lr, init_mode), cfg=cfg, ckpt=ckpt, fp=fp,
+        resume=resume, total=e.epochs, batches_per_epoch=data.num_batches(ds.train, s.batch_size),
+        batches=lambda epoch, start: data.epoch_batches(ds.train, s.batch_size, seed=cfg.seed, epoch=epoch,
+                                                        start=start),
+        step=lambda st, epoch, i, batch: step(st, *train.shard_batch(batch, mesh)),
+        place=lambda st: train.replicate(st, mesh), end_epoch=end_epoch, desc="supernet", progress=progress,
+        postfix=lambda st, m: {"loss": f"{float(m['loss']):.3f}"})
 
 
 def _eval_data(cfg, ds):
@@ -332,8 +326,10 @@ def fallback(space: SplitSpace, costs: CostCache, t_const: float, mem: float) ->
     return best
 
 
-def evolution(cfg, space, params, costs: CostCache, calib, xv, yv, progress=True):
-    """Stage 2. Returns (winner genes int32[G], per-generation log, best record)."""
+def evolution(cfg, space, params, costs: CostCache, calib, xv, yv, progress=True, *, ckpt=None, fp: str = "",
+              resume: bool = False):
+    """Stage 2 on evolve's evolution loop (``jmsnas.evolve.evolution``: checkpoints in ``ckpt``, the population
+    shared out among the processes). Returns (winner genes int32[G], per-generation log, best record)."""
     e, t_const, mem = cfg.evolve, float(cfg.t_const_ms), costs.hw.sensor_memory_bytes
     strat = strategies.make("evolution", mask=space.mask(), population=e.population, parent_ratio=e.parent_ratio,
                             mutation_prob=e.mutation_prob, mutation_ratio=e.mutation_ratio)
@@ -341,37 +337,38 @@ def evolution(cfg, space, params, costs: CostCache, calib, xv, yv, progress=True
     k0, kp = jax.random.split(key)
     es = strat.init(k0)
     es = es._replace(population=jnp.asarray(feasible_population(kp, space, costs, t_const, mem, e.population)))
-    ask, tell = jax.jit(strat.ask), jax.jit(strat.tell)
-    log, best = [], None
-    for gen in tqdm(range(e.generations), disable=not progress, desc="evolution", unit="gen"):
-        ka, kt = jax.random.split(jax.random.fold_in(key, gen + 1))
-        archs, es = ask(ka, es)
-        pop = np.asarray(archs.ops)
+
+    def fitness(pop):
         lat, peak = costs.arrays(pop)
         ok = (lat <= t_const + 1e-12) & (peak <= mem)
-        acc = np.asarray(population_accuracy(space, params, pop, calib, xv, yv), np.float64)
-        fit = np.where(ok, acc - lat / t_const / (2 * len(yv)), -np.inf)
-        es, _ = tell(kt, archs, jnp.asarray(fit, jnp.float32), es)
-        i = int(np.argmax(fit))
-        if ok[i] and (best is None or fit[i] > best["fitness"]):
-            best = {"genes": pop[i].tolist(), "accuracy": float(acc[i]), "latency_ms": float(lat[i]),
-                    "sensor_peak_bytes": float(peak[i]), "fitness": float(fit[i])}
-        log.append({"generation": gen, "feasible_fraction": float(ok.mean()),
-                    "best_accuracy": float(acc[ok].max()) if ok.any() else None, "mean_accuracy": float(acc.mean()),
-                    "best_so_far_accuracy": None if best is None else best["accuracy"],
-                    "max_latency_ms": float(lat.max()), "max_sensor_peak_bytes": float(peak.max())})
-        tb.log(gen, tb.generation_scalars(acc, lat, ok, fit, peak))
-    winner = np.asarray(best["genes"], np.int32) if best else fallback(space, costs, t_const, mem)
+        acc = processes.spread(lambda p, _, rows: population_accuracy(space, p, rows, calib, xv, yv), params, None,
+                               pop)
+        return {"accuracy": acc, "latency_ms": lat, "sensor_peak_bytes": peak, "feasible": ok,
+                "fitness": np.where(ok, acc - lat / t_const / (2 * len(yv)), -np.inf)}
+
+    log, best, _ = EV.evolution(strat, es, key, fitness, ckpt=ckpt, fp=fp, resume=resume, total=e.generations,
+                                progress=progress)
+    winner = np.asarray(best["ops"], np.int32) if best else fallback(space, costs, t_const, mem)
     return winner, log, best
 
 
 # ----------------------------------------------------------------------------------------------- retrain
 
+class FixedState(NamedTuple):
+    """One network's training state: parameters, BN running statistics, Adam state, steps taken."""
+
+    params: dict
+    bn: dict
+    opt: tuple
+    step: jnp.ndarray
+
+
 def train_fixed(cfg, space, ds, params, genes, epochs: int, *, pos=None, module="split", lr=None,
-                progress=True, desc="retrain"):
+                progress=True, desc="retrain", ckpt=None, fp: str = "", resume: bool = False):
     """Trains one network (genes fixed; ``pos``/``module`` as in ``net.apply_fixed``, None: the genes' split,
-    which computes what ``net.apply`` computes for these genes)
-    from ``params`` for ``epochs``; returns (params, bn state with running statistics, history rows)."""
+    which computes what ``net.apply`` computes for these genes) from ``params`` for ``epochs`` on the run layer's
+    epoch loop (checkpoints in ``ckpt``, None: none); returns (params, bn state with running statistics, history
+    rows, evaluate)."""
     s = cfg.search
     lr = cfg.retrain.lr if lr is None else lr
     tx = optax.adam(lr)
@@ -383,26 +380,28 @@ def train_fixed(cfg, space, ds, params, genes, epochs: int, *, pos=None, module=
         return N.apply_fixed(space, p, st, genes, x, train=train, pos=pos, module=module)
 
     @jax.jit
-    def step(p, st, opt, x, y):
+    def step(fs: FixedState, x, y):
         def loss(p):
-            logits, st2 = fwd(p, st, x, True)
+            logits, st2 = fwd(p, fs.bn, x, True)
             return cross_entropy(logits, y) + s.lambda1 * l2_norm_sq(p), st2
-        (l, st2), g = jax.value_and_grad(loss, has_aux=True)(p)
-        up, opt = tx.update(g, opt, p)
-        return optax.apply_updates(p, up), st2, opt, l
+        (l, st2), g = jax.value_and_grad(loss, has_aux=True)(fs.params)
+        up, opt = tx.update(g, fs.opt, fs.params)
+        return FixedState(optax.apply_updates(fs.params, up), st2, opt, fs.step + 1), {"loss": l}
 
     calib, _, _ = _eval_data(cfg, ds)
     st = N.recalibrate(lambda p, b, x, t: fwd(p, b, x, t), params, _zero_state(space, params), jnp.asarray(calib))
-    opt, hist = tx.init(params), []
     evaluate = jax.jit(lambda p, st, x: jnp.argmax(fwd(p, st, x, False)[0], -1))
-    for epoch in range(epochs):
-        for x, y in tqdm(data.epoch_batches(ds.train, s.batch_size, seed=cfg.seed + 2, epoch=epoch),
-                         disable=not progress, desc=f"{desc} {epoch}", total=data.num_batches(ds.train, s.batch_size)):
-            params, st, opt, l = step(params, st, opt, x, y)
-        hist.append({"epoch": epoch, "stage": "retrain", "train_loss": float(l), "train_acc": None,
-                     "val_acc": accuracy(evaluate, params, st, ds.val), "expected_latency_ms": None,
-                     "derived_latency_ms": None})
-    return params, st, hist, evaluate
+    fs, hist = loop.epochs(
+        FixedState(params, st, tx.init(params), jnp.zeros((), jnp.int32)), cfg=cfg, ckpt=ckpt, fp=fp, resume=resume,
+        total=epochs, batches_per_epoch=data.num_batches(ds.train, s.batch_size),
+        batches=lambda epoch, start: data.epoch_batches(ds.train, s.batch_size, seed=cfg.seed + 2, epoch=epoch,
+                                                        start=start),
+        step=lambda fs, epoch, i, batch: step(fs, *batch), desc=desc, progress=progress,
+        end_epoch=lambda fs, epoch, m: {"epoch": epoch, "stage": "retrain", "train_loss": float(m["loss"]),
+                                        "train_acc": None, "val_acc": accuracy(evaluate, fs.params, fs.bn, ds.val),
+                                        "expected_latency_ms": None, "derived_latency_ms": None},
+        extra_meta={"genes": [int(g) for g in genes]})
+    return fs.params, fs.bn, hist, evaluate
 
 
 def accuracy(evaluate, params, st, split: data.Split, batch: int = 256) -> float:
@@ -447,28 +446,18 @@ def compact_parts(space: SplitSpace, params, bn, genes) -> dict:
     return out
 
 
-def write_parts(space, params, bn, genes, directory: str) -> dict:
-    """``sensor.npz`` and ``aggregator.npz`` (weights and BN statistics) and ``manifest.json``, written as one folder
-    (``safeio.atomic_dir``: a failure leaves no partial folder)."""
+def write_parts(space, params, bn, genes, workdir: str) -> dict:
+    """``parts/sensor.npz`` and ``parts/aggregator.npz`` (weights and BN statistics) and ``parts/manifest.json``
+    (``run.directory.write_parts``: atomic, process 0)."""
     a = space.decode(genes)
     parts = compact_parts(space, jax.device_get(params), jax.device_get(bn), genes)
     s_hw, c = space.phase_hw(a.split[0]), space.phase_channels[a.split[0]]
     shapes = {"sensor": ([space.image_size, space.image_size, space.in_channels], [s_hw, s_hw, a.d]),
               "aggregator": ([space.views, s_hw, s_hw, a.d], [space.num_classes])}
-    manifest = {"views": space.views, "split": {"phase": a.split[0], "m": a.split[1], "d": a.d, "c": c},
-                "devices": {}}
-    with safeio.atomic_dir(directory) as tmp:
-        for dev, part in parts.items():
-            flat = {}
-            for prefix in ("params", "bn"):
-                for path, leaf in jax.tree_util.tree_flatten_with_path(part[prefix])[0]:
-                    flat[prefix + "/" + "/".join(str(getattr(k, "key", k)) for k in path)] = np.asarray(leaf)
-            np.savez(safeio.child_path(tmp, dev, ".npz", "device name"), **flat)
-            manifest["devices"][dev] = {"layers": part["layers"], "file": f"{dev}.npz", "input_shape": shapes[dev][0],
-                                        "output_shape": shapes[dev][1]}
-        with open(os.path.join(tmp, "manifest.json"), "w", encoding="utf-8") as f:
-            json.dump(manifest, f, indent=2)
-    return manifest
+    return directory.write_parts(
+        workdir, {dev: {**part, "input_shape": shapes[dev][0], "output_shape": shapes[dev][1]}
+                  for dev, part in parts.items()},
+        {"views": space.views, "split": {"phase": a.split[0], "m": a.split[1], "d": a.d, "c": c}})
 
 
 def describe(space: SplitSpace, genes, cost: H.Cost) -> dict:
@@ -520,28 +509,33 @@ def prepare(cfg):
     return cfg, hw, space, ds
 
 
+@timing.measured
 def evolve(cfg, workdir: str, *, resume: bool = False, progress: bool = True) -> dict:
-    """Stage 1, stage 2, retrain; writes result.json, history.json, evolution.json, plots and parts/."""
-    if resume:
-        raise ConfigError("--resume is not supported by the SplitNets flow; start it in a new workdir")
+    """Stage 1, stage 2, retrain, each on the run layer (checkpoints under ``checkpoints/``, so ``resume``
+    continues a killed run to the same result); writes result.json, history.json, evolution.json, plots and
+    parts/ (atomically, process 0)."""
     cfg, hw, space, ds = prepare(cfg)
-    pipeline.prepare_workdir(workdir, False, cfg, "evolve", resumable=False)
+    stored = W.plain(cfg)
+    W.check_workdir(workdir, resume, stored, "evolve")
+    W.claim(workdir, resume, stored, "evolve")
     with tb.run(workdir, tb.enabled(cfg)):
-        return _evolve(cfg, hw, space, ds, workdir, progress)
+        return _evolve(cfg, hw, space, ds, workdir, resume, progress)
 
 
-def _evolve(cfg, hw, space, ds, workdir: str, progress: bool) -> dict:
-    t0 = time.time()
-    st, history, t_super = train_supernet(cfg, space, ds, cfg.splitnets.init, progress)
+def _evolve(cfg, hw, space, ds, workdir: str, resume: bool, progress: bool) -> dict:
+    fp = W.fingerprint(cfg)
+    ckpts = lambda stage: Checkpointer(os.path.join(workdir, "checkpoints", stage))
+    st, history = train_supernet(cfg, space, ds, cfg.splitnets.init, progress, ckpt=ckpts("supernet"), fp=fp,
+                                 resume=resume)
     calib, xv, yv = _eval_data(cfg, ds)
     costs = CostCache(space, hw)
-    t1 = time.time()
-    genes, log, best = evolution(cfg, space, st.params, costs, jnp.asarray(calib), xv, yv, progress)
-    t_evo = time.time() - t1
+    params = jax.device_get(st.params)
+    genes, log, best = evolution(cfg, space, params, costs, jnp.asarray(calib), xv, yv, progress,
+                                 ckpt=ckpts("evolution"), fp=fp, resume=resume)
     note = ("the evolution's best network meets both hard limits (latency and sensor memory)" if best else
             "no evolved candidate met both limits; the fastest smallest-op network within them is used")
-    params, bn, hist2, evaluate = train_fixed(cfg, space, ds, st.params, genes, cfg.retrain.epochs,
-                                              progress=progress)
+    params, bn, hist2, evaluate = train_fixed(cfg, space, ds, params, genes, cfg.retrain.epochs,
+                                              progress=progress, ckpt=ckpts("retrain"), fp=fp, resume=resume)
     for i, row in enumerate(hist2):
         tb.log(len(history) + i, tb.history_scalars(row))
     history += hist2
@@ -552,19 +546,22 @@ def _evolve(cfg, hw, space, ds, workdir: str, progress: bool) -> dict:
                          accuracy(evaluate, params, bn, ds.test), n_params, ds.name, note)
     result["evolution"] = {"population": cfg.evolve.population, "generations": cfg.evolve.generations,
                            "supernet_val_acc": None if best is None else best["accuracy"]}
-    result["seconds"] = {"supernet": t_super, "evolution": t_evo, "total": time.time() - t0}
+    if timing.active() is not None:  # compile and run time (wall, CPU): the only entry that varies by run
+        result["time"] = timing.summary()
     for h in history:
         h["derived_latency_ms"] = cost.total_ms
-    with open(os.path.join(workdir, "result.json"), "w") as f:
-        json.dump(result, f, indent=2)
-    with open(os.path.join(workdir, "history.json"), "w") as f:
-        json.dump(history, f, indent=2)
-    with open(os.path.join(workdir, "evolution.json"), "w") as f:
-        json.dump({"generations": log, "best": best, "winner": [int(g) for g in genes]}, f, indent=2)
-    figures = report.write_report(result, [{k: h[k] for k in ("epoch", "stage", "train_loss", "train_acc", "val_acc",
-                                                              "expected_latency_ms", "derived_latency_ms")}
-                                           for h in history], workdir)
-    write_parts(space, params, bn, genes, os.path.join(workdir, "parts"))
+    directory.write_json(workdir, directory.HISTORY, history)
+    directory.write_json(workdir, directory.EVOLUTION, {"generations": log, "best": best,
+                                                        "winner": [int(g) for g in genes]})
+    figures = []
+    if directory.writes():
+        with directory.output_errors(workdir):
+            figures = report.write_report(result, [{k: h[k] for k in ("epoch", "stage", "train_loss", "train_acc",
+                                                                      "val_acc", "expected_latency_ms",
+                                                                      "derived_latency_ms")}
+                                                   for h in history], workdir)
+    write_parts(space, params, bn, genes, workdir)
+    directory.write_json(workdir, directory.RESULT, result)
     tb.log(len(history), tb.result_scalars(result))
     tb.images(len(history), tb.figures(figures))
     return result

@@ -2,7 +2,7 @@
 
 ``load(path)`` reads a file, checks it field by field and returns ``topology.make_topology(...)``; ``dump`` writes
 any Topology back (every field explicit), so ``load(dump(t)) == t``. ``to_dict`` / ``from_dict`` are the same
-format as plain data (``result.json`` records ``to_dict`` under ``topology_spec``; ``load`` accepts such a
+format as plain data (``result.json`` records ``to_dict`` under ``space.topology``; ``load`` accepts such a
 result.json too, so a run's topology can be reused from its workdir).
 
 Format (units in the field names; memory_mb is MiB, 2**20 bytes)::
@@ -301,8 +301,8 @@ def from_dict(obj: dict, source: str = "<topology>", layers_per_device=None) -> 
     gets its rounded mean); the file's own value always wins. Default without either: 2 per device.
     """
     where = _Where(source)
-    if isinstance(obj, dict) and "topology_spec" in obj and "devices" not in obj:
-        obj = obj["topology_spec"]  # a result.json
+    if isinstance(obj, dict) and isinstance(obj.get("space"), dict) and "devices" not in obj:
+        obj = obj["space"].get("topology")  # a result.json: its space records the topology (jmsnas.space.to_dict)
     obj = _mapping(where, "(top level)", obj, TOP_FIELDS)
     for req in ("devices", "links"):
         if req not in obj:

@@ -107,7 +107,7 @@ def load_params(path: str):
         raise ModelRefError(f"parameter file {path!r} does not exist (expected a .npz file or an orbax "
                             "checkpoint directory)")
     try:
-        from jmsnas.deploy.export import unflatten
+        from jmsnas.run.directory import unflatten
         with np.load(path, allow_pickle=False) as z:
             return unflatten({k: np.asarray(z[k]) for k in z.files})
     except Exception as e:  # noqa: BLE001 - a damaged zip raises BadZipFile, ValueError, EOFError, ...
