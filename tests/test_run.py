@@ -112,7 +112,6 @@ def _no_leftovers(workdir):
 WRITER = textwrap.dedent("""
     import sys
     from jmsnas.run import directory
-from jmsnas.run import workdir as W
     big = ["x" * 64] * 200_000  # ~14 MB of JSON: long enough for a kill to land inside a write
     i = 0
     while True:
