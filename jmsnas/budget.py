@@ -19,9 +19,11 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
+from jmsnas import limits as L
 from jmsnas.cost.latency import arch_latency
 from jmsnas.cost.tables import CostTable
 from jmsnas.gates import probabilities
+from jmsnas.limits import DeviceLimits, LimitsError  # noqa: F401  (re-exported: the repair raises LimitsError)
 from jmsnas.space import SearchSpace
 
 
@@ -65,10 +67,13 @@ def _cheapest_within(front, limit):
 
 
 def repair(space: SearchSpace, table: CostTable, alpha, derived_ops, t_const_ms: float,
-           assignment=None) -> Repair:
-    """The cheapest (in -log p) architecture with T <= t_const_ms; ``derived_ops`` is kept if it already fits.
+           assignment=None, limits: DeviceLimits | None = None) -> Repair:
+    """The cheapest (in -log p) architecture with T <= t_const_ms and every device within ``limits`` (memory and
+    energy, see ``jmsnas.limits``); ``derived_ops`` is kept if it already fits.
 
-    ``assignment`` (chain only) fixes another layer->device split than D^m (e.g. a searched one).
+    ``assignment`` fixes another layer->device split than D^m (a searched one; on a mesh, see
+    ``cost.latency.MeshSegments``). Raises
+    ``LimitsError`` (one line naming the device and the least it needs) when no architecture is within the limits.
     """
     derived_ops = np.asarray(derived_ops, np.int32)
     if not np.all(np.isfinite(np.asarray(alpha))):
@@ -78,8 +83,6 @@ def repair(space: SearchSpace, table: CostTable, alpha, derived_ops, t_const_ms:
     logp = np.log(np.maximum(np.asarray(probabilities(alpha, mask), np.float64), 1e-30))
     cost = -logp
     topo = space.topology
-    if assignment is not None and topo.kind != "chain":
-        raise ValueError("an assignment can only be given for a chain topology")
     dev = space.layer_devices() if assignment is None else np.asarray(assignment)
     lat = np.asarray(table.compute_ms, np.float64)[dev, np.arange(space.num_layers)]  # [N, R] on own device
     t_derived = float(arch_latency(space, table, derived_ops, assignment).total)
@@ -87,16 +90,22 @@ def repair(space: SearchSpace, table: CostTable, alpha, derived_ops, t_const_ms:
     zero[:] = [int(np.flatnonzero(mask[n])[0]) for n in range(space.num_layers)]
     # constant part: T of an architecture minus its per-layer compute (exact since T is affine in the layer terms)
     base_ops = zero
+    if limits is not None and L.binding(space, table, limits, assignment):
+        seg_front = L.segment_frontiers(space, table, limits, lat, cost, assignment)
+    else:
+        limits = None
+        seg_front = lambda devices: _frontier([n for m in devices for n in np.flatnonzero(dev == m)], lat, cost, mask)
     if topo.kind == "chain":
         const = float(arch_latency(space, table, base_ops, assignment).total) - lat[np.arange(space.num_layers), base_ops].sum()
-        front = _frontier(range(space.num_layers), lat, cost, mask)
+        front = seg_front(list(topo.pre))
         best = _cheapest_within(front, t_const_ms - const)
         t_min = const + front[0][0]
         ops = None if best is None else np.asarray(best[2], np.int32)
         fastest = np.asarray(front[2][0], np.int32)
     else:
-        ops, t_min, fastest = _repair_mesh(space, table, lat, cost, mask, t_const_ms)
-    if within(t_derived, t_const_ms):
+        ops, t_min, fastest = _repair_mesh(space, table, lat, cost, mask, t_const_ms, seg_front, assignment, dev)
+    derived_ok = limits is None or L.within_limits(space, table, limits, derived_ops, assignment)
+    if within(t_derived, t_const_ms) and derived_ok:
         return Repair(derived_ops, t_derived, False, True, t_min, 0.0)
     feasible = ops is not None
     ops = ops if feasible else fastest
@@ -105,20 +114,21 @@ def repair(space: SearchSpace, table: CostTable, alpha, derived_ops, t_const_ms:
     return Repair(ops, t, True, feasible, t_min, loss)
 
 
-def _repair_mesh(space, table, lat, cost, mask, t_const_ms):
+def _repair_mesh(space, table, lat, cost, mask, t_const_ms, seg_front, assignment, dev):
     topo = space.topology
-    additive = [n for m in list(topo.pre) + [topo.root] + list(topo.post) for n in space.layers_of(m)]
-    branch_layers = [list(space.layers_of(b)) for b in topo.branches]
+    additive = [n for m in list(topo.pre) + [topo.root] + list(topo.post) for n in np.flatnonzero(dev == m)]
+    branch_layers = [list(np.flatnonzero(dev == b)) for b in topo.branches]
     base = np.array([int(np.flatnonzero(mask[n])[0]) for n in range(space.num_layers)], np.int32)
     n_all = np.arange(space.num_layers)
     # T(ops) = const + sum_additive lat + max_b (sum_branch_b lat + comm_b); comm_b is op-independent
     br_const = []
-    lat_b = np.asarray(_branch_terms(space, table, base))
+    lat_b = np.asarray(_branch_terms(space, table, base, assignment))
     for b, layers in enumerate(branch_layers):
         br_const.append(lat_b[b] - lat[layers, base[layers]].sum())
-    const = float(arch_latency(space, table, base).total) - lat[additive, base[additive]].sum() - lat_b.max()
-    fa = _frontier(additive, lat, cost, mask)
-    fbs = [_frontier(layers, lat, cost, mask) for layers in branch_layers]
+    const = (float(arch_latency(space, table, base, assignment).total) - lat[additive, base[additive]].sum()
+             - lat_b.max())
+    fa = seg_front(list(topo.pre) + [topo.root] + list(topo.post))
+    fbs = [seg_front([b]) for b in topo.branches]
     caps = sorted({float(l + k) for f, k in zip(fbs, br_const) for l in f[0]})
     best, fastest = None, None
     t_min = const + fa[0][0] + max(f[0][0] + k for f, k in zip(fbs, br_const))
@@ -145,9 +155,9 @@ def _repair_mesh(space, table, lat, cost, mask, t_const_ms):
     return ops, t_min, ops_fast
 
 
-def _branch_terms(space, table, ops):
+def _branch_terms(space, table, ops, assignment=None):
     """Per branch: its compute plus its two links' communication (the root's compute excluded), ms."""
-    lat = arch_latency(space, table, ops)
+    lat = arch_latency(space, table, ops, assignment)
     topo = space.topology
     agg = topo.post[0]
     out = []

@@ -26,7 +26,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.split = "fixed"  # or "searched": the best chain split of the current E[tau] in every architecture step
     c.search = ml_collections.ConfigDict(dict(
         warmup_epochs=2, epochs=8, batch_size=64, arch_every=1, weight_lr=2e-3, arch_lr=2e-3, lambda1=1e-5,
-        lambda2=100.0, penalty="two_sided", gate_mode="two_path", tau0=5.0, tau_min=0.1, tau_decay=0.97))
+        lambda2=100.0, penalty="two_sided", gate_mode="two_path", tau0=5.0, tau_min=0.1, tau_decay=0.97,
+        # weight of the devices' memory/energy hinge (jmsnas.limits; built only when a limit can bind)
+        lambda_limits=100.0))
     c.retrain = ml_collections.ConfigDict(dict(epochs=15, lr=2e-3))
     c.eval_batch_size = 256
     c.checkpoint_every = 50

@@ -31,7 +31,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from jmsnas import budget, data, pipeline, programs, strategies, supernet, timing, train
+from jmsnas import budget, data, limits, pipeline, programs, strategies, supernet, timing, train
 from jmsnas import space as S
 from jmsnas import tensorboard as tb
 from jmsnas.checkpoint import Checkpointer
@@ -249,10 +249,11 @@ def fitness_data(cfg, ds) -> FitnessData:
 
 
 def fitness(space, table, params, bn, ops, fd: FitnessData, t_const_ms: float, split: str, chunk: int,
-            evaluator: str = "batched") -> dict:
+            evaluator: str = "batched", lim: limits.DeviceLimits | None = None) -> dict:
     """Per architecture of ops int32[P, N]: ``accuracy`` (supernet, BN recalibrated), ``latency_ms``,
-    ``feasible`` (T <= T_const) and ``fitness`` = accuracy - (T / T_const) / (2 n) where feasible, else -inf
-    (n = number of fitness examples, so the latency term only breaks ties). numpy float64/bool arrays [P].
+    ``feasible`` (T <= T_const and every device within its memory and energy limits) and ``fitness`` = accuracy -
+    (T / T_const) / (2 n) where feasible, else -inf (n = number of fitness examples, so the latency term only
+    breaks ties). numpy float64/bool arrays [P].
     ``evaluator``: "batched" (``evaluate_population`` in chunks of ``chunk``) or "loop" (``evaluate_loop``: one
     architecture at a time, the same accuracies up to float rounding, less memory). With several JAX processes
     the rows are shared out among them (``run.processes.spread``)."""
@@ -267,9 +268,16 @@ def fitness(space, table, params, bn, ops, fd: FitnessData, t_const_ms: float, s
 
     acc = processes.spread(accuracy, params, bn, np.asarray(ops))
     lat = np.asarray(_population_latency(space, table, ops, split=split), np.float64)
-    feasible = budget.within(lat, t_const_ms)
+    feasible = budget.within(lat, t_const_ms) & _within_limits(space, table, lim, ops, split)
     fit = np.where(feasible, acc - lat / t_const_ms / (2 * len(fd.y)), -np.inf)
     return {"accuracy": acc, "latency_ms": lat, "feasible": feasible, "fitness": fit}
+
+
+def _within_limits(space, table, lim, ops, split) -> np.ndarray:
+    """bool[P]: every device within its memory and energy limits (all True when ``lim`` is None or cannot bind)."""
+    if lim is None or not limits.binding(space, table, lim, any_split=split == "searched"):
+        return np.ones(np.shape(ops)[0], bool)
+    return limits.population_within(space, table, lim, ops, split)
 
 
 def make_strategy(mask, e) -> strategies.Strategy:
@@ -285,13 +293,14 @@ def population_bytes(space: SearchSpace, size: int, tries: int = 64) -> int:
 
 
 def feasible_population(key, space: SearchSpace, table, t_const_ms: float, split: str, size: int,
-                        tries: int = 64) -> np.ndarray:
+                        tries: int = 64, lim: limits.DeviceLimits | None = None) -> np.ndarray:
     """int32[size, N]: an initial population that meets T <= T_const where it can (rejection sampling, as OFA's
     evolution finder starts). ``size * tries`` uniform architectures are drawn and their latencies computed (cheap:
     no network is run); the feasible ones come first, in draw order, and infeasible ones fill what is left."""
     cand = np.asarray(sample_valid(key, jnp.asarray(space.mask()), size * tries))
     lat = np.asarray(_population_latency(space, table, cand, split=split), np.float64)
-    order = np.argsort(~budget.within(lat, t_const_ms), kind="stable")
+    order = np.argsort(~(budget.within(lat, t_const_ms) & _within_limits(space, table, lim, cand, split)),
+                       kind="stable")
     return cand[order[:size]]
 
 
@@ -348,27 +357,28 @@ def evolution(strategy, es, key, fitness, *, ckpt, fp, resume, total, progress):
     return c["log"], c["best"], c["most_accurate"]
 
 
-def _evolution(cfg, space, table, st, fd, strategy, ckpt, fp, resume, progress):
+def _evolution(cfg, space, table, st, fd, strategy, ckpt, fp, resume, progress, lim=None):
     """Stage 2: ``evolution`` with the supernet's accuracy (``fitness``), from a population inside the budget."""
     e, t_const = cfg.evolve, float(cfg.t_const_ms)
     key = jax.random.PRNGKey(cfg.seed + 4)
     k_init, k_pop = jax.random.split(jax.random.fold_in(key, 0))
     es = strategy.init(k_init)  # generation 0 asks for es.population: start it inside the budget
     es = es._replace(population=jnp.asarray(feasible_population(k_pop, space, table, t_const, cfg.split,
-                                                                e.population)))
+                                                                e.population, lim=lim)))
     return evolution(strategy, es, key,
                      lambda ops: fitness(space, table, st.params, st.bn, ops, fd, t_const, cfg.split, e.chunk,
-                                         e.evaluator),
+                                         e.evaluator, lim),
                      ckpt=ckpt, fp=fp, resume=resume, total=e.generations, progress=progress)
 
 
-def _winner(cfg, space, table, best, top):
+def _winner(cfg, space, table, best, top, lim=None):
     """(ops, Repair, note): the best feasible candidate; if none was feasible, the most accurate candidate
     repaired to the nearest architecture (fewest changed layers) within T_const, or the fastest one."""
     t_const = float(cfg.t_const_ms)
     start = np.asarray((best or top)["ops"], np.int32)
     alpha = 10.0 * np.eye(NUM_OPS, dtype=np.float32)[start]  # -log p ~ 10 per changed layer: nearest first
-    fix = budget.repair(space, table, alpha, start, t_const, pipeline.assignment(cfg, space, table, start))
+    fix = budget.repair(space, table, alpha, start, t_const, pipeline.assignment(cfg, space, table, start, lim),
+                        lim)
     if not fix.repaired:
         note = ("the evolution's best architecture (validation accuracy in the supernet, BN recalibrated) "
                 "meets T_const")
@@ -396,6 +406,7 @@ def evolve(cfg: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
     space, table = pipeline.build(cfg, ds)
     pipeline.check_run(cfg, space, ds, cfg.search.batch_size, 2 + cfg.evolve.num_random,
                        population_bytes(space, cfg.evolve.population), f", evolve.population={cfg.evolve.population}")
+    lim = pipeline.check_limits(cfg, space, table)
     W.claim(workdir, resume, stored, "evolve")
     e = cfg.evolve
     mesh = train.data_mesh()
@@ -405,9 +416,9 @@ def evolve(cfg: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
         st, history = _train_supernet(cfg, space, table, ds, mesh, Checkpointer(os.path.join(ckpts, "supernet")),
                                       fp, resume, progress)
         log, best, top = _evolution(cfg, space, table, st, fd, make_strategy(space.mask(), e),
-                                    Checkpointer(os.path.join(ckpts, "evolution")), fp, resume, progress)
-        ops, fix, note = _winner(cfg, space, table, best, top)
-        split = pipeline.assignment(cfg, space, table, ops)
+                                    Checkpointer(os.path.join(ckpts, "evolution")), fp, resume, progress, lim)
+        ops, fix, note = _winner(cfg, space, table, best, top, lim)
+        split = pipeline.assignment(cfg, space, table, ops, lim)
         rt, history = pipeline.retrain(cfg, space, ds, mesh, st, ops, workdir, fp, resume, progress, history)
         summary = {"population": e.population, "generations": e.generations,
                    "evaluated": e.population * e.generations, "fitness_examples": len(fd.y),

@@ -17,10 +17,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from jmsnas import (ahead as A, budget, data, dwconv, gates as G, programs, report, runcheck, supernet,
+from jmsnas import (ahead as A, budget, data, dwconv, gates as G, limits as L, programs, report, runcheck, supernet,
                     tensorboard as tb, timing, topology, train)
 from jmsnas.checkpoint import Checkpointer
-from jmsnas.cost.latency import arch_latency, best_chain_assignment, breakdown_dict, expected_latency, searched_latency
+from jmsnas.cost.latency import arch_latency, best_assignment, breakdown_dict, expected_latency, searched_latency
 from jmsnas.cost.tables import CostTable, analytic_table
 from jmsnas.objectives import PENALTIES
 from jmsnas.run import directory, loop
@@ -70,8 +70,6 @@ def validate_config(cfg) -> None:
             raise ConfigError(f"{name}={bs} must be divisible by the number of devices ({n_dev})")
     if cfg.split not in train.SPLITS:
         raise ConfigError(f"unknown split {cfg.split!r}; expected one of {list(train.SPLITS)}")
-    if cfg.split == "searched" and topo.kind != "chain":
-        raise ConfigError(f"split 'searched' needs a chain topology, got {cfg.topology!r} ({topo.kind})")
     if s.gate_mode not in G.GATE_MODES:
         raise ConfigError(f"unknown search.gate_mode {s.gate_mode!r}; expected one of {list(G.GATE_MODES)}")
     if s.get("penalty", "two_sided") not in PENALTIES:
@@ -111,10 +109,29 @@ def make_table(space: SearchSpace, cfg) -> CostTable:
     return analytic_table(space, cfg.cost.activation_bits)
 
 
-def _hparams(cfg) -> train.SearchHParams:
+def _hparams(cfg, space: SearchSpace | None = None, table: CostTable | None = None) -> train.SearchHParams:
+    """The search's hyper-parameters; the devices' limits term (``search.lambda_limits``) only when ``space``
+    and ``table`` are given and some architecture could exceed a device's limit (else the term is 0 anyway)."""
     s = cfg.search
+    bits = cfg.cost.activation_bits
+    lam = float(s.get("lambda_limits", 0.0))
+    if lam and (space is None or not L.binding(space, table, L.device_limits(space, bits),
+                                               any_split=cfg.split == "searched")):
+        lam = 0.0
     return train.SearchHParams(s.weight_lr, s.arch_lr, s.lambda1, s.lambda2, float(cfg.t_const_ms), s.penalty,
-                               s.gate_mode, s.tau0, s.tau_min, s.tau_decay, cfg.split)
+                               s.gate_mode, s.tau0, s.tau_min, s.tau_decay, cfg.split, lam, bits)
+
+
+def check_limits(cfg, space: SearchSpace, table: CostTable) -> L.DeviceLimits:
+    """The devices' limits; ConfigError (one line naming the device and what it would need) when no architecture
+    meets T_const and every device's memory and energy together under D^m (the split a searched split may always
+    fall back to). Called before the workdir is claimed."""
+    lim = L.device_limits(space, cfg.cost.activation_bits)
+    try:
+        L.check_feasible(space, table, lim, float(cfg.t_const_ms))
+    except L.LimitsError as e:
+        raise ConfigError(str(e)) from None
+    return lim
 
 
 def check_run(cfg, space: SearchSpace, ds, batch_size: int, paths: int, extra_bytes: int = 0,
@@ -149,6 +166,7 @@ def search(cfg: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
         ds = load_data(cfg)
         space, table = build(cfg, ds)
         check_run(cfg, space, ds, cfg.search.batch_size, _gate_paths(cfg))
+        lim = check_limits(cfg, space, table)
         W.claim(workdir, resume, stored, "search")
         mesh = train.data_mesh()
         fp = W.fingerprint(cfg, S.to_dict(space))
@@ -157,10 +175,10 @@ def search(cfg: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
             st, history = _stage1(cfg, space, table, ds, mesh, ckpt, fp, resume, progress, ahead)
             check_alpha(st.alpha)
             derived = np.asarray(G.derive(st.alpha, space.mask()))
-            split = assignment(cfg, space, table, derived)
-            fix = budget.repair(space, table, st.alpha, derived, float(cfg.t_const_ms), split)
+            split = assignment(cfg, space, table, derived, lim)
+            fix = budget.repair(space, table, st.alpha, derived, float(cfg.t_const_ms), split, lim)
             ops = tuple(int(i) for i in fix.ops)
-            split = assignment(cfg, space, table, fix.ops)  # re-split the repaired net: T can only fall
+            split = assignment(cfg, space, table, fix.ops, lim)  # re-split the repaired net: T can only fall
             ahead.wait_for(("retrain", ops))  # its steps, compiled since the search's last batch (_compile_retrain)
             rt, history = retrain(cfg, space, ds, mesh, st, ops, workdir, fp, resume, progress, history)
             return finish(cfg, space, table, ds, mesh, rt, ops, split, fix, derived, history, workdir)
@@ -214,8 +232,9 @@ def _compile_retrain(ahead: A.Ahead, cfg, space, table, ds, mesh, st) -> None:
 
     def guess():
         derived = np.asarray(G.derive(alpha, space.mask()))
+        lim = L.device_limits(space, cfg.cost.activation_bits)
         fix = budget.repair(space, table, alpha, derived, float(cfg.t_const_ms),
-                            assignment(cfg, space, table, derived))
+                            assignment(cfg, space, table, derived, lim), lim)
         return "retrain", tuple(int(i) for i in fix.ops)
 
     def build(key):
@@ -233,18 +252,22 @@ def _compile_retrain(ahead: A.Ahead, cfg, space, table, ds, mesh, st) -> None:
     ahead.speculate(guess, build)
 
 
-def assignment(cfg, space, table, ops):
-    """The layer->device split: D^m (None) when fixed, the exact best chain split of ``ops`` when searched."""
+def assignment(cfg, space, table, ops, lim: L.DeviceLimits | None = None):
+    """The layer->device split: D^m (None) when fixed, the exact best split of ``ops`` (eq. (1) on a chain, eq. (2)
+    on a mesh) when searched, within every device's limits when ``lim`` can bind (D^m when no split of ``ops``
+    fits them)."""
     if cfg.split == "fixed":
         return None
+    if lim is not None and L.binding(space, table, lim, any_split=True):
+        return L.best_split(space, table, lim, ops)
     onehot = jax.nn.one_hot(jnp.asarray(ops), len(OP_NAMES))
-    return np.asarray(best_chain_assignment(space, table, onehot))
+    return np.asarray(best_assignment(space, table, onehot))
 
 
 def search_steps(cfg, space: SearchSpace, table: CostTable):
     """(weight_step, arch_step, eval_step) of ``train.make_search_steps`` as the configuration asks, each with
     its traced program kept for later runs (``programs.persistent_jit``)."""
-    made = (space, table, _hparams(cfg), cfg.dw_impl, cfg.get("candidate_impl", "auto"))
+    made = (space, table, _hparams(cfg, space, table), cfg.dw_impl, cfg.get("candidate_impl", "auto"))
     steps = train.make_search_steps(*made)
     return tuple(programs.persistent_jit(step, name=f"search.{name}", identity=made, donate_argnums=donate)
                  for step, name, donate in zip(steps, ("weight_step", "arch_step", "eval_step"), (0, 0, ())))
@@ -411,6 +434,7 @@ def finish(cfg, space, table, ds, mesh, rt, ops, split, fix, derived, history, w
                    "min_reachable_ms": fix.min_latency_ms,
                    "note": _budget_note(fix, derived, cfg.t_const_ms) if note is None else note},
         "dataset": ds.name, "seed": cfg.seed,
+        **L.report(space, table, L.device_limits(space, cfg.cost.activation_bits), ops, split),
         **(extra or {}),
     }
     if timing.active() is not None:  # compile and run time so far (wall, CPU): the only entry that varies by run

@@ -244,10 +244,46 @@ def format_summary(result) -> str:
     if parts > result["latency_ms"]["total"] * (1 + 1e-5) + 1e-9:  # float32 sums differ in the last bits
         lines.append("  (the total is below the sum of the parts: parallel branches overlap)")
     acc = result["accuracy"]
+    lines += _limits_lines(result)
     lines += ["", f"Accuracy: val {_fmt_pct(acc['val'])}, test {_fmt_pct(acc['test'])}",
               f"Parameters: {int(result['params']):,}"]
     lines += _time_lines(result.get("time"))
     return "\n".join(lines) + "\n"
+
+
+def _kib(b) -> str:
+    """Bytes in KiB, or MiB / GiB from 10 MiB / 10 GiB on ("no limit" for None)."""
+    if b is None:
+        return "no limit"
+    for unit, size in (("GiB", 2 ** 30), ("MiB", 2 ** 20)):
+        if b >= 10 * size:
+            return f"{b / size:,.1f} {unit}"
+    return f"{b / 1024:,.1f} KiB"
+
+
+def _limits_lines(result) -> list:
+    """Memory per device against its limit and energy per device/link (``result["memory"]``/``["energy"]``,
+    jmsnas.limits.report), when present."""
+    mem, en = result.get("memory"), result.get("energy")
+    if not mem:
+        return []
+    lines = ["", "Memory per device (weights + link buffers + peak activations, one image):",
+             f"  {'device':<12} {'total':>12} {'weights':>12} {'buffers':>12} {'activations':>12}   limit"]
+    for dev, m in mem.items():
+        lines.append(f"  {dev:<12} {_kib(m['bytes']):>12} {_kib(m['weights']):>12} {_kib(m['buffers']):>12} "
+                     f"{_kib(m['activations']):>12}   {_kib(m['limit_bytes'])}"
+                     + ("" if m["within"] else "   EXCEEDS"))
+    if en:
+        fmt = lambda v: "unknown" if v is None else f"{v:.4g}"
+        lines += ["", "Energy (mJ per inference; compute + the device's share of its links):"]
+        for dev, e in en["per_device"].items():
+            budget = "" if e["budget_mj"] is None else f"   budget {e['budget_mj']:.4g}" + (
+                "" if e["within"] else "   EXCEEDS")
+            lines.append(f"  {dev:<22} {fmt(e['mj']):>9}{budget}")
+        for link, v in en["per_link"].items():
+            lines.append(f"  {link:<22} {fmt(v):>9}   link (both ends)")
+        lines.append(f"  {'total':<22} {fmt(en['total']):>9}")
+    return lines
 
 
 def _time_lines(t) -> list:
@@ -331,8 +367,9 @@ def plot_latency_breakdown(results, path, labels=None) -> Figure:
         raise ValueError(f"labels has {len(labels)} entries, expected one per result ({len(results)})")
     segs = [latency_segments(r) for r in results]
     colors = _segment_colors((n, k) for sg in segs for n, k, _ in sg)
-    fig = Figure(figsize=(max(4.5, 1.3 * len(results) + 3), 5), layout="constrained")
-    ax = fig.subplots()
+    memory = results[0].get("memory") if len(results) == 1 else None
+    fig = Figure(figsize=(max(4.5, 1.3 * len(results) + 3) + (4 if memory else 0), 5), layout="constrained")
+    ax, axm = fig.subplots(1, 2, width_ratios=[3, 2]) if memory else (fig.subplots(), None)
     x = np.arange(len(results))
     drawn = set()
     sums = [sum(ms for _, _, ms in sg) for sg in segs]
@@ -372,7 +409,29 @@ def plot_latency_breakdown(results, path, labels=None) -> Figure:
     ax.legend(handles=handles, fontsize=8, loc="upper left",
               bbox_to_anchor=(1.02 if len(results) == 1 else 1.12, 1.0))
     ax.set_title(f"Latency breakdown ({results[0]['topology']})")
+    if memory:
+        _memory_panel(axm, memory)
     return _save(fig, path)
+
+
+def _memory_panel(ax, memory: dict) -> None:
+    """Horizontal bars of every device's memory (weights, link buffers, activations; log scale) and its limit."""
+    devs = list(memory)
+    y = np.arange(len(devs))[::-1]
+    left = np.zeros(len(devs))
+    for key, color in (("weights", "#457b9d"), ("buffers", "#a8dadc"), ("activations", "#e9c46a")):
+        v = np.array([max(memory[d][key], 1) for d in devs], float)
+        ax.barh(y, v, left=left, color=color, label=key, height=0.6)
+        left = left + v
+    lims = [memory[d]["limit_bytes"] for d in devs]
+    for yi, lim in zip(y, lims):
+        if lim is not None:
+            ax.vlines(lim, yi - 0.4, yi + 0.4, color="#d62828", lw=2, label="limit" if yi == y[0] else None)
+    ax.set_xscale("log")
+    ax.set_yticks(y, devs)
+    ax.set_xlabel("memory (bytes, log scale)")
+    ax.set_title("Memory per device vs limit")
+    ax.legend(fontsize=8, loc="lower right")
 
 
 def plot_architecture(result, path) -> Figure:

@@ -67,6 +67,8 @@ def check_values(cfg) -> None:
     number(cfg, "search.tau_decay", low=0, high=1, low_open=True)
     for key in ("search.lambda1", "search.lambda2"):
         number(cfg, key, low=0)
+    if "lambda_limits" in cfg.search:
+        number(cfg, "search.lambda_limits", low=0)
     number(cfg, "retrain.epochs", low=0, integer=True)
     for key in ("image_size", "max_train"):
         number(cfg, key, low=1, integer=True, optional=True)

@@ -161,13 +161,20 @@ def generation_scalars(accuracy, latency_ms, feasible, fitness, sensor_peak_byte
 
 def result_scalars(result: Mapping) -> dict:
     """The final numbers of a search/evolve/SplitNets result.json: ``result/accuracy/{val,test}``, the latency
-    breakdown under ``result/latency``, ``result/params`` and, for SplitNets, ``memory/sensor_peak_bytes``."""
+    breakdown under ``result/latency``, ``result/params`` and ``memory/sensor_peak_bytes`` (SplitNets) or
+    ``memory/<device>/bytes`` and ``limit_bytes`` (search/evolve)."""
     out = {f"result/accuracy/{k}": v for k, v in result["accuracy"].items()}
     out.update(breakdown_scalars("result/latency", result["latency_ms"]))
     out["result/params"] = result.get("params")
-    if "memory" in result:
-        out["memory/sensor_peak_bytes"] = result["memory"]["sensor_peak_bytes"]
-        out["memory/sensor_limit_bytes"] = result["memory"]["limit_bytes"]
+    mem = result.get("memory")
+    if mem and "sensor_peak_bytes" in mem:  # SplitNets
+        out["memory/sensor_peak_bytes"] = mem["sensor_peak_bytes"]
+        out["memory/sensor_limit_bytes"] = mem["limit_bytes"]
+    elif mem:  # search/evolve: every device's memory against its limit (jmsnas.limits.report)
+        for d, m in mem.items():
+            out[f"memory/{_name(d)}/bytes"] = m["bytes"]
+            if m.get("limit_bytes") is not None:
+                out[f"memory/{_name(d)}/limit_bytes"] = m["limit_bytes"]
     return out
 
 

@@ -62,6 +62,8 @@ class SearchHParams(NamedTuple):
     tau_min: float = 0.1
     tau_decay: float = 0.97
     split: str = "fixed"  # "fixed": D^m from the topology; "searched": best chain split of E[tau] in every step
+    lambda_limits: float = 0.0  # weight of the per-device memory/energy hinge (jmsnas.limits); 0: no term
+    activation_bits: int = 32  # the activations' width in the memory term
 
 
 def data_mesh(devices=None) -> Mesh:
@@ -155,7 +157,10 @@ def make_search_steps(space: SearchSpace, table: CostTable, hp: SearchHParams, d
                                        impl=candidate_impl)
             ce = cross_entropy(logits, y)
             t = step_latency(space, table, alpha, hp.split)
-            return ce + hp.lambda2 * latency_penalty(t, hp.t_const_ms, hp.penalty), (ce, t)
+            loss = ce + hp.lambda2 * latency_penalty(t, hp.t_const_ms, hp.penalty)
+            if hp.lambda_limits:
+                loss = loss + hp.lambda_limits * step_limits_penalty(space, table, alpha, hp)
+            return loss, (ce, t)
 
         (loss, (ce, t)), grad = jax.value_and_grad(loss_fn, has_aux=True)(st.alpha)
         updates, a_opt = a_tx.update(grad, st.arch_opt, st.alpha)
@@ -182,6 +187,16 @@ def step_latency(space: SearchSpace, table: CostTable, alpha, split: str = "fixe
     if split == "searched":
         return searched_latency(space, table, G.probabilities(alpha, jnp.asarray(space.mask())))[0].total
     raise ValueError(f"unknown split mode {split!r}; expected one of {SPLITS}")
+
+
+def step_limits_penalty(space: SearchSpace, table: CostTable, alpha, hp: SearchHParams):
+    """The devices' memory/energy hinge (``limits.expected_penalty``) under the step's split (D^m, or the best
+    chain split of the current E[tau], held fixed for the gradient as in ``step_latency``)."""
+    from jmsnas import limits
+    assignment = None
+    if hp.split == "searched":
+        assignment = searched_latency(space, table, G.probabilities(alpha, jnp.asarray(space.mask())))[1]
+    return limits.expected_penalty(space, table, limits.device_limits(space, hp.activation_bits), alpha, assignment)
 
 
 def _eval_sums(logits, y, valid):

@@ -255,7 +255,7 @@ TINY = textwrap.dedent("""
         return c
 """)
 SEARCH_KEYS = {"topology", "space", "t_const_ms", "architecture", "split", "latency_ms", "accuracy", "params", "budget",
-               "dataset", "seed"}
+               "dataset", "seed", "memory", "energy"}
 
 
 def _evolve(cfg, workdir, env, *extra):

@@ -157,8 +157,10 @@ def test_chain_rejects_bad_assignment():
         L.arch_latency(sp, table, ops, [0, 1, 3, 3])
     mesh = build_space(presets.topology("mesh", [1] * 6), image_size=4, in_channels=3, num_classes=2,
                        device_channels=[4] * 6, device_strides=[1] * 6, stem_channels=4, head_channels=4)
-    with pytest.raises(ValueError, match="assignment can only be given for a chain"):
+    with pytest.raises(ValueError, match="every branch layer stays on its branch device"):
         L.arch_latency(mesh, analytic_table(mesh), [0] * 6, [0] * 6)
+    with pytest.raises(ValueError, match=r"layers 0\.\.1 \(before the fork\) must run on devices \[0, 1\]"):
+        L.arch_latency(mesh, analytic_table(mesh), [0] * 6, [1, 0, 2, 3, 4, 5])
 
 
 def test_chain_gradient_matches_central_differences():

@@ -83,6 +83,7 @@ def test_tiny_search_logs_every_scalar(tmp_path):
             "result/latency_ms", "result/params"}
     want |= {f"latency/expected/device/{d}_ms" for d in devices} | {f"latency/expected/link/{l}_ms" for l in links}
     want |= {f"result/latency/device/{d}_ms" for d in devices} | {f"memory/{d}/weight_bytes" for d in devices}
+    want |= {f"memory/{d}/{k}" for d in devices for k in ("bytes", "limit_bytes")}  # against each limit
     want |= {f"arch/{k}/layer_{n:02d}" for k in ("entropy", "top_op", "top_prob") for n in range(layers)}
     assert want <= set(scalars), sorted(want - set(scalars))
     assert images == ["figures/architecture", "figures/history", "figures/latency_breakdown"]
@@ -96,6 +97,6 @@ def test_tiny_search_logs_every_scalar(tmp_path):
     assert scalars["search/gumbel_temperature"][0][1] == pytest.approx(max(0.1, 5.0 * 0.97 ** steps), rel=1e-5)
     assert all(0 <= v < len(OP_NAMES) for _, v in scalars["arch/top_op/layer_00"])
     # the weights each device holds: its part's parameters and BN statistics, 4 bytes each
-    total = sum(v[0][1] for t, v in scalars.items() if t.startswith("memory/"))
+    total = sum(v[0][1] for t, v in scalars.items() if t.startswith("memory/") and t.endswith("/weight_bytes"))
     assert total >= 4 * result["params"]
     assert os.listdir(tmp_path / "tensorboard")

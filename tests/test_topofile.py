@@ -35,7 +35,7 @@ def test_splitnets_hmd_is_a_star_on_a_shared_bus():
     assert [l.bandwidth_mbps for l in t.links] == [300.0] * 4
     one = presets.splitnets_preset()
     sensor = one.devices[0]
-    assert t.devices[0][1:-1] == sensor[1:-1]  # same figures as the roofline preset (name and note differ)
+    assert t.devices[0][1:6] == sensor[1:6]  # same figures as the roofline preset (name, note and power differ)
     assert t.bus_of(2) == t.buses[0]
 
 
@@ -44,7 +44,9 @@ def test_own_file_fields_presets_and_overrides():
     assert t.kind == "chain" and t.device_names == ("phone", "edge", "cloud")
     assert [(l.src, l.dst, l.bandwidth_mbps, l.latency_ms, l.wireless) for l in t.links] == [
         ("phone", "edge", 10, 40, True), ("edge", "cloud", 1000, 5, False)]
-    assert t.devices[0] == DeviceProfile("phone", 200, 6144 * 2 ** 20, 25, 0.2, 0.05, "mid-range phone (our figures)")
+    assert t.devices[0] == DeviceProfile("phone", 200, 6144 * 2 ** 20, 25, 0.2, 0.05, "mid-range phone (our figures)",
+                                         active_power_w=5)
+    assert [(l.tx_power_w, l.rx_power_w) for l in t.links] == [(3, 0), (0.5, 0.5)]
     assert t.devices[1] == presets.device("jetson_agx_xavier", "edge")
     assert t.layers_per_device == (2, 2, 2)
 
@@ -336,3 +338,21 @@ def test_line_break_characters_in_text_round_trip(tmp_path):
     for ext in ("yaml", "json"):
         topology.dump(topo, tmp_path / f"t.{ext}")
         assert topology.load(tmp_path / f"t.{ext}") == topo
+
+
+def test_energy_fields_are_checked_in_one_line(tmp_path):
+    for field, value, what in (("active_power_w", -1, "must be >= 0"), ("energy_budget_mj", 0, "must be > 0")):
+        p = tmp_path / "bad.yaml"
+        p.write_text(f"devices:\n  - {{name: a, gflops: 1, memory_mb: 1, {field}: {value}}}\n  - {{name: b, gflops: 1, "
+                     "memory_mb: 1}\nlinks:\n  - {src: a, dst: b, mbps: 1}\n")
+        with pytest.raises(topology.TopologyError, match=f"devices\\[0\\].{field}: {what}"):
+            topology.load(p)
+    p = tmp_path / "bad.yaml"
+    p.write_text("devices:\n  - {name: a, gflops: 1, memory_mb: 1, energy_budget_mj: 5}\n  - {name: b, gflops: 1, "
+                 "memory_mb: 1}\nlinks:\n  - {src: a, dst: b, mbps: 1, tx_power_w: x}\n")
+    with pytest.raises(topology.TopologyError, match=r"links\[0\].tx_power_w: must be a number"):
+        topology.load(p)
+    p.write_text("devices:\n  - {name: a, gflops: 1, memory_mb: 1, energy_budget_mj: 5}\n  - {name: b, gflops: 1, "
+                 "memory_mb: 1}\nlinks:\n  - {src: a, dst: b, mbps: 1}\n")
+    with pytest.raises(topology.TopologyError, match="energy_budget_mj but no active_power_w"):
+        topology.load(p)

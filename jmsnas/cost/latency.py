@@ -73,22 +73,120 @@ def chain_latency(space: SearchSpace, table: CostTable, probs, assignment=None) 
     tau = layer_ms(table, probs)  # [M, N]
     onehot = jax.nn.one_hot(assignment, topo.num_devices, dtype=tau.dtype)  # [N, M]
     per_device = _fixed_terms(space, table, jnp.einsum("mn,nm->m", tau, onehot))
-    chain_pos = jnp.asarray(np.argsort(order))[assignment]  # position of each layer's device along the chain
+    nbytes = link_bytes(space, table, assignment)
     per_link = jnp.zeros((len(topo.links),), tau.dtype)
     for j in range(len(order) - 1):
-        done = jnp.sum(chain_pos <= j)  # layers finished before crossing link j
-        nbytes = jnp.where(done > 0, table.out_bytes[jnp.maximum(done - 1, 0)], table.stem_bytes)
         link = topo.link_index(int(order[j]), int(order[j + 1]))
-        per_link = per_link.at[link].set(_comm_ms(table, link, nbytes))
+        per_link = per_link.at[link].set(_comm_ms(table, link, nbytes[link]))
     return Latency(jnp.sum(per_device) + jnp.sum(per_link), per_device, per_link)
 
 
-def mesh_latency(space: SearchSpace, table: CostTable, probs) -> Latency:
-    """Eq. (2): chain part C (before the root and from the aggregator on) plus the slowest root->branch path."""
+def link_bytes(space: SearchSpace, table: CostTable, assignment=None) -> jnp.ndarray:
+    """float32[L]: the bytes every link carries per image (topology link order). Chain: the tensor at the boundary
+    the link crosses under ``assignment`` (D^m by default; the stem's output when the first device runs no
+    layer). Mesh (D^m): the output of the sending device's last layer."""
+    topo = space.topology
+    nbytes = jnp.zeros((len(topo.links),), jnp.float32)
+    if topo.kind != "chain":
+        if assignment is None:
+            for i, l in enumerate(topo.links):
+                nbytes = nbytes.at[i].set(table.out_bytes[space.layers_of(topo.device_names.index(l.src))[-1]])
+            return nbytes
+        return _mesh_link_bytes(space, table, assignment)
+    order = np.asarray(topo.pre)
+    assignment = jnp.asarray(space.layer_devices() if assignment is None else assignment)
+    chain_pos = jnp.asarray(np.argsort(order))[assignment]  # position of each layer's device along the chain
+    for j in range(len(order) - 1):
+        done = jnp.sum(chain_pos <= j)  # layers finished before crossing link j
+        link = topo.link_index(int(order[j]), int(order[j + 1]))
+        nbytes = nbytes.at[link].set(jnp.where(done > 0, table.out_bytes[jnp.maximum(done - 1, 0)], table.stem_bytes))
+    return nbytes
+
+
+class MeshSegments(NamedTuple):
+    """A mesh space's two re-splittable segments: the prefix (the slots of pre + root: layers 0..P-1) over
+    ``prefix_devices`` = pre + (root,), and the suffix (the slots of post: layers s0..N-1) over ``post``.
+    A searched mesh split assigns each segment's layers contiguously to its devices in order (a device may take
+    none and relay); every branch keeps its own sub-network, so the tensors on the root -> branch and branch ->
+    aggregator links are fixed. Suffix boundary k carries out_bytes[s0 + k - 1] (k = 0: the merged branch outputs,
+    the shape of a branch's output); prefix boundary j carries out_bytes[j - 1] (j = 0: the stem's output)."""
+
+    prefix_devices: tuple
+    prefix: int  # P
+    post: tuple
+    suffix_start: int  # s0
+
+
+def mesh_segments(space: SearchSpace) -> MeshSegments:
+    topo = space.topology
+    pre_devs = tuple(topo.pre) + (topo.root,)
+    prefix = sum(len(space.layers_of(m)) for m in pre_devs)
+    suffix = sum(len(space.layers_of(m)) for m in topo.post)
+    return MeshSegments(pre_devs, prefix, tuple(topo.post), space.num_layers - suffix)
+
+
+def _segment_positions(seg_devices, assignment, lo, hi):
+    """Position along ``seg_devices`` of the device of each layer lo..hi-1 (traced or concrete)."""
+    lookup = np.full(max(seg_devices) + 1, -1, np.int32)
+    lookup[list(seg_devices)] = np.arange(len(seg_devices))
+    return jnp.asarray(lookup)[jnp.asarray(assignment)[lo:hi]]
+
+
+def _mesh_link_bytes(space, table, assignment):
+    topo, seg = space.topology, mesh_segments(space)
+    nbytes = jnp.zeros((len(topo.links),), jnp.float32)
+    pos = _segment_positions(seg.prefix_devices, assignment, 0, seg.prefix)
+    for j in range(len(seg.prefix_devices) - 1):
+        done = jnp.sum(pos <= j)
+        link = topo.link_index(seg.prefix_devices[j], seg.prefix_devices[j + 1])
+        nbytes = nbytes.at[link].set(jnp.where(done > 0, table.out_bytes[jnp.maximum(done - 1, 0)], table.stem_bytes))
+    agg = topo.post[0]
+    for b in topo.branches:
+        nbytes = nbytes.at[topo.link_index(topo.root, b)].set(table.out_bytes[seg.prefix - 1])
+        nbytes = nbytes.at[topo.link_index(b, agg)].set(table.out_bytes[space.layers_of(b)[-1]])
+    pos = _segment_positions(seg.post, assignment, seg.suffix_start, space.num_layers)
+    for j in range(len(seg.post) - 1):
+        done = jnp.sum(pos <= j)
+        link = topo.link_index(seg.post[j], seg.post[j + 1])
+        nbytes = nbytes.at[link].set(table.out_bytes[seg.suffix_start + done - 1])
+    return nbytes
+
+
+def _check_mesh_assignment(space: SearchSpace, assignment) -> None:
+    """Rejects a concrete mesh assignment outside the family of ``MeshSegments`` (traced ones pass)."""
+    try:
+        a = np.asarray(assignment)
+    except jax.errors.TracerArrayConversionError:
+        return
+    seg, dev = mesh_segments(space), space.layer_devices()
+    if a.shape != (space.num_layers,) or a.dtype.kind not in "iu":
+        raise ValueError(f"assignment must be int[{space.num_layers}] of device indices, got {a.tolist()}")
+    br = slice(seg.prefix, seg.suffix_start)
+    if not np.array_equal(a[br], dev[br]):
+        raise ValueError(f"assignment {a.tolist()}: every branch layer stays on its branch device "
+                         f"({dev[br].tolist()} for layers {seg.prefix}..{seg.suffix_start - 1})")
+    for devs, lo, hi, what in ((seg.prefix_devices, 0, seg.prefix, "before the fork"),
+                               (seg.post, seg.suffix_start, space.num_layers, "after the merge")):
+        part = a[lo:hi]
+        if not np.isin(part, devs).all() or np.any(np.diff([devs.index(d) for d in part]) < 0):
+            raise ValueError(f"assignment {a.tolist()}: layers {lo}..{hi - 1} ({what}) must run on devices "
+                             f"{list(devs)} in that order")
+
+
+def mesh_latency(space: SearchSpace, table: CostTable, probs, assignment=None) -> Latency:
+    """Eq. (2): chain part C (before the root and from the aggregator on) plus the slowest root->branch path.
+    ``assignment`` int32[N] (a searched split, see ``MeshSegments``) defaults to D^m."""
     topo = space.topology
     tau = layer_ms(table, probs)
-    per_device = jnp.stack([jnp.sum(tau[m, list(space.layers_of(m))]) for m in range(topo.num_devices)])
+    if assignment is None:
+        per_device = jnp.stack([jnp.sum(tau[m, list(space.layers_of(m))]) for m in range(topo.num_devices)])
+    else:
+        _check_mesh_assignment(space, assignment)
+        onehot = jax.nn.one_hot(jnp.asarray(assignment), topo.num_devices, dtype=tau.dtype)
+        per_device = jnp.einsum("mn,nm->m", tau, onehot)
     per_device = _fixed_terms(space, table, per_device)
+    if assignment is not None:
+        return _mesh_total(space, table, per_device, _mesh_link_bytes(space, table, assignment))
     last_out = lambda m: table.out_bytes[space.layers_of(m)[-1]]
     per_link = jnp.zeros((len(topo.links),), tau.dtype)
     chain_seq = list(topo.pre) + [topo.root]
@@ -112,13 +210,24 @@ def mesh_latency(space: SearchSpace, table: CostTable, probs) -> Latency:
     return Latency(total, per_device, per_link)
 
 
+def _mesh_total(space, table, per_device, nbytes) -> Latency:
+    """Eq. (2) from per-device compute ms and per-link bytes (the searched-split path of ``mesh_latency``)."""
+    topo = space.topology
+    per_link = jnp.stack([_comm_ms(table, i, nbytes[i]) for i in range(len(topo.links))])
+    chain_seq = list(topo.pre) + [topo.root]
+    chain_links = [topo.link_index(a, b) for seq in (chain_seq, list(topo.post)) for a, b in zip(seq, seq[1:])]
+    agg = topo.post[0]
+    branch_terms = [per_device[topo.root] + per_link[topo.link_index(topo.root, b)] + per_device[b]
+                    + per_link[topo.link_index(b, agg)] for b in topo.branches]
+    chain_part = sum(per_device[m] for m in list(topo.pre) + list(topo.post)) + sum(per_link[i] for i in chain_links)
+    return Latency(chain_part + jnp.max(jnp.stack(branch_terms)), per_device, per_link)
+
+
 def latency(space: SearchSpace, table: CostTable, probs, assignment=None) -> Latency:
     """Latency breakdown for probabilities ``probs`` float[N, R] (one-hot for a discrete architecture)."""
     if space.topology.kind == "chain":
         return chain_latency(space, table, probs, assignment)
-    if assignment is not None:
-        raise ValueError("a layer assignment can only be given for a chain topology; the mesh's is fixed by D^m")
-    return mesh_latency(space, table, probs)
+    return mesh_latency(space, table, probs, assignment)
 
 
 def expected_latency(space: SearchSpace, table: CostTable, alpha, assignment=None) -> Latency:
@@ -149,12 +258,20 @@ def best_chain_assignment(space: SearchSpace, table: CostTable, probs) -> jnp.nd
     """
     topo = space.topology
     if topo.kind != "chain":
-        raise ValueError(f"a searched split needs a chain topology, got {topo.kind!r} ({topo.name!r})")
+        raise ValueError(f"a chain split needs a chain topology, got {topo.kind!r} ({topo.name!r}); "
+                         "best_mesh_assignment splits a mesh")
     order = list(topo.pre)
-    n = space.num_layers
-    tau = jax.lax.stop_gradient(layer_ms(table, probs))[jnp.asarray(order)]  # [M, N] in chain order
-    cum = jnp.concatenate([jnp.zeros((len(order), 1), tau.dtype), jnp.cumsum(tau, axis=1)], axis=1)  # [M, N+1]
+    tau = jax.lax.stop_gradient(layer_ms(table, probs))
     boundary_bytes = jnp.concatenate([table.stem_bytes[None], table.out_bytes])  # tensor at boundary j
+    pos = _segment_dp(space, table, order, tau[jnp.asarray(order)], boundary_bytes)
+    return jnp.asarray(order, jnp.int32)[pos]
+
+
+def _segment_dp(space, table, order, tau, boundary_bytes):
+    """Chain position (int[n]) of each of n consecutive layers split contiguously over the devices ``order``,
+    minimising their compute tau [len(order), n] plus the links' eps at the split boundaries (the DP above)."""
+    topo, n = space.topology, tau.shape[1]
+    cum = jnp.concatenate([jnp.zeros((len(order), 1), tau.dtype), jnp.cumsum(tau, axis=1)], axis=1)  # [M, n+1]
     j_le_k = jnp.tril(jnp.ones((n + 1, n + 1), bool))  # [k, j]: j <= k
     f, choices = cum[0], []
     for p in range(len(order) - 1):
@@ -169,11 +286,39 @@ def best_chain_assignment(space: SearchSpace, table: CostTable, probs) -> jnp.nd
         k = choices[p][k]
         starts.append(k)
     starts = jnp.stack(starts[::-1]) if starts else jnp.zeros((0,), jnp.int32)  # start of devices 1..M-1
-    pos = jnp.sum(jnp.arange(n)[:, None] >= starts[None, :], axis=1)  # chain position of every layer
-    return jnp.asarray(order, jnp.int32)[pos]
+    return jnp.sum(jnp.arange(n)[:, None] >= starts[None, :], axis=1)  # chain position of every layer
+
+
+def best_mesh_assignment(space: SearchSpace, table: CostTable, probs) -> jnp.ndarray:
+    """The layer->device assignment of a mesh (``MeshSegments``) minimising eq. (2) for E[tau] (exact).
+
+    Under such a split eq. (2) is T = [sum over pre + root of tau and chain links] + max_b C_b + [sum over post of
+    tau and chain links] + stem/head terms, where C_b (root -> b link, branch b's compute, b -> aggregator link) does
+    not depend on the split: the root's compute is in every branch term, so it leaves the max. The two brackets
+    are independent chain problems, each solved by the chain DP. int32[N]; jit-friendly, no gradient."""
+    topo = space.topology
+    if topo.kind != "mesh":
+        raise ValueError(f"a mesh split needs a mesh topology, got {topo.kind!r} ({topo.name!r})")
+    seg = mesh_segments(space)
+    tau = jax.lax.stop_gradient(layer_ms(table, probs))
+    pre = jnp.asarray(seg.prefix_devices)
+    pos = _segment_dp(space, table, list(seg.prefix_devices), tau[pre, :seg.prefix],
+                      jnp.concatenate([table.stem_bytes[None], table.out_bytes[:seg.prefix]]))
+    post = jnp.asarray(seg.post)
+    spos = _segment_dp(space, table, list(seg.post), tau[post, seg.suffix_start:],
+                       table.out_bytes[seg.suffix_start - 1:])
+    dev = jnp.asarray(space.layer_devices())
+    return jnp.concatenate([pre[pos], dev[seg.prefix:seg.suffix_start], post[spos]]).astype(jnp.int32)
+
+
+def best_assignment(space: SearchSpace, table: CostTable, probs) -> jnp.ndarray:
+    """The exact best split of E[tau]: ``best_chain_assignment`` or ``best_mesh_assignment``."""
+    if space.topology.kind == "mesh":
+        return best_mesh_assignment(space, table, probs)
+    return best_chain_assignment(space, table, probs)
 
 
 def searched_latency(space: SearchSpace, table: CostTable, probs) -> tuple:
     """(Latency under the best split of E[tau], that assignment); gradients flow through the chosen split."""
-    assignment = best_chain_assignment(space, table, probs)
-    return chain_latency(space, table, probs, assignment), assignment
+    assignment = best_assignment(space, table, probs)
+    return latency(space, table, probs, assignment), assignment

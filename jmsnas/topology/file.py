@@ -49,8 +49,8 @@ MIB = 1 << 20
 
 TOP_FIELDS = ("name", "description", "devices", "links", "layers_per_device", "buses")
 DEVICE_FIELDS = ("name", "preset", "gflops", "memory_bytes", "memory_mb", "mem_bandwidth_gbs", "efficiency",
-                 "layer_overhead_ms", "description")
-LINK_FIELDS = ("src", "dst", "mbps", "latency_ms", "wireless")
+                 "layer_overhead_ms", "description", "active_power_w", "energy_budget_mj")
+LINK_FIELDS = ("src", "dst", "mbps", "latency_ms", "wireless", "tx_power_w", "rx_power_w")
 BUS_FIELDS = ("name", "mbps", "links")
 DEFAULT_LAYERS = 2
 
@@ -208,7 +208,13 @@ def _device(where, i: int, d) -> DeviceProfile:
         _number(where, f"{f}.mem_bandwidth_gbs", d.get("mem_bandwidth_gbs", base.mem_bandwidth_gbs)),
         _number(where, f"{f}.efficiency", d.get("efficiency", base.efficiency), maximum=1.0),
         _number(where, f"{f}.layer_overhead_ms", d.get("layer_overhead_ms", base.layer_overhead_ms), allow_min=True),
-        note)
+        note, _optional(where, f"{f}.active_power_w", d.get("active_power_w", base.active_power_w), allow_min=True),
+        _optional(where, f"{f}.energy_budget_mj", d.get("energy_budget_mj", base.energy_budget_mj)))
+
+
+def _optional(where, field, value, allow_min=False):
+    """An optional number (None or absent: not given)."""
+    return None if value is None else _number(where, field, value, allow_min=allow_min)
 
 
 def _link_pair(where, field, value, names) -> tuple:
@@ -267,7 +273,9 @@ def _links(where, raw, names, buses) -> list:
         if not isinstance(wireless, bool):
             where.fail(f"{f}.wireless", "must be true or false", wireless)
         out.append(LinkProfile(pair[0], pair[1], mbps,
-                               _number(where, f"{f}.latency_ms", l.get("latency_ms", 0.0), allow_min=True), wireless))
+                               _number(where, f"{f}.latency_ms", l.get("latency_ms", 0.0), allow_min=True), wireless,
+                               *(_optional(where, f"{f}.{k}", l.get(k), allow_min=True)
+                                 for k in ("tx_power_w", "rx_power_w"))))
     return out
 
 
@@ -344,10 +352,13 @@ def to_dict(topo: Topology) -> dict:
     out = {"name": topo.name, "devices": [
         {"name": d.name, "gflops": _plain(d.peak_gflops), "memory_bytes": _plain(d.memory_bytes),
          "mem_bandwidth_gbs": _plain(d.mem_bandwidth_gbs), "efficiency": d.efficiency,
-         "layer_overhead_ms": _plain(d.layer_overhead_ms), **({"description": d.note} if d.note else {})}
+         "layer_overhead_ms": _plain(d.layer_overhead_ms), **({"description": d.note} if d.note else {}),
+         **{k: _plain(getattr(d, k)) for k in ("active_power_w", "energy_budget_mj") if getattr(d, k) is not None}}
         for d in topo.devices],
         "links": [{"src": l.src, "dst": l.dst, "mbps": _plain(l.bandwidth_mbps), "latency_ms": _plain(l.latency_ms),
-                   "wireless": bool(l.wireless)} for l in topo.links],
+                   "wireless": bool(l.wireless),
+                   **{k: _plain(getattr(l, k)) for k in ("tx_power_w", "rx_power_w") if getattr(l, k) is not None}}
+                  for l in topo.links],
         "layers_per_device": [int(k) for k in topo.layers_per_device]}
     if topo.buses:
         out["buses"] = [{"name": b.name, "mbps": _plain(b.bandwidth_mbps), "links": [f"{s}->{t}" for s, t in b.links]}

@@ -9,6 +9,9 @@ converted to GFLOP/s (2 FLOPs per multiply-add).
 
 Every topology preset is a function of ``layers_per_device`` (D^m, one entry per device) alone; ``TOPOLOGIES`` maps
 the names ``jmsnas.topology.resolve`` accepts to them.
+
+Power (``active_power_w``, W while computing) and link radio/interface power (``tx_power_w``/``rx_power_w``) with
+their sources are listed in docs/topology.md ("Energy"); figures marked there as our assumption are ours.
 """
 from __future__ import annotations
 
@@ -21,18 +24,27 @@ MB = 1024 ** 2
 DEVICES: dict = {
     # 4x Cortex-A72 @ 1.5 GHz, one 128-bit NEON FMA per cycle = 8 FP32 FLOP/cycle/core -> 48 GFLOP/s;
     # 4 GB LPDDR4-3200 on a 32-bit bus -> 12.8 GB/s.
+    # Power: 6.4 W under full CPU load (Tom's Hardware, Raspberry Pi 4 review, 2019).
     "raspberry_pi4": DeviceProfile("raspberry_pi4", 48.0, 4 * GB, 12.8, 0.15, 0.02,
-                                   "Raspberry Pi 4 Model B: 4x Cortex-A72 1.5 GHz, 4 GB LPDDR4-3200"),
+                                   "Raspberry Pi 4 Model B: 4x Cortex-A72 1.5 GHz, 4 GB LPDDR4-3200",
+                                   active_power_w=6.4),
     # RTX 3050 Laptop GPU: 2048 CUDA cores x ~1.34 GHz boost x 2 = 5.5 TFLOP/s; 4 GB GDDR6, 192 GB/s.
+    # Power: NVIDIA gives 35-80 W (TGP) for the RTX 3050 Laptop GPU; 40 W, near the bottom as in thin laptops, is
+    # our assumption within that range.
     "xps15_rtx3050": DeviceProfile("xps15_rtx3050", 5500.0, 4 * GB, 192.0, 0.05, 0.01,
-                                   "Dell XPS15: i7-11800H, 16 GB DDR4, RTX 3050 Laptop GPU (4 GB GDDR6)"),
+                                   "Dell XPS15: i7-11800H, 16 GB DDR4, RTX 3050 Laptop GPU (4 GB GDDR6)",
+                                   active_power_w=40.0),
     # Jetson AGX Xavier: 512-core Volta GPU (64 Tensor Cores) at 1.377 GHz -> 1.41 TFLOP/s FP32;
     # 32 GB LPDDR4x, 136.5 GB/s.
+    # Power: the 30 W mode of the module's 10/15/30 W power modes (NVIDIA Jetson AGX Xavier data sheet).
     "jetson_agx_xavier": DeviceProfile("jetson_agx_xavier", 1410.0, 32 * GB, 136.5, 0.1, 0.02,
-                                       "NVIDIA Jetson AGX Xavier: 512-core Volta GPU, 8-core Carmel ARM, 32 GB"),
+                                       "NVIDIA Jetson AGX Xavier: 512-core Volta GPU, 8-core Carmel ARM, 32 GB",
+                                       active_power_w=30.0),
     # Tesla V100 SXM2: 15.7 TFLOP/s FP32, 16 GB HBM2 at 900 GB/s (host: 2x Xeon Platinum 8280).
+    # Power: 300 W maximum board power (NVIDIA Tesla V100 SXM2 data sheet); the host CPUs are not counted.
     "server_v100": DeviceProfile("server_v100", 15700.0, 16 * GB, 900.0, 0.05, 0.005,
-                                 "server with 2x Xeon Platinum 8280 and a Tesla V100 (16 GB HBM2)"),
+                                 "server with 2x Xeon Platinum 8280 and a Tesla V100 (16 GB HBM2)",
+                                 active_power_w=300.0),
 }
 
 # SplitNets (paper 000), section 3.2 and Fig. 6: on-sensor 16 nm NPU "Comp_sen = 125 GOP/s", "Mem_sen = 2 MB";
@@ -51,28 +63,39 @@ SPLITNETS_BUS_MBPS = 1200.0  # Fig. 6: shared 1.2 Gb/s sensor-aggregator bus
 # 96 TOPs = 96,000 GFLOP/s. Auto-Split's MAC units are INT8 whatever the bit width: bits only change the bytes
 # moved (section 5.1), exactly as in this roofline. Efficiency 1.0: the ideal roofline of the simulated array.
 AUTOSPLIT_UPLINK_MBPS = 3.0
+# Power (docs/topology.md, "Energy"): SplitNets' NPUs 2 TOP/s per W (our assumption, the order of edge NPUs'
+# published efficiency); Eyeriss 278 mW at 200 MHz (Chen et al., JSSC 2017, AlexNet's convolutions); TPU 40 W busy
+# (Jouppi et al., ISCA 2017, the TPU die).
 
 DEVICES.update({
     "splitnets_sensor": DeviceProfile(
         "splitnets_sensor", 250.0, 2 * MB, 100.0, 1.0, 0.0,
         "SplitNets (paper 000) on-sensor 16 nm NPU: 125 GOP/s (1 OP = 1 multiply-add), 2 MB memory "
-        "(Fig. 6, sec. 3.2); 100 GB/s bandwidth is our assumption"),
+        "(Fig. 6, sec. 3.2); 100 GB/s bandwidth is our assumption", active_power_w=0.0625),
     "splitnets_aggregator": DeviceProfile(
         "splitnets_aggregator", 2500.0, 1 * GB, 1000.0, 1.0, 0.0,
         "SplitNets (paper 000) aggregator 7 nm NPU: 1.25 TOP/s (1 OP = 1 multiply-add), 'sufficient on-chip "
-        "memory' (1 GB and 1000 GB/s are our assumptions)"),
+        "memory' (1 GB and 1000 GB/s are our assumptions)", active_power_w=0.625),
     "eyeriss": DeviceProfile(
         "eyeriss", 67.2, 4 * GB, 1.0, 1.0, 0.0,
         "Auto-Split (paper 001) Table 1: Eyeriss, 34 GOPs (168 PEs x 200 MHz multiply-adds), 1 GB/s, "
-        "192 KB on-chip, 4 GB off-chip"),
+        "192 KB on-chip, 4 GB off-chip", active_power_w=0.278),
     "tpu": DeviceProfile(
         "tpu", 96000.0, 16 * GB, 13.0, 1.0, 0.0,
         "Auto-Split (paper 001) Table 1: TPU, 96 TOPs (2 ops per multiply-add), 13 GB/s, 28 MB on-chip, "
-        "16 GB off-chip"),
+        "16 GB off-chip", active_power_w=40.0),
 })
 
 # Table I of paper 003: (transmitter, receiver, wireless, Mbit/s).
 TABLE_I_LINKS = (("ue", "sbs", True, 25.0), ("sbs", "mbs", True, 50.0), ("mbs", "cloud", False, 200.0))
+
+# (tx_power_w, rx_power_w) of the Table I links by (transmitter, receiver) role, sources in docs/topology.md:
+# UE uplink 3 W (Huang et al., MobiSys 2012, fit LTE uplink power as 1.29 W + 0.44 W per Mbit/s at a few
+# Mbit/s; the cap at 25 Mbit/s is our assumption), a base station's receive chain is not charged (0 W, it
+# listens regardless); SBS -> MBS backhaul 1 W transmit (3GPP TS 36.104: a local-area base station radiates at
+# most 24 dBm = 0.25 W per antenna; the amplifier's draw of about 4x that is our assumption); wired links
+# 0.5 W per end (our assumption: a 1 Gbit/s Ethernet port).
+TABLE_I_POWER = {("ue", "sbs"): (3.0, 0.0), ("sbs", "mbs"): (1.0, 0.0), ("mbs", "cloud"): (0.5, 0.5)}
 
 # Which device class plays which role in the paper's experiments.
 ROLES = {"ue": "raspberry_pi4", "sbs": "xps15_rtx3050", "mbs": "jetson_agx_xavier", "cloud": "server_v100"}
@@ -89,7 +112,7 @@ def device(name: str, rename: str | None = None) -> DeviceProfile:
 def chain_preset(layers_per_device=(2, 2, 2, 2)) -> Topology:
     """UE -> SBS -> MBS -> cloud with Table I links (Fig. 2(a))."""
     devs = [device(ROLES[r], r) for r in ("ue", "sbs", "mbs", "cloud")]
-    links = [LinkProfile(a, b, bw, 0.0, w) for a, b, w, bw in TABLE_I_LINKS]
+    links = [LinkProfile(a, b, bw, 0.0, w, *TABLE_I_POWER[a, b]) for a, b, w, bw in TABLE_I_LINKS]
     return make_topology("chain", devs, links, layers_per_device)
 
 
@@ -101,9 +124,9 @@ def mesh_preset(layers_per_device=(2, 2, 2, 2, 2, 2)) -> Topology:
     mbs = [f"mbs{i}" for i in (1, 2, 3)]
     devs = [device(ROLES["ue"], "ue"), device(ROLES["sbs"], "sbs")]
     devs += [device(ROLES["mbs"], n) for n in mbs] + [device(ROLES["cloud"], "cloud")]
-    links = [LinkProfile("ue", "sbs", 25.0, 0.0, True)]
-    links += [LinkProfile("sbs", n, 50.0, 0.0, True) for n in mbs]
-    links += [LinkProfile(n, "cloud", 200.0, 0.0, False) for n in mbs]
+    links = [LinkProfile("ue", "sbs", 25.0, 0.0, True, *TABLE_I_POWER["ue", "sbs"])]
+    links += [LinkProfile("sbs", n, 50.0, 0.0, True, *TABLE_I_POWER["sbs", "mbs"]) for n in mbs]
+    links += [LinkProfile(n, "cloud", 200.0, 0.0, False, *TABLE_I_POWER["mbs", "cloud"]) for n in mbs]
     return make_topology("mesh", devs, links, layers_per_device)
 
 

@@ -38,6 +38,10 @@ class DeviceProfile(NamedTuple):
       efficiency: fraction of the peak that small convolution layers reach in practice (0, 1].
       layer_overhead_ms: fixed cost per executed layer in ms (kernel launch, framework dispatch).
       note: where the figures come from.
+      active_power_w: power drawn while the device computes, in W (so its compute energy in mJ is W x busy ms);
+        None: not known (its energy is not reported, and cannot be limited).
+      energy_budget_mj: the most energy the device may spend on one inference (compute and its radios), in mJ;
+        None: no limit.
     """
 
     name: str
@@ -47,6 +51,8 @@ class DeviceProfile(NamedTuple):
     efficiency: float = 0.3
     layer_overhead_ms: float = 0.0
     note: str = ""
+    active_power_w: float | None = None
+    energy_budget_mj: float | None = None
 
 
 class LinkProfile(NamedTuple):
@@ -56,6 +62,9 @@ class LinkProfile(NamedTuple):
       bandwidth_mbps: capacity in Mbit/s (10^6 bit/s).
       latency_ms: fixed per-transfer latency in ms, added to bytes*8/bandwidth.
       wireless: True for a radio link, False for a wired one (informational).
+      tx_power_w / rx_power_w: power the sender's / the receiver's interface draws while a tensor is on the link,
+        in W, charged to that device for the airtime bytes*8 / bandwidth (the fixed latency is not airtime);
+        None: not known (the link's energy is not reported).
     """
 
     src: str
@@ -63,6 +72,8 @@ class LinkProfile(NamedTuple):
     bandwidth_mbps: float
     latency_ms: float = 0.0
     wireless: bool = False
+    tx_power_w: float | None = None
+    rx_power_w: float | None = None
 
 
 def transfer_ms(num_bytes, bandwidth_mbps, latency_ms=0.0):
@@ -158,6 +169,11 @@ def _validate_device(d: DeviceProfile) -> None:
     _check_number(f"device {d.name!r} mem_bandwidth_gbs", d.mem_bandwidth_gbs)
     _check_number(f"device {d.name!r} efficiency", d.efficiency)
     _check_number(f"device {d.name!r} layer_overhead_ms", d.layer_overhead_ms, allow_zero=True)
+    for what in ("active_power_w", "energy_budget_mj"):
+        if getattr(d, what) is not None:
+            _check_number(f"device {d.name!r} {what}", getattr(d, what), allow_zero=what == "active_power_w")
+    if d.energy_budget_mj is not None and d.active_power_w is None:
+        raise TopologyError(f"device {d.name!r} has an energy_budget_mj but no active_power_w: its energy is unknown")
     if d.efficiency > 1:
         raise TopologyError(f"device {d.name!r} efficiency must be in (0, 1], got {d.efficiency!r}")
 
@@ -170,6 +186,9 @@ def _validate_link(l: LinkProfile, names: set) -> None:
         raise TopologyError(f"link {l.src}->{l.dst} is a self-loop")
     _check_number(f"link {l.src}->{l.dst} bandwidth_mbps", l.bandwidth_mbps)
     _check_number(f"link {l.src}->{l.dst} latency_ms", l.latency_ms, allow_zero=True)
+    for what in ("tx_power_w", "rx_power_w"):
+        if getattr(l, what) is not None:
+            _check_number(f"link {l.src}->{l.dst} {what}", getattr(l, what), allow_zero=True)
 
 
 def _validate_buses(buses, pairs) -> tuple:
