@@ -261,10 +261,19 @@ def _kib(b) -> str:
     return f"{b / 1024:,.1f} KiB"
 
 
+def per_device_memory(result) -> dict | None:
+    """``result["memory"]`` when it is search/evolve's per-device entry (device -> {"bytes", ...}); None for none or
+    another flow's (SplitNets records {"sensor_peak_bytes", "limit_bytes"})."""
+    mem = result.get("memory")
+    if isinstance(mem, dict) and mem and all(isinstance(v, dict) and "bytes" in v for v in mem.values()):
+        return mem
+    return None
+
+
 def _limits_lines(result) -> list:
     """Memory per device against its limit and energy per device/link (``result["memory"]``/``["energy"]``,
     jmsnas.limits.report), when present."""
-    mem, en = result.get("memory"), result.get("energy")
+    mem, en = per_device_memory(result), result.get("energy")
     if not mem:
         return []
     lines = ["", "Memory per device (weights + link buffers + peak activations, one image):",
@@ -367,7 +376,7 @@ def plot_latency_breakdown(results, path, labels=None) -> Figure:
         raise ValueError(f"labels has {len(labels)} entries, expected one per result ({len(results)})")
     segs = [latency_segments(r) for r in results]
     colors = _segment_colors((n, k) for sg in segs for n, k, _ in sg)
-    memory = results[0].get("memory") if len(results) == 1 else None
+    memory = per_device_memory(results[0]) if len(results) == 1 else None
     fig = Figure(figsize=(max(4.5, 1.3 * len(results) + 3) + (4 if memory else 0), 5), layout="constrained")
     ax, axm = fig.subplots(1, 2, width_ratios=[3, 2]) if memory else (fig.subplots(), None)
     x = np.arange(len(results))

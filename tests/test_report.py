@@ -251,3 +251,16 @@ def test_bad_history_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"missing key 'history\[1\].derived_latency_ms'"):
         report.plot_history(h, str(tmp_path / "h.png"))
     assert not (tmp_path / "h.png").exists()
+
+
+def test_memory_lines_and_panel_for_per_device_memory_only(tmp_path):
+    """search/evolve's per-device memory is printed and plotted; SplitNets' sensor-peak entry is left alone."""
+    r = _chain_result()
+    r["memory"] = {d: {"bytes": 1000 * (i + 1), "weights": 600, "activations": 300, "buffers": 100 * (i + 1),
+                       "limit_bytes": 4096 if d == "ue" else None, "within": True}
+                   for i, d in enumerate(r["latency_ms"]["per_device"])}
+    assert "Memory per device" in report.format_summary(r)
+    report.plot_latency_breakdown(r, str(tmp_path / "a.png"))
+    r["memory"] = {"sensor_peak_bytes": 123, "limit_bytes": 2 ** 21}
+    assert "Memory per device" not in report.format_summary(r)
+    report.plot_latency_breakdown(r, str(tmp_path / "b.png"))
