@@ -20,7 +20,7 @@ import yaml
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 import tinyrun
-from jmsnas import cli, pipeline, runcheck
+from jmsnas import cli, pipeline
 
 BUDGET = 12
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -74,7 +74,8 @@ def stop_long_work(monkeypatch):
     from jmsnas.modular import finetune
     from jmsnas.deploy import pipeline as deploy_pipeline
     from jmsnas.quant import autosplit
-    monkeypatch.setattr(runcheck, "claim_workdir", _start)  # search, retrain, evolve, separable, SplitNets
+    from jmsnas.run import workdir as run_workdir
+    monkeypatch.setattr(run_workdir, "claim_workdir", _start)  # search, retrain, evolve, separable, SplitNets
     monkeypatch.setattr(profile, "measure_table", _start)
     monkeypatch.setattr(deploy_pipeline, "run_pipeline", _start)
     monkeypatch.setattr(autosplit, "prepare", _start)
