@@ -9,6 +9,7 @@ import textwrap
 
 import numpy as np
 import pytest
+import tinyrun
 
 from jmsnas import budget, cli, pipeline, runcheck, safeio
 from jmsnas.checkpoint import CheckpointError, Checkpointer
@@ -19,16 +20,7 @@ from jmsnas.run import workdir as W
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _digest(path):
-    out = {}
-    for root, dirs, files in os.walk(path):
-        for d in dirs:
-            out[os.path.relpath(os.path.join(root, d), path) + "/"] = None
-        for f in files:
-            p = os.path.join(root, f)
-            with open(p, "rb") as fh:
-                out[os.path.relpath(p, path)] = fh.read()
-    return out
+_digest = tinyrun.digest
 
 
 def _fails(capsys, argv, *needles, code=2):

@@ -179,14 +179,20 @@ def write_programs(out: str, programs: dict, parts: dict) -> None:
                           weights=f"{dev}.npz", weights_sha256=sha256(wfile))
 
 
-def export_run(run: str, out: str | None = None, *, platforms=("cpu",), batch: int = 1) -> dict:
-    """Writes ``out`` (default ``RUN/export``) as described in the module docstring; returns its manifest."""
+def check_export_args(platforms, batch) -> tuple:
+    """``platforms`` as a tuple after checking it and ``batch`` (every export's shared arguments)."""
     platforms = tuple(platforms)
     bad = [p for p in platforms if p not in PLATFORMS]
     if not platforms or bad:
         raise DeployError(f"platforms must be a non-empty subset of {list(PLATFORMS)}, got {list(platforms)}")
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise DeployError(f"batch must be a positive integer, got {batch!r}")
+    return platforms
+
+
+def export_run(run: str, out: str | None = None, *, platforms=("cpu",), batch: int = 1) -> dict:
+    """Writes ``out`` (default ``RUN/export``) as described in the module docstring; returns its manifest."""
+    platforms = check_export_args(platforms, batch)
     out = os.path.join(run, "export") if out is None else out
     check_out(run, out)
     space, pm, result = load_run(run)

@@ -30,11 +30,10 @@ from jax import export as jax_export
 
 from jmsnas import safeio
 from jmsnas import topology as topo_mod
-from jmsnas.deploy.export import device_graph
+from jmsnas.deploy.export import check_export_args, device_graph
 from jmsnas.deploy.runtime import FORMAT, MANIFEST, DeployError, export_versions, sha256
 
 RECORD = "traced.json"
-PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
 
 
 def is_traced(workdir: str) -> bool:
@@ -114,12 +113,7 @@ def export_traced(model, topology, workdir: str, *, method: str = "chain_dp", cu
     from jmsnas.traced import evaldata, run
     from jmsnas.traced.ref import UserModel, resolve
     from jmsnas.traced.trace import trace
-    platforms = tuple(platforms)
-    bad = [p for p in platforms if p not in PLATFORMS]
-    if not platforms or bad:
-        raise DeployError(f"platforms must be a non-empty subset of {list(PLATFORMS)}, got {list(platforms)}")
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise DeployError(f"batch must be a positive integer, got {batch!r}")
+    platforms = check_export_args(platforms, batch)
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         raise DeployError(f"--workdir {workdir!r} is a file; expected a directory for the export")
     if os.path.isdir(workdir) and os.listdir(workdir) and not is_traced(workdir):
