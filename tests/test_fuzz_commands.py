@@ -325,6 +325,23 @@ def test_fuzz_finetune(sandbox, kids, how, data, f):
     outcome(["finetune", d] + _argv(f))
 
 
+@pytest.mark.parametrize("run_config", [[1, 2], {}, {"dataset": "digits"}])
+def test_finetune_on_a_damaged_run_config_is_one_line(sandbox, kids, run_config):
+    """The fuzzer's manifest-field damage, pinned: a run_config that is not the run's configuration."""
+    d = os.path.join(sandbox, "finetune-run-config")
+    shutil.rmtree(d, ignore_errors=True)
+    shutil.copytree(kids, d)
+    with open(os.path.join(d, "manifest.json")) as f:
+        m = json.load(f)
+    m["run_config"] = run_config
+    _write(d, "manifest.json", json.dumps(m))
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = cli.main(["finetune", d, "--steps", "1"])
+    text = err.getvalue().strip()
+    assert code == 2 and len(text.splitlines()) == 1 and "run_config is damaged" in text, text
+
+
 # ----------------------------------------------------------------------------------- export, pipeline
 
 def _damaged_run(sandbox, run, how, data, name):

@@ -172,7 +172,11 @@ def finetune(directory: str, *, steps: int = 20, lr: float = 1e-3, batch: int = 
         raise ModularError(f"--lr must be a positive number, got {lr!r}")
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ModularError(f"--batch must be an integer >= 1, got {batch!r}")
-    ds = data.from_config(m["run_config"])
+    rc = m["run_config"]
+    if not isinstance(rc, dict) or not all(k in rc for k in ("dataset", "val_fraction", "seed")):
+        raise ModularError(f"{directory!r}: its manifest's run_config is damaged (expected the run's configuration "
+                           "with dataset, val_fraction and seed); modularize the run again")
+    ds = data.from_config(rc)
     # "new data": the validation split, which the run never trained on
     try:
         with safeio.write_errors(f"the fine-tuned child into {directory!r}"):
