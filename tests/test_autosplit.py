@@ -201,7 +201,7 @@ def autosplit_parts(run_dir, tmp_path_factory):
     ranges, _ = network.calibrate(run.net, run.dataset.train.images)
     sol = solver.Solution("autosplit", 3, (2, 4, 16), (3, 8, 5), 0, 0, 0, 0, 0, 0, 0)
     d = str(tmp_path_factory.mktemp("autosplit"))
-    m = parts.write_parts(run.net, ranges, sol, d, topology.resolve("autosplit"))
+    m = parts.write_parts(run.net, ranges, sol, d, topology.resolve("autosplit"), source=run_dir[0])
     assert [s["tensor"] for s in m["sent"]] == [0, 2]
     return d, run, m
 
@@ -248,3 +248,26 @@ def test_autosplit_through_the_pipeline(autosplit_parts, tmp_path):
     man = load_manifest(str(tmp_path / "export"))
     assert man["links"][0]["bytes"] == sum(packed_bytes(int(np.prod(run.net.units[s["tensor"]].out_shape)), s["bits"])
                                            for s in m["sent"])
+
+
+def test_pipeline_command_on_autosplit_parts_streams_the_runs_test_images(autosplit_parts, tmp_path, capsys):
+    """``jmsnas pipeline --workdir PARTS`` exports the parts, streams the test images of the run they were cut from
+    (the manifest's source) and --check holds the outputs against the fake-quantized network."""
+    import shutil
+    from jmsnas.deploy.autosplit import eval_images
+    d = str(tmp_path / "parts")
+    shutil.copytree(autosplit_parts[0], d, ignore=shutil.ignore_patterns("export"))
+    x, labels = eval_images(d, 8)
+    assert np.array_equal(x, autosplit_parts[1].dataset.test.images[:8])
+    assert np.array_equal(labels, autosplit_parts[1].dataset.test.labels[:8])
+    assert cli.main(["pipeline", "--workdir", d, "--images", "8", "--phase", "latency", "--bandwidth-scale", "10",
+                     "--check", "--json"]) == 0
+    a = json.loads(capsys.readouterr().out)[0]
+    assert a["max_abs_diff"] <= 1e-5 and 0.0 <= a["accuracy"] <= 1.0
+    assert os.path.isfile(os.path.join(d, "export", "manifest.json"))
+    m = json.loads(open(os.path.join(d, "manifest.json")).read())
+    m["source"] = str(tmp_path / "gone")
+    (tmp_path / "parts" / "manifest.json").write_text(json.dumps(m))
+    assert cli.main(["pipeline", "--workdir", d, "--images", "8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "names the run" in err[0] and "gone" in err[0], err

@@ -109,7 +109,7 @@ def run(args) -> int:
                                                 bits, select_on=args.select_on, data=args.data,
                                                 data_dir=args.data_dir)
         if args.write_parts:
-            parts.write_parts(ctx["run"].net, ctx["ranges"], chosen, args.write_parts, topo)
+            parts.write_parts(ctx["run"].net, ctx["ranges"], chosen, args.write_parts, topo, source=args.model)
             out["parts"] = args.write_parts
     except (ValueError, TopologyError) as e:
         return _fail(str(e))

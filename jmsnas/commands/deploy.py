@@ -177,9 +177,14 @@ def _pipeline(args, export_run) -> int:
     if not args.connect_timeout > 0:
         raise DeployError(f"--connect-timeout must be > 0 seconds, got {args.connect_timeout!r}")
     export_dir = args.export_dir or os.path.join(args.workdir, "export")
+    from jmsnas.deploy import autosplit
+    split_parts = autosplit.is_autosplit(args.workdir)
     if traced.is_traced(args.workdir):  # your own model: its evaluation data and its own apply as the reference
         images, labels = traced.eval_images(args.workdir, args.images)
         whole = lambda: traced.whole_model(args.workdir)
+    elif split_parts:  # Auto-Split's parts: its run's test images, its fake-quantized network as the reference
+        images, labels = autosplit.eval_images(args.workdir, args.images)
+        whole = lambda: autosplit.fake_quant_reference(args.workdir)
     else:
         images, labels = reference.test_images(args.workdir, args.images)
         whole = lambda: reference.whole_network(args.workdir)
@@ -190,7 +195,10 @@ def _pipeline(args, export_run) -> int:
         if traced.is_traced(args.workdir):
             raise DeployError(f"{export_dir} has no manifest.json; export the model again (jmsnas export --model "
                               f"... --workdir {args.workdir})")
-        export_run(args.workdir, export_dir)
+        if split_parts:
+            autosplit.export_autosplit(args.workdir, export_dir)
+        else:
+            export_run(args.workdir, export_dir)
     manifest = load_manifest(export_dir)
     analyses, outputs = [], None
     for s in args.bandwidth_scale:

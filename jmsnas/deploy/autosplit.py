@@ -15,7 +15,9 @@ edge -> cloud that ``jmsnas pipeline`` / ``run_pipeline`` runs like any other ex
   computes) and runs the cloud units in float to the logits.
 
 ``fake_quant_reference(parts_dir)`` is the whole network as Auto-Split evaluates it (``quant.network.forward`` on
-the dequantized weights with the stored activation bits), what the deployed outputs are checked against.
+the dequantized weights with the stored activation bits), what the deployed outputs are checked against;
+``eval_images(parts_dir, n)`` are the images ``jmsnas pipeline --workdir PARTS`` streams: the test split of the run
+the parts came from (``source`` in their manifest), else standard normal ones without labels.
 """
 from __future__ import annotations
 
@@ -207,3 +209,24 @@ def fake_quant_reference(parts_dir: str):
     wbits = np.zeros(len(net.units), np.int32)
     fn = jax.jit(lambda x: network.forward(net.units, net.params, x, wbits, abits, ranges))
     return lambda x: np.asarray(fn(jnp.asarray(x, jnp.float32)))
+
+
+def eval_images(parts_dir: str, n: int) -> tuple:
+    """(images float32[n, H, W, C], labels int32[n] or None): the first n test images of the run the parts were
+    cut from (the manifest's ``source``, the data Auto-Split measured its accuracy on), or, for parts that record
+    no source, n standard normal images (seed 0) without labels. DeployError (one line) when the recorded run
+    cannot be read or has fewer test images."""
+    m, _, _ = _read(parts_dir)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise DeployError(f"images must be a positive number, got {n!r}")
+    source = m.get("source")
+    if not source:
+        return np.random.default_rng(0).standard_normal((n,) + tuple(m["input_shape"])).astype(np.float32), None
+    try:
+        test = network.load_run(source).dataset.test
+    except (ValueError, OSError) as e:
+        raise DeployError(f"{parts_dir}/manifest.json names the run {source!r} as its source, which cannot be "
+                          f"read for test images: {' '.join(str(e).split())}") from None
+    if n > len(test.images):
+        raise DeployError(f"images must be between 1 and the {len(test.images)} test images of {source!r}, got {n}")
+    return np.asarray(test.images[:n], np.float32), np.asarray(test.labels[:n])

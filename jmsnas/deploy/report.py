@@ -85,7 +85,8 @@ def plot(analyses: list, manifest: dict, path: str) -> Figure:
         ax.tick_params(labelsize=7)
         if k == 0:
             ax.set_ylabel("ms per image (stacked terms; in a mesh the branches overlap)", fontsize=7)
-    fig.suptitle(f"{manifest['topology']['name']}: {eq} predicted vs measured, compute "
+    name = (manifest.get("topology") or {}).get("name") or manifest.get("system") or "pipeline"
+    fig.suptitle(f"{name}: {eq} predicted vs measured, compute "
                  f"{analyses[0]['settings']['compute']}", fontsize=9)
     handles, names = fig.axes[0].get_legend_handles_labels()
     fig.legend(handles, names, fontsize=6, loc="center right")

@@ -39,8 +39,11 @@ def _sent(net: network.FoldedNet, n: int) -> list:
     return sorted(j for j, c in last.items() if j < n and c >= n)
 
 
-def write_parts(net: network.FoldedNet, ranges, sol: solver.Solution, directory: str, topo) -> dict:
-    """Writes the edge (quantized) and cloud (float) parts of split ``sol`` into ``directory``; returns the manifest."""
+def write_parts(net: network.FoldedNet, ranges, sol: solver.Solution, directory: str, topo,
+                source: str | None = None) -> dict:
+    """Writes the edge (quantized) and cloud (float) parts of split ``sol`` into ``directory``; returns the manifest.
+    ``source``: the run directory the network came from (recorded as ``source``: where a pipeline takes its test
+    images)."""
     path = chain_path(topo)
     edge, cloud = topo.devices[path[0]].name, topo.devices[path[-1]].name
     n = sol.split
@@ -70,7 +73,8 @@ def write_parts(net: network.FoldedNet, ranges, sol: solver.Solution, directory:
         return {"tensor": j, "bits": bits, "bytes": transmitted_bytes(int(np.prod(shape)), bits)}
     sent = [tensor(j) for j in _sent(net, n)]
     manifest = {"model": net.name, "split": n, "edge": edge, "cloud": cloud, "input_shape": list(net.input_shape),
-                "units": units, "sent": sent, "files": {edge: f"{edge}.npz", cloud: f"{cloud}.npz"}}
+                "units": units, "sent": sent, "files": {edge: f"{edge}.npz", cloud: f"{cloud}.npz"},
+                "source": None if source is None else os.path.abspath(source)}
     with safeio.write_errors(f"the parts to {directory!r}"), safeio.atomic_dir(directory) as tmp:
         np.savez(safeio.child_path(tmp, edge, ".npz", "device name"), **e)
         np.savez(safeio.child_path(tmp, cloud, ".npz", "device name"), **c)
