@@ -333,6 +333,34 @@ def test_a_second_command_on_a_busy_workdir_is_refused_naming_the_first(capsys, 
     W.check_not_busy(str(w))  # the lock died with its process
 
 
+PROBE = textwrap.dedent("""
+    import sys, time
+    import filelock
+    lock = filelock.FileLock(sys.argv[1], timeout=10)
+    print("ready", flush=True)
+    for _ in range(400):  # probes as fast as it can, as the peer processes of a multi-process run do at start
+        with lock:
+            pass
+""")
+
+
+def test_a_peer_probing_the_lock_at_the_same_moment_is_not_a_busy_workdir(tmp_path):
+    """The processes of one multi-process run all check the workdir at once: one's probe of the lock must not make
+    another refuse the run as busy (a resumed two-process run once ended with exit 2 this way)."""
+    w = tmp_path / "w"
+    w.mkdir()
+    (w / W.LOCK_FILE).touch()
+    prober = subprocess.Popen([sys.executable, "-c", PROBE, str(w / W.LOCK_FILE)], env=ENV, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert prober.stdout.readline().strip() == "ready"
+        while prober.poll() is None:
+            W.check_not_busy(str(w))
+    finally:
+        prober.kill()
+        prober.wait()
+
+
 # ----------------------------------------------------------------------------------- several processes
 
 def _free_port():

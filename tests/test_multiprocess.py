@@ -66,8 +66,9 @@ def run_env(tmp_path):
 
 def _finish(group):
     outs = [p.communicate(timeout=TIMEOUT) for p in group]
-    for p, (out, err) in zip(group, outs):
-        assert p.returncode == 0, err[-3000:]
+    bad = [f"process {i} exit {p.returncode}: {err[-3000:]}" for i, (p, (out, err)) in enumerate(zip(group, outs))
+           if p.returncode != 0]
+    assert not bad, "\n".join(bad)
     return outs
 
 

@@ -115,13 +115,20 @@ def _busy(workdir: str) -> ConfigError:
                        "before starting another command on this workdir (nothing was changed)")
 
 
+# how long a probe waits for the lock before calling the workdir busy: the processes of one multi-process run all
+# probe it at the same moment, each holding it for microseconds, while a running command holds it for its whole run
+PROBE_WAIT_S = 2.0
+
+
 def check_not_busy(workdir: str) -> None:
-    """ConfigError naming the other process when a process holds ``workdir``'s lock (changes nothing)."""
+    """ConfigError naming the other process when a process holds ``workdir``'s lock (changes nothing). The lock
+    is probed by taking it, waiting up to ``PROBE_WAIT_S`` so that a peer process's probe is not taken for a
+    running command."""
     import filelock
     path = os.path.join(workdir, LOCK_FILE)
     if os.path.realpath(workdir) in _HELD or not os.path.isfile(path):
         return
-    lock = filelock.FileLock(path, timeout=0)
+    lock = filelock.FileLock(path, timeout=PROBE_WAIT_S)
     try:
         lock.acquire()
     except filelock.Timeout:
