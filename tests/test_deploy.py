@@ -119,6 +119,34 @@ def test_prediction_is_the_cost_model_eq_1_2(runs, kind, scale):
     assert got["per_link"] == pytest.approx(want["per_link"], rel=1e-5)
 
 
+def test_table_prediction_charges_the_per_call_cost_on_every_part(runs, tmp_path):
+    """The honest prediction by hand: a part's ops' table entries, the stem (with the table's per-call cost) on the
+    first device, the head on the last, and the per-call cost (call + network offset) again on every other part,
+    each being a call of its own program."""
+    from jmsnas.cost import profile as P
+    from jmsnas.space import IDENTITY
+    r = runs["chain"]
+    space, rng = r["space"], np.random.default_rng(5)
+    slots = tuple({"index": s.index, "shape": P.slot_shape(s),
+                   "ops": {OP_NAMES[i]: P.Timing(float(rng.uniform(0.01, 0.1)), 0.001, 5)
+                           for i in np.flatnonzero(space.mask()[s.index]) if i != IDENTITY}} for s in space.layers)
+    t = P.MeasuredTable({"backend": "cpu"}, {"reps": 5}, P.space_summary(space), slots, P.Timing(0.05, 0.0, 5), 0.0,
+                        P.Timing(0.02, 0.0, 5), P.Timing(0.03, 0.0, 5),
+                        {"method": "in-network", "networks": 3, "offset_ms": 0.25})
+    P.write_table(t, tmp_path / "t.yaml")
+    got = predict.table_compute_ms(r["dir"], str(tmp_path / "t.yaml"))
+    names = space.topology.device_names
+    order = [names[m] for m in space.topology.path_order()]
+    want = {d: 0.05 + 0.25 for d in order}  # every part is one call
+    want[order[0]] += 0.02  # stem
+    want[order[-1]] += 0.03  # head
+    for s, i in zip(space.layers, r["ops"]):
+        if i != IDENTITY:
+            want[names[s.device]] += t.slots[s.index]["ops"][OP_NAMES[i]].median_ms
+    assert got == pytest.approx(want, rel=1e-5)
+    assert predict.per_call_ms(t) == pytest.approx(0.30)
+
+
 def test_mesh_equation_hand_computed():
     """Eq. (2) on Fig. 2(b)'s shape: chain part (ue, cloud, ue->sbs) + the slowest sbs -> mbs -> cloud path."""
     m = {"kind": "mesh", "order": ["ue", "sbs", "b1", "b2", "cloud"], "root": "sbs", "branches": ["b1", "b2"]}

@@ -57,12 +57,18 @@ def predict(manifest: dict, compute_ms: dict, bandwidth_scale: float = 1.0) -> d
 def table_compute_ms(run: str, table_path: str) -> dict:
     """{device: ms per image} of the run's architecture from a latency table measured on this machine
     (``jmsnas profile``, one table for every device: all parts run on this host), through the cost model's own
-    eq. (1)/(2) terms (``cost.latency.arch_latency`` with the run's split). The honest prediction: nothing in the
-    pipeline is slowed or calibrated to it."""
+    eq. (1)/(2) terms (``cost.latency.arch_latency`` with the run's split), plus the per-call cost on every part.
+
+    The table models a network run as ONE call: its per-call terms (``call`` + ``network.offset_ms``) ride on the
+    stem, so the cost model charges them once, to the first device. Deployed, every device's part is a call of its
+    own program and pays them (measured: ``benchmarks/README.md``, "Deployed pipeline, honest prediction"), so every
+    other device is charged them too (``per_call_ms``). The honest prediction: nothing in the pipeline is slowed or
+    calibrated to it."""
     import numpy as np
 
     from jmsnas.cost.build import TableSpecError, build_table
     from jmsnas.cost.latency import arch_latency, breakdown_dict
+    from jmsnas.cost.measured import ProfileError, load_table
     from jmsnas.deploy.export import load_run
     from jmsnas.deploy.runtime import DeployError
     from jmsnas.space import op_index
@@ -74,7 +80,16 @@ def table_compute_ms(run: str, table_path: str) -> dict:
             ops[int(n)], where[int(n)] = op_index(op), names.index(dev)
     try:
         table = build_table(space, {d: {"kind": "measured", "path": table_path} for d in names})
-    except (TableSpecError, ValueError, OSError) as e:
+        call = per_call_ms(load_table(table_path, space))
+    except (TableSpecError, ProfileError, ValueError, OSError) as e:
         raise DeployError(f"--predict-table {table_path}: {' '.join(str(e).split())}") from None
     lat = arch_latency(space, table, np.asarray(ops, np.int32), np.asarray(where, np.int32))
-    return breakdown_dict(space, lat)["per_device"]
+    per_device = breakdown_dict(space, lat)["per_device"]
+    first = names[space.topology.path_order()[0]]  # its stem term already holds the per-call cost
+    return {d: ms + (call if d != first else 0.0) for d, ms in per_device.items()}
+
+
+def per_call_ms(table) -> float:
+    """The per-call cost of a ``jmsnas profile`` table (a ``MeasuredTable``): its near-empty call plus the
+    network offset (what a network costs beyond its stem, head and ops), ms. Paid once per call of a program."""
+    return float(table.call.median_ms + table.network["offset_ms"])
