@@ -1,7 +1,7 @@
-"""``jmsnas adapt`` / ``validate`` / ``measure`` on HELP's data, and the remote timer (jmsnas.deploy.timer)."""
+"""``jmsnas adapt`` / ``validate`` / ``measure`` on HELP's data, and remote timing on a ``jmsnas worker``
+(jmsnas.deploy.timer)."""
 import json
 import os
-import threading
 
 import jax
 import jax.numpy as jnp
@@ -62,25 +62,38 @@ def test_bad_input_is_one_line_and_writes_nothing(files, monkeypatch, capsys, ar
     assert sorted(os.listdir(files)) == before
 
 
-def test_remote_timer_times_an_exported_program():
+def test_remote_timing_is_the_workers_calibrate_message(monkeypatch):
+    """``jmsnas measure --remote`` times on a ``jmsnas worker`` (the pipeline's): every program one part of one
+    session, timed by the worker's {"calibrate"} message; a program the worker refuses and an address where no
+    worker listens are one-line errors."""
     import socket
+    import subprocess
+    import sys
     srv = socket.create_server(("127.0.0.1", 0))
     port = srv.getsockname()[1]
     srv.close()
-    th = threading.Thread(target=timer.serve, args=("127.0.0.1", port), kwargs={"announce": lambda *a, **k: None,
-                                                                               "sessions": 1}, daemon=True)
-    th.start()
-    from jmsnas.fbnet import measure, space as SP
-    prog = export.export(jax.jit(lambda x: jnp.tanh(x @ x)))(jax.ShapeDtypeStruct((16, 16), jnp.float32))
-    tiny = SP.scaled(SP.fbnet_c100(), width=0.125, image_size=8)  # an FBNet network as jmsnas measure sends it
-    fbnet = measure.export_network(tiny, [0, 1, 2, 3, 4, 5, 6, 7, 8] * 2 + [8] * 4)
-    for _ in range(50):
-        try:
-            ms = timer.time_programs(f"127.0.0.1:{port}", [bytes(prog.serialize()), fbnet], reps=3, warmup=0)
-            break
-        except ValueError:
-            threading.Event().wait(0.1)
-    assert len(ms) == 2 and all(0 < m < 1000 for m in ms)
-    th.join(5)
-    with pytest.raises(ValueError, match="cannot reach the timer"):
-        timer.time_programs(f"127.0.0.1:{port}", [b""], reps=1)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen([sys.executable, "-m", "jmsnas.cli", "worker", "--listen", f"127.0.0.1:{port}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
+    try:
+        assert "listening on" in proc.stdout.readline()
+        from jmsnas.fbnet import measure, space as SP
+        prog = export.export(jax.jit(lambda x: jnp.tanh(x @ x)))(jax.ShapeDtypeStruct((16, 16), jnp.float32))
+        tiny = SP.scaled(SP.fbnet_c100(), width=0.125, image_size=8)  # an FBNet network as jmsnas measure sends it
+        fbnet = measure.export_network(tiny, [0, 1, 2, 3, 4, 5, 6, 7, 8] * 2 + [8] * 4)
+        ms = timer.time_programs(f"127.0.0.1:{port}", [bytes(prog.serialize()), fbnet], reps=3, warmup=0)
+        assert len(ms) == 2 and all(0 < m < 1000 for m in ms)
+        manifest, blob, _ = timer.program_part(bytes(prog.serialize()))
+        assert manifest["parts"]["program"]["inputs"] == [{"shape": [16, 16], "dtype": "float32", "from": "image"}]
+        real = timer.program_part  # a program from a newer jax: the worker's own version check answers, one line
+        newer = lambda m: {**m, "versions": {**m["versions"], "serialization_version": 999}}
+        monkeypatch.setattr(timer, "program_part", lambda b: (newer(real(b)[0]),) + real(b)[1:])
+        with pytest.raises(ValueError, match="the worker at .* failed: part 'program' was exported by") as e:
+            timer.time_programs(f"127.0.0.1:{port}", [bytes(prog.serialize())], reps=1)
+        assert "\n" not in str(e.value)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    with pytest.raises(ValueError, match="cannot reach the worker"):
+        timer.time_programs(f"127.0.0.1:{port}", [bytes(prog.serialize())], reps=1)

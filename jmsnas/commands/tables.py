@@ -6,8 +6,8 @@ have, and how well any table predicts measured networks.
     jmsnas validate --table TABLE (--measured nets.json | --networks N [--remote HOST:PORT]) [--json OUT]
                     [--plot OUT.png] [--no-record]
 
-``measure`` times N random whole networks of the space here, or on a timer at HOST:PORT (``python -m
-jmsnas.deploy.timer --listen HOST:PORT`` on the target: each network goes there as a ``jax.export`` program), and
+``measure`` times N random whole networks of the space here, or on the worker at HOST:PORT (``jmsnas worker
+--listen HOST:PORT`` on the target: each network goes there as a ``jax.export`` program, jmsnas.deploy.timer), and
 writes them as a measured-networks file (jmsnas/cost/networks.py). ``adapt`` fits the target's table from a base
 table and such a file (the model and its choice by leave-one-out: jmsnas/cost/adapt.py) and writes an ordinary
 table file. ``validate`` compares a table with measured networks (a file, or N random networks measured now) and
@@ -30,12 +30,12 @@ from jmsnas import safeio
 
 def add_parser(sub) -> None:
     doc = __doc__.split("\n\n")[0]
-    m = sub.add_parser("measure", help="time random whole networks of a space here or on a remote timer",
+    m = sub.add_parser("measure", help="time random whole networks of a space here or on a remote jmsnas worker",
                        description=doc)
     m.add_argument("--space", default="fbnet_c100", help="registered space (jmsnas.spaces; default fbnet_c100)")
     m.add_argument("--networks", type=int, required=True, help="how many random networks")
     m.add_argument("--out", required=True, help="measured-networks file to write (JSON)")
-    m.add_argument("--remote", default=None, help="HOST:PORT of a timer (python -m jmsnas.deploy.timer)")
+    m.add_argument("--remote", default=None, help="HOST:PORT of a jmsnas worker on the target (jmsnas worker --listen)")
     m.add_argument("--device", default=None, help="name of the device measured (default: here, or HOST:PORT)")
     m.add_argument("--seed", type=int, default=0)
     _timing_flags(m)
@@ -49,7 +49,7 @@ def add_parser(sub) -> None:
     v.add_argument("--table", required=True, help="table file, or HELP's file:DEVICE")
     v.add_argument("--measured", default=None, help="measured-networks file to compare with")
     v.add_argument("--networks", type=int, default=None, help="or: measure N random networks now")
-    v.add_argument("--remote", default=None, help="with --networks: HOST:PORT of a timer")
+    v.add_argument("--remote", default=None, help="with --networks: HOST:PORT of a jmsnas worker")
     v.add_argument("--seed", type=int, default=1)
     v.add_argument("--json", default=None, help="write the report here")
     v.add_argument("--plot", default=None, help="write a scatter plot (PNG) here")

@@ -1,120 +1,90 @@
-"""Timing exported programs on another machine: ``python -m jmsnas.deploy.timer --listen HOST:PORT`` there, and
-``time_programs("HOST:PORT", programs)`` here (``jmsnas measure --remote``).
+"""Timing exported programs on another machine: ``jmsnas worker --listen HOST:PORT`` there (the pipeline's own
+worker, ``jmsnas.deploy.daemon``), and ``time_programs("HOST:PORT", programs)`` here (``jmsnas measure --remote``).
 
-The server imports only the standard library, numpy, jax and ``links``. Per connection it answers requests until
-the client sends STOP or goes away. A request is a JSON frame ``{"time": {"reps": R, "warmup": W}}`` followed by
-an ARRAY frame (uint8) holding a serialised ``jax.export`` program; the server deserialises it, calls it once on
-zeros of its input shapes (compiling it), W more times untimed, then R timed calls, each after an untimed one
-(warm caches, as in repeated inference), and replies ``{"ms": [R host times in ms]}`` or ``{"error": one line}``.
+There is one server and one timing message: every program is sent to the worker as a part of its own (the control
+protocol of ``jmsnas.deploy.worker``: ``{"part", "manifest"}`` with the program's bytes and an empty weights file;
+the worker checks them as it checks any part: SHA-256, signature, versions, platform), timed with ``{"calibrate":
+R, "warmup": W}`` (after a first call that compiles it and W more, R timed calls on zeros of its input shapes) and
+the next program replaces it in the same session; ``{"end": true}`` closes the session.
 """
 from __future__ import annotations
 
-import argparse
+import hashlib
+import io
 import socket
-import sys
-import time
 
 import numpy as np
 
 from jmsnas.deploy import links as L
+from jmsnas.deploy.daemon import parse_address as _parse
+
+PART = "program"  # the device name every timed program plays
 
 
 def parse_address(text: str) -> tuple:
     """(host, port) from 'HOST:PORT'; ValueError naming the text otherwise."""
-    host, sep, port = str(text).strip().rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"remote address must be HOST:PORT with a port 0-65535, got {text!r}")
-    return host.strip("[]"), int(port)
+    return _parse(text, "remote address")
 
 
-def _time(blob: bytes, reps: int, warmup: int) -> list:
-    import jax
+def program_part(blob: bytes) -> tuple:
+    """(manifest, program bytes, weights bytes): a serialised ``jax.export`` program (weights folded in as
+    constants, one output) as a one-part export the worker loads (``runtime.load_part``)."""
     from jax import export
-    prog = export.deserialize(bytearray(blob))
-    args = [np.zeros(a.shape, a.dtype) for a in prog.in_avals]
-    call = jax.jit(prog.call)
-    for _ in range(warmup + 1):
-        jax.block_until_ready(call(*args))
-    out = []
-    for _ in range(reps):
-        jax.block_until_ready(call(*args))
-        t0 = time.perf_counter()
-        jax.block_until_ready(call(*args))
-        out.append((time.perf_counter() - t0) * 1e3)
-    return out
 
-
-def _session(conn: socket.socket) -> None:
-    while True:
-        try:
-            f = L.recv_frame(conn)
-        except (L.LinkClosed, ConnectionError, OSError):
-            return
-        if f.kind == L.STOP:
-            return
-        req = f.value.get("time") if f.kind == L.JSON and isinstance(f.value, dict) else None
-        if not isinstance(req, dict):
-            L.send_frame(conn, L.JSON, -1, {"error": f"expected a {{'time': ...}} request, got kind {f.kind}"})
-            return
-        blob = L.recv_frame(conn)
-        try:
-            reps, warmup = int(req.get("reps", 20)), int(req.get("warmup", 2))
-            if not 1 <= reps <= 10000 or not 0 <= warmup <= 1000:
-                raise ValueError(f"reps must be 1-10000 and warmup 0-1000, got {reps}, {warmup}")
-            L.send_frame(conn, L.JSON, -1, {"ms": _time(bytes(np.asarray(blob.value, np.uint8)), reps, warmup)})
-        except Exception as e:  # noqa: BLE001 - any failure of the program is the client's one-line answer
-            L.send_frame(conn, L.JSON, -1, {"error": " ".join(f"{type(e).__name__}: {e}".split())[:500]})
-
-
-def serve(host: str, port: int, *, announce=print, sessions: int | None = None) -> int:
+    from jmsnas.deploy.runtime import FORMAT, export_versions
     try:
-        server = socket.create_server((host, port))
-    except OSError as e:
-        print(f"jmsnas timer: error: cannot listen on {host}:{port}: {e.strerror or e}", file=sys.stderr)
-        return 2
-    announce(f"jmsnas timer listening on {host}:{server.getsockname()[1]}", flush=True)
-    done = 0
-    while sessions is None or done < sessions:
-        conn, _ = server.accept()
-        with conn:
-            _session(conn)
-        done += 1
-    server.close()
-    return 0
+        prog = export.deserialize(bytearray(blob))
+    except Exception as e:  # noqa: BLE001 - flatbuffer errors have no common type
+        raise ValueError(f"not a serialised jax.export program: {type(e).__name__}: {str(e)[:200]}") from None
+    if len(prog.out_avals) != 1:
+        raise ValueError(f"a timed program must return one array, this one returns {len(prog.out_avals)}")
+    buf = io.BytesIO()
+    np.savez(buf)
+    weights = buf.getvalue()
+    aval = lambda a: {"shape": [int(d) for d in a.shape], "dtype": str(np.dtype(a.dtype))}
+    entry = {"device": PART, "program": f"{PART}.jaxexport", "program_sha256": hashlib.sha256(blob).hexdigest(),
+             "weights": f"{PART}.npz", "weights_sha256": hashlib.sha256(weights).hexdigest(), "weight_names": [],
+             "inputs": [dict(aval(a), **{"from": "image"}) for a in prog.in_avals],
+             "output": aval(prog.out_avals[0]), "to": ["result"]}
+    manifest = {"format": FORMAT, "run": "RUN", "platforms": list(prog.platforms), "batch": 1,
+                "versions": export_versions(int(prog.calling_convention_version)), "kind": "chain",
+                "order": [PART], "links": [], "parts": {PART: entry}}
+    return manifest, bytes(blob), weights
+
+
+def _reply(conn, address: str, key: str) -> dict:
+    try:
+        fr = L.recv_frame(conn)
+    except (L.LinkClosed, OSError) as e:
+        raise ValueError(f"the worker at {address} closed the session: {e}") from None
+    msg = fr.value if fr.kind == L.JSON and isinstance(fr.value, dict) else {}
+    if "error" in msg:
+        raise ValueError(f"the worker at {address} failed: {msg['error']}")
+    if key not in msg:
+        raise ValueError(f"the worker at {address} answered without {key!r}")
+    return msg
 
 
 def time_programs(address: str, programs, *, reps: int = 20, warmup: int = 2, timeout_s: float = 600.0) -> list:
-    """Median ms of each serialised program (bytes) on the timer at ``address``; ValueError (one line) when the
-    timer cannot be reached or reports an error."""
+    """Median ms of each serialised program (bytes) on the ``jmsnas worker`` at ``address`` (one session for all);
+    ValueError (one line) when the worker cannot be reached or reports an error."""
     host, port = parse_address(address)
+    if not 1 <= reps <= 10000 or not 0 <= warmup <= 1000:
+        raise ValueError(f"reps must be 1-10000 and warmup 0-1000, got {reps}, {warmup}")
+    parts = [program_part(b) for b in programs]
     try:
         conn = socket.create_connection((host, port), timeout=timeout_s)
     except OSError as e:
-        raise ValueError(f"cannot reach the timer at {address}: {e.strerror or e}") from None
+        raise ValueError(f"cannot reach the worker at {address}: {e.strerror or e} (start one there with: jmsnas "
+                         f"worker --listen {host}:{port})") from None
     out = []
     with conn:
-        for blob in programs:
-            L.send_frame(conn, L.JSON, -1, {"time": {"reps": reps, "warmup": warmup}})
-            L.send_frame(conn, L.ARRAY, -1, np.frombuffer(blob, np.uint8))
-            reply = L.recv_frame(conn).value
-            if "error" in reply:
-                raise ValueError(f"the timer at {address} failed: {reply['error']}")
-            out.append(float(np.median(reply["ms"])))
-        L.send_frame(conn, L.STOP)
+        for manifest, prog, weights in parts:
+            L.send_frame(conn, L.JSON, -1, {"part": PART, "manifest": manifest})
+            for blob in (prog, weights):
+                L.send_frame(conn, L.ARRAY, -1, np.frombuffer(blob, np.uint8))
+            _reply(conn, address, "hello")
+            L.send_frame(conn, L.JSON, -1, {"calibrate": reps, "warmup": warmup})
+            out.append(float(np.median(_reply(conn, address, "times_ms")["times_ms"])))
+        L.send_frame(conn, L.JSON, -1, {"end": True})
     return out
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m jmsnas.deploy.timer", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--listen", required=True, help="HOST:PORT to accept clients on")
-    args = ap.parse_args(argv)
-    try:
-        host, port = parse_address(args.listen)
-    except ValueError as e:
-        print(f"jmsnas timer: error: {e}", file=sys.stderr)
-        return 2
-    return serve(host, port)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -12,9 +12,11 @@ The control protocol (frames of ``links``; JSON unless said; the worker's times 
    connection reached it at (or 127.0.0.1), compiles the part and answers ``{"hello": device, "host", "port",
    "pid", "versions": runtime.versions()}``.
 3. any number, in any order: ``{"clock": t1}`` -> ``{"clock": [t1, t2, t3]}`` (t2 receipt, t3 answer; the four-
-   timestamp exchange of ``clock``); ``{"calibrate": n}`` -> ``{"calib_ms": median, "times_ms": [n call times]}``
-   (host time of the part on zeros, after a first call; this is how a remote machine times an exported program);
-   ``{"end": true}`` -> the worker exits 0 (a session that only timed its part).
+   timestamp exchange of ``clock``); ``{"calibrate": n[, "warmup": w]}`` -> ``{"calib_ms": median, "times_ms": [n
+   call times]}`` (host time of the part on zeros, after 1 + w untimed calls; this is how a remote machine times an
+   exported program: ``jmsnas.deploy.timer``); another ``{"part": ...}`` with its two files, which replaces the part
+   and is answered with a new hello (a client timing several programs in one session); ``{"end": true}`` -> the
+   worker exits 0 (a session that only timed parts).
 4. ``{"peers": {device: [host, port]}, "to": [...], "stretch": S, "out": {dst: [Mbit/s or null, latency ms]},
    "in": {src: [latency ms, receiver - sender clock s]}}``: the worker connects to the devices its output goes to
    (sending ``{"from": device, "framing": [MSS, header bytes]}``), accepts one connection per input and answers
@@ -78,10 +80,14 @@ def _die_with_parent() -> None:
         pass
 
 
-def _calibrate(part, calls: int) -> list:
-    """Host times of ``calls`` calls of the part on zeros (ms), after a first call that compiles it."""
+def _calibrate(part, calls: int, warmup: int = 0) -> list:
+    """Host times of ``calls`` calls of the part on zeros (ms), after a first call that compiles it and ``warmup``
+    more untimed ones."""
+    if not 0 <= calls <= 100000 or not 0 <= warmup <= 100000:
+        raise ValueError(f"calibrate takes 0-100000 calls and 0-100000 warmup calls, got {calls}, {warmup}")
     xs = [np.zeros(i["shape"], i["dtype"]) for i in part.inputs]
-    part(*xs)
+    for _ in range(1 + warmup):
+        part(*xs)
     times = []
     for _ in range(calls):
         t0 = L.now()
@@ -143,9 +149,9 @@ def _watch_control(sock) -> None:
         os._exit(3)
 
 
-def _receive_part(ctl: _Control):
-    """Step 2: the part's manifest and files from the coordinator, stored and loaded (``runtime.load_part``)."""
-    msg = L.recv_frame(ctl.sock).value
+def _receive_part(ctl: _Control, msg: dict):
+    """Step 2 (``msg``: the ``{"part", "manifest"}`` message): the part's files from the coordinator, stored and
+    loaded (``runtime.load_part``)."""
     device, manifest = msg["part"], msg["manifest"]
     entry = manifest["parts"][device]
     folder = tempfile.mkdtemp(prefix=f"jmsnas_part_{device}_")
@@ -162,24 +168,29 @@ def _receive_part(ctl: _Control):
 
 
 def _setup(args, ctl: _Control):
-    device, part = _receive_part(ctl)
+    device, part = _receive_part(ctl, L.recv_frame(ctl.sock).value)
     host = args.host or ctl.sock.getsockname()[0]
     try:
         server = L.listen(args.port, host)
     except OSError as e:
         raise DeployError(f"device {device!r} cannot listen on {host}:{args.port}: "
                           f"{'the port is in use' if e.errno == errno.EADDRINUSE else e.strerror}") from None
-    _calibrate(part, 1)  # compile before reporting
-    ctl.send(L.JSON, value={"hello": device, "host": host, "port": server.getsockname()[1], "pid": os.getpid(),
-                            "versions": versions()})
+    hello = lambda: {"hello": device, "host": host, "port": server.getsockname()[1], "pid": os.getpid(),
+                     "versions": versions()}
+    _calibrate(part, 0)  # compile before reporting
+    ctl.send(L.JSON, value=hello())
     while True:
         fr = L.recv_frame(ctl.sock)
         t2, msg = fr.arrival, fr.value
         if "clock" in msg:
             ctl.send(L.JSON, value={"clock": [msg["clock"], t2, L.now()]})
         elif "calibrate" in msg:  # one device at a time, while the others wait: the host time in isolation
-            times = _calibrate(part, int(msg["calibrate"]))
-            ctl.send(L.JSON, value={"calib_ms": statistics.median(times), "times_ms": times})
+            times = _calibrate(part, int(msg["calibrate"]), int(msg.get("warmup", 0)))
+            ctl.send(L.JSON, value={"calib_ms": statistics.median(times) if times else None, "times_ms": times})
+        elif "part" in msg:  # another part replaces this one (a client timing several programs)
+            device, part = _receive_part(ctl, msg)
+            _calibrate(part, 0)
+            ctl.send(L.JSON, value=hello())
         elif msg.get("end"):
             raise SystemExit(0)
         else:

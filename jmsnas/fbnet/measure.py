@@ -42,7 +42,7 @@ def network_call(space: FBNetSpace, arch, batch: int = 1, dw_impl: str = "auto")
 
 def export_network(space: FBNetSpace, arch, batch: int = 1) -> bytes:
     """Network ``arch`` as a serialised ``jax.export`` program of its input only (weights are constants), for a
-    timer on another machine (``jmsnas.deploy.timer``). Its depthwise convolutions are the "shifted" XLA form
+    ``jmsnas worker`` on another machine (``jmsnas.deploy.timer``). Its depthwise convolutions are the "shifted" XLA form
     (``jmsnas.dwconv``): a program holds no jmsnas custom call (the native CPU kernels are not exportable)."""
     from jax import export
     fn, (params, state, x) = network_call(space, arch, batch, dw_impl="shifted")
