@@ -121,11 +121,14 @@ def run(args) -> int:
     try:
         if args.command == "export":
             platforms = tuple(p.strip() for p in args.platforms.split(",") if p.strip())
-            from jmsnas.deploy import autosplit
+            from jmsnas.deploy import autosplit, splitnets
             if args.model is not None:
                 m, out = _export_traced(args, platforms), os.path.join(args.workdir, "export")
             elif autosplit.is_autosplit(args.workdir):  # jmsnas autosplit --write-parts DIR
                 m = autosplit.export_autosplit(args.workdir, args.out, platforms=platforms, batch=args.batch)
+                out = args.out or os.path.join(args.workdir, "export")
+            elif splitnets.is_splitnets(args.workdir):  # jmsnas evolve with a splitnets block
+                m = splitnets.export_splitnets(args.workdir, args.out, platforms=platforms, batch=args.batch)
                 out = args.out or os.path.join(args.workdir, "export")
             else:
                 m = export_run(args.workdir, args.out, platforms=platforms, batch=args.batch)
@@ -177,14 +180,17 @@ def _pipeline(args, export_run) -> int:
     if not args.connect_timeout > 0:
         raise DeployError(f"--connect-timeout must be > 0 seconds, got {args.connect_timeout!r}")
     export_dir = args.export_dir or os.path.join(args.workdir, "export")
-    from jmsnas.deploy import autosplit
-    split_parts = autosplit.is_autosplit(args.workdir)
+    from jmsnas.deploy import autosplit, splitnets
+    split_parts, views = autosplit.is_autosplit(args.workdir), splitnets.is_splitnets(args.workdir)
     if traced.is_traced(args.workdir):  # your own model: its evaluation data and its own apply as the reference
         images, labels = traced.eval_images(args.workdir, args.images)
         whole = lambda: traced.whole_model(args.workdir)
     elif split_parts:  # Auto-Split's parts: its run's test images, its fake-quantized network as the reference
         images, labels = autosplit.eval_images(args.workdir, args.images)
         whole = lambda: autosplit.fake_quant_reference(args.workdir)
+    elif views:  # SplitNets: V views per image, the sensor and aggregator parts composed in one process
+        images, labels = splitnets.test_images(args.workdir, args.images)
+        whole = lambda: splitnets.whole_network(args.workdir)
     else:
         images, labels = reference.test_images(args.workdir, args.images)
         whole = lambda: reference.whole_network(args.workdir)
@@ -197,6 +203,8 @@ def _pipeline(args, export_run) -> int:
                               f"... --workdir {args.workdir})")
         if split_parts:
             autosplit.export_autosplit(args.workdir, export_dir)
+        elif views:
+            splitnets.export_splitnets(args.workdir, export_dir)
         else:
             export_run(args.workdir, export_dir)
     manifest = load_manifest(export_dir)

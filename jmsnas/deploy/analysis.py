@@ -15,7 +15,7 @@ import statistics
 import numpy as np
 
 from jmsnas.deploy import links as L
-from jmsnas.deploy.predict import link_name, predict, total_ms
+from jmsnas.deploy.predict import cameras, link_name, predict, total_ms
 
 
 def _median(xs) -> float:
@@ -77,7 +77,8 @@ def analyze(manifest: dict, raw: dict) -> dict:
             t = [lat[c][i]["in"][a] for i in range(n)]
             per_link[name] = [(r[3] - r[0]) * 1e3 for r in t]
             queue_ms[name] = _median([(r[0] - lat[a][i]["c1"]) * 1e3 for i, r in enumerate(t)])
-        span = [(lat[order[-1]][i]["c1"] - lat[order[0]][i]["c0"]) * 1e3 for i in range(n)]
+        starts = sorted({d for d, _ in cameras(manifest)}, key=order.index)  # the parts that take the image
+        span = [(lat[order[-1]][i]["c1"] - min(lat[d][i]["c0"] for d in starts)) * 1e3 for i in range(n)]
         co = raw.get("coordinator", {}).get("latency")
         totals = [(co[i][1] - co[i][0]) * 1e3 for i in range(n)] if co else span
         eq = [total_ms(manifest, {d: per_dev[d][i] for d in order}, {k: v[i] for k, v in per_link.items()})

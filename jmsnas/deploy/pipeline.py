@@ -41,7 +41,7 @@ import numpy as np
 from jmsnas.deploy import clock
 from jmsnas.deploy.hosts import check_hosts
 from jmsnas.deploy import links as L
-from jmsnas.deploy.predict import predicted_links
+from jmsnas.deploy.predict import cameras, predicted_links
 from jmsnas.deploy.runtime import DeployError, load_manifest, sha256
 
 PHASES = ("latency", "stream", "both")
@@ -86,15 +86,23 @@ def compute_targets(manifest: dict, compute, calib_ms: dict) -> tuple:
 
 def _check_settings(manifest, images, bandwidth_scale, phase, timeout_s, window) -> None:
     b = manifest["batch"]
-    shape = manifest["parts"][manifest["order"][0]]["inputs"][0]["shape"]
-    if images.ndim != 4 or list(images.shape[1:]) != shape[1:] or images.shape[0] == 0 or images.shape[0] % b:
-        raise DeployError(f"images must be float32[N, {', '.join(map(str, shape[1:]))}] with N a positive multiple "
+    shape = image_shape(manifest)
+    if list(images.shape[1:]) != shape or images.shape[0] == 0 or images.shape[0] % b:
+        raise DeployError(f"images must be float32[N, {', '.join(map(str, shape))}] with N a positive multiple "
                           f"of the export batch {b}, got shape {list(images.shape)}")
     for name, v in (("bandwidth scale", bandwidth_scale), ("timeout", timeout_s), ("window", window)):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v <= 0:
             raise DeployError(f"{name} must be a positive number, got {v!r}")
     if phase not in PHASES:
         raise DeployError(f"phase must be one of {PHASES}, got {phase!r}")
+
+
+def image_shape(manifest: dict) -> list:
+    """The shape of one image the pipeline takes: the manifest's ``image_shape`` (SplitNets: [V, s, s, C], one view
+    per sensor) or the first part's input without the batch."""
+    if "image_shape" in manifest:
+        return [int(d) for d in manifest["image_shape"]]
+    return [int(d) for d in manifest["parts"][manifest["order"][0]]["inputs"][0]["shape"][1:]]
 
 
 def _verify_files(export_dir: str, manifest: dict) -> None:
@@ -401,7 +409,7 @@ def run_pipeline(export_dir: str, images: np.ndarray, *, bandwidth_scale: float 
         cl = _Cluster(os.path.abspath(export_dir), manifest, control_port, ports, logs, hosts, connect_timeout_s,
                       hosts_source)
         done = {d: set() for d in order}
-        in_flight, hang_s, src = None, timeout_s, None
+        in_flight, hang_s, src = None, timeout_s, []
         try:
             cl.accept_all(time.time() + startup_timeout_s)
             cl.send_parts(export_dir)
@@ -430,8 +438,10 @@ def run_pipeline(export_dir: str, images: np.ndarray, *, bandwidth_scale: float 
                        for l in manifest["links"] if l["dst"] == d}
                 cl.send(d, L.JSON, value={"peers": {x: [hello[x]["host"], hello[x]["port"]] for x in order},
                                           "to": part["to"], "stretch": stretch[d], "out": out, "in": inn})
-            src = L.connect((hello[order[0]]["host"], hello[order[0]]["port"]))  # the camera: unthrottled
-            L.send_frame(src, L.JSON, value={"from": "image"})
+            src = []
+            for d, view in cameras(manifest):  # the camera: unthrottled, one link per part that takes the image
+                src.append((L.connect((hello[d]["host"], hello[d]["port"])), view))
+                L.send_frame(src[-1][0], L.JSON, value={"from": "image"})
             ready = _collect(cl, "ready", time.time() + startup_timeout_s)
             if on_start is not None:
                 on_start(cl.pids())
@@ -449,7 +459,8 @@ def run_pipeline(export_dir: str, images: np.ndarray, *, bandwidth_scale: float 
                 recs = _to_coordinator(res[1], offsets, order)
                 records[ph] = {d: {i - ids[0]: recs[d][i] for i in ids} for d in order}
                 at_coordinator[ph] = {i - ids[0]: res[2][i] for i in ids}
-            L.send_frame(src, L.STOP)
+            for sock, _ in src:
+                L.send_frame(sock, L.STOP)
             deadline = time.time() + hang_s
             while len(cl.bye) < len(order):
                 try:
@@ -466,8 +477,8 @@ def run_pipeline(export_dir: str, images: np.ndarray, *, bandwidth_scale: float 
         except _Hung as h:
             raise DeployError(_diagnose(cl, done, h.image, hang_s)) from None
         finally:
-            if src is not None:
-                src.close()
+            for sock, _ in src:
+                sock.close()
             cl.end()
     first = "latency" if "latency" in outputs else "stream"
     framing = {f"{s}->{d}": ready[d]["framing"][s] for d in order for s in ready[d].get("framing", {})}
@@ -518,7 +529,8 @@ def _stream(cl: _Cluster, src, batches, ids, window: int, done: dict, timeout_s:
     while len(outputs) < len(ids) or any(len(recs[d]) < len(ids) for d in cl.order):
         finished = sum(1 for i in ids if i in done[last])
         while sent < len(ids) and sent - finished < window:
-            e2e[ids[sent]] = [L.send_frame(src, L.ARRAY, ids[sent], batches[sent])[0]]
+            e2e[ids[sent]] = [min(L.send_frame(sock, L.ARRAY, ids[sent], batches[sent] if view is None else
+                                               np.ascontiguousarray(batches[sent][:, view]))[0] for sock, view in src)]
             cl.sent.append(ids[sent])
             sent += 1
             progress = time.time()

@@ -2,11 +2,19 @@
 
 The same function evaluates the prediction (compute terms from the cost table or from a calibration, link terms
 from bytes, bandwidth and latency) and the measurement (every term measured in the pipeline), so the two can be
-compared term by term. Chain, eq. (1): T = sum_m tau^m + sum_links eps. Mesh, eq. (2): the chain part C (the
+compared term by term. Chain, eq. (1): T = sum_m tau^m + sum_links eps. Bus (SplitNets: V sensors on shared
+bus links into one aggregator): T = max_v (tau^v + eps_v) + tau^agg. Mesh, eq. (2): the chain part C (the
 devices before the root and from the aggregator on, with their links) plus the slowest root -> branch ->
 aggregator path, max_b (tau^r + eps_{r,b} + tau^b + eps_{b,agg}); as in ``jmsnas.cost.latency.mesh_latency``.
 """
 from __future__ import annotations
+
+
+def cameras(manifest: dict) -> list:
+    """(device, view or None) of every part that takes the image (the camera feeds each over its own unthrottled
+    link; a ``view`` v gets images[:, v])."""
+    return [(d, i.get("view")) for d in manifest["order"] for i in manifest["parts"][d]["inputs"]
+            if i["from"] == "image"]
 
 
 def link_name(src: str, dst: str) -> str:
@@ -21,6 +29,9 @@ def link_ms(nbytes: float, bandwidth_mbps: float, latency_ms: float = 0.0) -> fl
 def total_ms(manifest: dict, device_ms: dict, link_terms: dict) -> float:
     """Eq. (1) (chain) or (2) (mesh) from per-device and per-link ("a->b") terms in ms."""
     order = manifest["order"]
+    if manifest["kind"] == "bus":  # V senders at once on their shares of the bus, then the receiver (SplitNets)
+        agg = order[-1]
+        return max(device_ms[d] + link_terms[link_name(d, agg)] for d in order[:-1]) + device_ms[agg]
     if manifest["kind"] == "chain":
         return sum(device_ms[d] for d in order) + sum(link_terms[link_name(a, b)] for a, b in zip(order, order[1:]))
     root, branches = manifest["root"], manifest["branches"]
@@ -62,8 +73,9 @@ def table_compute_ms(run: str, table_path: str) -> dict:
     The table models a network run as ONE call: its per-call terms (``call`` + ``network.offset_ms``) ride on the
     stem, so the cost model charges them once, to the first device. Deployed, every device's part is a call of its
     own program and pays them (measured: ``benchmarks/README.md``, "Deployed pipeline, honest prediction"), so every
-    other device is charged them too (``per_call_ms``). The honest prediction: nothing in the pipeline is slowed or
-    calibrated to it."""
+    other device is charged them too (``per_call_ms``). The table must time the depthwise convolution the parts run
+    (``jmsnas profile --dw-impl xla``); one that timed another is refused. The honest prediction: nothing in the
+    pipeline is slowed or calibrated to it."""
     import numpy as np
 
     from jmsnas.cost.build import TableSpecError, build_table
@@ -80,9 +92,17 @@ def table_compute_ms(run: str, table_path: str) -> dict:
             ops[int(n)], where[int(n)] = op_index(op), names.index(dev)
     try:
         table = build_table(space, {d: {"kind": "measured", "path": table_path} for d in names})
-        call = per_call_ms(load_table(table_path, space))
+        measured = load_table(table_path, space)
     except (TableSpecError, ProfileError, ValueError, OSError) as e:
         raise DeployError(f"--predict-table {table_path}: {' '.join(str(e).split())}") from None
+    impl = measured.settings.get("dw_impl")
+    if impl == "auto":  # dwconv.resolve_impl: the native kernels on CPU, XLA's convolution elsewhere
+        impl = "native or shifted" if measured.device.get("backend") == "cpu" else "xla"
+    if impl not in (None, "xla"):
+        raise DeployError(f"--predict-table {table_path} timed the {impl} depthwise convolution; exported parts run "
+                          "XLA's own (no custom calls), several times slower on CPU: profile with jmsnas profile "
+                          "--dw-impl xla")
+    call = per_call_ms(measured)
     lat = arch_latency(space, table, np.asarray(ops, np.int32), np.asarray(where, np.int32))
     per_device = breakdown_dict(space, lat)["per_device"]
     first = names[space.topology.path_order()[0]]  # its stem term already holds the per-call cost

@@ -13,6 +13,7 @@ bus and the sensor peak memory), history.json, evolution.json, the report plots 
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 from typing import NamedTuple
@@ -446,9 +447,10 @@ def compact_parts(space: SplitSpace, params, bn, genes) -> dict:
     return out
 
 
-def write_parts(space, params, bn, genes, workdir: str) -> dict:
+def write_parts(space, params, bn, genes, workdir: str, bus_mbps: float | None = None) -> dict:
     """``parts/sensor.npz`` and ``parts/aggregator.npz`` (weights and BN statistics) and ``parts/manifest.json``
-    (``run.directory.write_parts``: atomic, process 0)."""
+    (``run.directory.write_parts``: atomic, process 0), which records the split, the split-aware space and the bus's
+    Mbit/s (what ``jmsnas export`` needs to deploy the parts, ``jmsnas.deploy.splitnets``)."""
     a = space.decode(genes)
     parts = compact_parts(space, jax.device_get(params), jax.device_get(bn), genes)
     s_hw, c = space.phase_hw(a.split[0]), space.phase_channels[a.split[0]]
@@ -457,7 +459,8 @@ def write_parts(space, params, bn, genes, workdir: str) -> dict:
     return directory.write_parts(
         workdir, {dev: {**part, "input_shape": shapes[dev][0], "output_shape": shapes[dev][1]}
                   for dev, part in parts.items()},
-        {"views": space.views, "split": {"phase": a.split[0], "m": a.split[1], "d": a.d, "c": c}})
+        {"views": space.views, "split": {"phase": a.split[0], "m": a.split[1], "d": a.d, "c": c},
+         "splitnets_space": dataclasses.asdict(space), "bus_mbps": None if bus_mbps is None else float(bus_mbps)})
 
 
 def describe(space: SplitSpace, genes, cost: H.Cost) -> dict:
@@ -560,7 +563,7 @@ def _evolve(cfg, hw, space, ds, workdir: str, resume: bool, progress: bool) -> d
                                                                       "val_acc", "expected_latency_ms",
                                                                       "derived_latency_ms")}
                                                    for h in history], workdir)
-    write_parts(space, params, bn, genes, workdir)
+    write_parts(space, params, bn, genes, workdir, hw.bus_mbps)
     directory.write_json(workdir, directory.RESULT, result)
     tb.log(len(history), tb.result_scalars(result))
     tb.images(len(history), tb.figures(figures))
