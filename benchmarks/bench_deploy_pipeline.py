@@ -14,7 +14,7 @@ machine): the compute terms come from the table through the cost model (``predic
 parts run at host speed, nothing calibrated or slowed; then a row also gives every device's predicted / measured
 compute (ms), the latency model's own error.
 
-    jmsnas profile --space default --out TABLE
+    jmsnas profile --space default --out TABLE --dw-impl xla
     python benchmarks/bench_deploy_pipeline.py --runs RUN --scales 0.05 0.02 0.01 --predict-table TABLE
 """
 from __future__ import annotations

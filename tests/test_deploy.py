@@ -145,6 +145,12 @@ def test_table_prediction_charges_the_per_call_cost_on_every_part(runs, tmp_path
             want[names[s.device]] += t.slots[s.index]["ops"][OP_NAMES[i]].median_ms
     assert got == pytest.approx(want, rel=1e-5)
     assert predict.per_call_ms(t) == pytest.approx(0.30)
+    # a table of jmsnas' CPU depthwise kernels does not time what the exported parts run: refused, one line
+    P.write_table(t._replace(settings={"reps": 5, "dw_impl": "auto"}), tmp_path / "auto.yaml")
+    with pytest.raises(DeployError, match="timed the native or shifted depthwise.*--dw-impl xla"):
+        predict.table_compute_ms(r["dir"], str(tmp_path / "auto.yaml"))
+    P.write_table(t._replace(settings={"reps": 5, "dw_impl": "xla"}), tmp_path / "xla.yaml")
+    assert predict.table_compute_ms(r["dir"], str(tmp_path / "xla.yaml")) == pytest.approx(want, rel=1e-5)
 
 
 def test_mesh_equation_hand_computed():

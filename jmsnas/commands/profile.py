@@ -44,6 +44,9 @@ def add_parser(sub) -> None:
     p.add_argument("--calibrate", type=number_flag(int, 0, 1000), default=8,
                    help="standalone method: random sub-networks measured for the network offset (default 8)")
     p.add_argument("--seed", type=number_flag(int, 0, 2**32 - 1), default=0, help="seed of the round order (and calibration networks)")
+    p.add_argument("--dw-impl", default="auto", choices=("auto", "xla", "shifted", "native"),
+                   help="depthwise-convolution kernels to time (default auto: the ones the search runs; xla: what "
+                        "exported parts run, for jmsnas pipeline --predict-table)")
 
 
 class _SpaceError(ValueError):
@@ -145,7 +148,7 @@ def run(args) -> int:
     if not os.path.isdir(out_dir) or not os.access(out_dir, os.W_OK):
         return _fail(f"cannot write --out {args.out!r}: directory {out_dir!r} does not exist or is not writable")
     table = P.measure_table(space, method=args.method, batch=args.batch, reps=args.reps, warmup=args.warmup,
-                            quantile=args.quantile, calibrate=args.calibrate, seed=args.seed)
+                            quantile=args.quantile, calibrate=args.calibrate, seed=args.seed, dw_impl=args.dw_impl)
     try:
         P.write_table(table, args.out)
     except OSError as e:
