@@ -7,15 +7,18 @@ import jax
 import numpy as np
 import pytest
 
+from jmsnas import safeio
 from jmsnas.deploy import predict
 from jmsnas.deploy.pipeline import run_pipeline
 from jmsnas.deploy.runtime import load_manifest
+from jmsnas.deploy import splitnets as DS
 from jmsnas.deploy.splitnets import export_splitnets, whole_network
 from jmsnas.splitnets import net as N
 from jmsnas.splitnets.search import write_parts
 from jmsnas.splitnets.space import SplitArch, SplitSpace
 
 BUS_MBPS = 40.0
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +40,11 @@ def run(tmp_path_factory):
                                                   "per_link": {"sensor->aggregator": 0.5}}}
     with open(os.path.join(d, "result.json"), "w") as f:
         json.dump(result, f)
+    cfg = safeio.import_file(os.path.join(REPO, "experiments", "configs", "splitnets_multiview.py"), "config",
+                             "_splitnets_multiview").get_config("tiny")
+    cfg.splitnets.view_size, cfg.image_size = 6, 8  # the digits as they are: 4 corner views of 6 x 6
+    with open(os.path.join(d, "config.json"), "w") as f:
+        f.write(cfg.to_json_best_effort())
     x = rng.normal(0.0, 1.0, (6, 4, 6, 6, 1)).astype(np.float32)
     whole = jax.jit(lambda p, b, x: N.apply_fixed(space, p, b, genes, x, train=False, pos=(1, 1))[0])
     want = np.asarray(whole(params, bn, x))
@@ -70,3 +78,15 @@ def test_bus_equation_by_hand():
     links = predict.predicted_links(m)
     assert links == {"s0->agg": pytest.approx(1.6), "s1->agg": pytest.approx(1.6)}  # 8000 bits / 5 Mbit/s
     assert predict.total_ms(m, {"s0": 1.0, "s1": 2.0, "agg": 0.5}, links) == pytest.approx(2.0 + 1.6 + 0.5)
+
+
+def test_the_pipelines_images_are_the_runs_multiview_test_split(run):
+    """``jmsnas pipeline --workdir RUN`` streams the run's own views: its config's digits test split, cut into the
+    4 corner views of 6 x 6 (``splitnets.views``)."""
+    from jmsnas import data
+    from jmsnas.splitnets import views as VW
+    x, y = DS.test_images(run[0], 5)
+    ds = data.load("digits", seed=0, val_fraction=0.15, image_size=8, max_train=128)  # the tiny config's
+    assert x.shape == (5, 4, 6, 6, 1)
+    assert np.array_equal(x, VW.make_views(ds.test.images[:5], VW.view_origins(8, 6, 4), 6))
+    assert np.array_equal(y, ds.test.labels[:5])

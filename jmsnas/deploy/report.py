@@ -22,7 +22,7 @@ def _label(a: dict) -> str:
 
 def format_table(analyses: list, manifest: dict) -> str:
     """The predicted-vs-measured table (ms, images/s, Mbit/s) of every analysed setting."""
-    eq = "eq. (1)" if manifest["kind"] == "chain" else "eq. (2)"
+    eq = equation(manifest)
     lines = []
     for a in analyses:
         p, m = a["predicted"], a.get("measured", {})
@@ -57,13 +57,18 @@ def format_table(analyses: list, manifest: dict) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def equation(manifest: dict) -> str:
+    """The name of the latency equation of the manifest's topology (``predict.total_ms``)."""
+    return {"chain": "eq. (1)", "mesh": "eq. (2)"}.get(manifest["kind"], "bus: max(sensor + link) + aggregator")
+
+
 def plot(analyses: list, manifest: dict, path: str) -> Figure:
     """One panel per setting: a predicted and a measured stacked bar (devices, links, hand-offs); PNG at ``path``."""
     terms = list(manifest["order"]) + [f"{l['src']}->{l['dst']}" for l in manifest["links"]]
     colors = {t: _COLORS[i % len(_COLORS)] for i, t in enumerate(terms)}
     colors["hand-offs"] = "#222222"
     fig = Figure(figsize=(2.2 * len(analyses) + 2.2, 4.2))
-    eq = "eq. (1)" if manifest["kind"] == "chain" else "eq. (2)"
+    eq = equation(manifest)
     for k, a in enumerate(analyses):
         ax = fig.add_subplot(1, len(analyses), k + 1)
         for j, (what, src) in enumerate((("predicted", a["predicted"]), ("measured", a.get("measured", {})))):

@@ -190,10 +190,11 @@ def whole_network(run: str):
 def test_images(run: str, n: int) -> tuple:
     """(images float32[n, V, s, s, C], labels int32[n]): the first n multi-view test images of the run's dataset
     (``splitnets.views`` of its config)."""
-    from jmsnas.splitnets import search
+    import ml_collections
+
+    from jmsnas.splitnets import search, views as VW
     try:
-        cfg = search.with_defaults(directory.read_config(run))
-        from jmsnas.splitnets import views as VW
+        cfg = search.with_defaults(ml_collections.ConfigDict(directory.read_config(run)))
         ds = VW.load(cfg.dataset, views=cfg.splitnets.views, view_size=cfg.splitnets.view_size,
                      data_dir=cfg.get("data_dir"), val_fraction=cfg.val_fraction, seed=cfg.seed,
                      image_size=cfg.get("image_size"), max_train=cfg.get("max_train"))
