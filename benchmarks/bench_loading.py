@@ -29,7 +29,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jmsnas.modular import blocks as B, loadmodel as L, partition as P, store  # noqa: E402
+from jmsnas.modular import api, blocks as B, loadmodel as L, partition as P, store  # noqa: E402
 
 
 def loadavg() -> str:
@@ -127,7 +127,7 @@ def main(argv=None) -> int:
     hw = os.cpu_count() or 1
     config = None
     if args.config:
-        from jmsnas.commands.search import load_config
+        from jmsnas.configs import load_config
         config = load_config(args.config)
     out = {"loadavg_start": loadavg(), "hardware_threads": hw}
     print(f"load average at start: {out['loadavg_start']}; hardware threads {hw}", flush=True)
@@ -148,7 +148,7 @@ def main(argv=None) -> int:
         rng = np.random.default_rng(0)
         out["networks"] = []
         for name in args.nets:
-            net = B.load_network(name, config)
+            net = api.load_network(name, config)
             t = time.perf_counter()
             r = bench_net(net, lm, args.kmax, args.reps, root, hw, rng)
             r["agent"] = [] if args.no_agent else agent_table(net, lm, args.kmax)

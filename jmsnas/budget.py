@@ -165,3 +165,62 @@ def _branch_terms(space, table, ops, assignment=None):
         down, up = topo.link_index(topo.root, b), topo.link_index(b, agg)
         out.append(float(lat.per_device[b] + lat.per_link[down] + lat.per_link[up]))
     return out
+
+
+def check_feasible(space, table, limits: DeviceLimits, t_const_ms: float, assignment=None) -> None:
+    """``LimitsError`` with one line when no architecture meets T_const and every device's limits together:
+    the device that has no architecture within its limits and the least it needs; else (the limits only bind
+    together with T_const) the fastest T within the limits, and the device whose limit, raised to the least
+    value that admits an architecture within T_const, would make the combination feasible. A T_const that no
+    architecture meets even without limits is not refused (the repair takes the fastest within the limits and the
+    report says so, as without limits)."""
+    if not L.binding(space, table, limits, assignment):
+        return
+    alpha = np.zeros(space.mask().shape, np.float32)
+    ops = np.array([int(np.flatnonzero(space.mask()[n])[0]) for n in range(space.num_layers)], np.int32)
+    fix = repair(space, table, alpha, ops, t_const_ms, assignment, limits)  # raises for a single device
+    if fix.feasible:
+        return
+    free = repair(space, table, alpha, ops, t_const_ms, assignment, None)
+    if not free.feasible:  # T_const is out of reach without any limit: as without limits, the run goes on with
+        return             # the fastest architecture (here: within the limits) and its report says so
+    msg = (f"no architecture meets T_const={t_const_ms:.4g} ms with every device within its memory and energy: the "
+           f"fastest within them takes {fix.min_latency_ms:.4g} ms")
+    for m in space.topology.path_order():
+        for kind, field in (("memory", "memory_bytes"), ("energy", "energy_mj")):
+            lim = getattr(limits, field)
+            if not np.isfinite(lim[m]):
+                continue
+            need = _least_limit(space, table, limits, field, m, t_const_ms, assignment)
+            if need is not None:
+                name = space.topology.device_names[m]
+                what = L.mib(need) if kind == "memory" else f"{need:.4g} mJ"
+                raise LimitsError(msg + f"; device {name!r} would need {what} of {kind} (it has "
+                                        f"{L.mib(lim[m]) if kind == 'memory' else f'{lim[m]:.4g} mJ'}), or T_const "
+                                        f">= {fix.min_latency_ms:.4g} ms")
+    raise LimitsError(msg + f"; raise T_const to >= {fix.min_latency_ms:.4g} ms or several devices' limits")
+
+
+def _least_limit(space, table, limits, field, m, t_const_ms, assignment, rel=1e-4):
+    """The least value of device m's limit ``field`` for which an architecture meets T_const and every other
+    limit (bisection on the exact feasibility, to ``rel``), or None when even no limit on m does not help."""
+    alpha = np.zeros(space.mask().shape, np.float32)
+    ops = np.array([int(np.flatnonzero(space.mask()[n])[0]) for n in range(space.num_layers)], np.int32)
+
+    def ok(v):
+        arr = getattr(limits, field).copy()
+        arr[m] = v
+        try:
+            return repair(space, table, alpha, ops, t_const_ms, assignment,
+                                 limits._replace(**{field: arr})).feasible
+        except LimitsError:
+            return False
+
+    hi = L.upper_bounds(space, table, limits, assignment)[0 if field == "memory_bytes" else 1][m]
+    lo = float(getattr(limits, field)[m])
+    if not ok(hi):
+        return None
+    while hi - lo > rel * hi:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+    return hi

@@ -298,7 +298,7 @@ def _normalise(splits) -> tuple[tuple[Split, Split, Split], np.ndarray, np.ndarr
     return tuple(out), mean32, std32
 
 
-def _not_prepared(name, builder) -> DatasetError:
+def not_prepared(name, builder) -> DatasetError:
     """The one-message error for a tfds dataset that is not in data_dir."""
     root = builder.data_dir_root
     manual = (
@@ -317,13 +317,13 @@ def _not_prepared(name, builder) -> DatasetError:
 
 def _load_tfds(name, data_dir, val_fraction, image_size, max_train, max_eval):
     """Reads the three splits of a prepared tfds dataset; returns ((train, val, test), num_classes)."""
-    tf, tfds = _import_tf_quietly(name)
+    tf, tfds = import_tf_quietly(name)
     data_dir = os.fspath(data_dir) if data_dir is not None else None
     try:
         builder = tfds.builder(name, data_dir=data_dir)
     except Exception as err:  # noqa: BLE001 - tfds raises protobuf, JSON, OS errors for a damaged folder
         raise DatasetError(f"cannot open dataset {name!r} in data_dir {data_dir or '(tfds default)'}: "
-                           f"{_first_line(err)} (expected a folder prepared by `tfds build {name}`)") from None
+                           f"{first_line(err)} (expected a folder prepared by `tfds build {name}`)") from None
     size = image_size if image_size is not None else _TFDS[name].default_size
     pct = format(100.0 * (1.0 - val_fraction), ".10g")
     wanted = ((f"train[:{pct}%]", max_train), (f"train[{pct}%:]", max_eval), (_TFDS[name].test_split, max_eval))
@@ -331,20 +331,20 @@ def _load_tfds(name, data_dir, val_fraction, image_size, max_train, max_eval):
     try:
         splits = tuple(_read_split(builder, spec, size, limit) for spec, limit in wanted)
     except AssertionError:  # raised by tfds' as_dataset when the data folder is missing
-        raise _not_prepared(name, builder) from None
+        raise not_prepared(name, builder) from None
     except KeyError as err:  # tfds: "splits is empty ... has not been generated yet" (an empty version folder)
         if "not been generated" in str(err):
-            raise _not_prepared(name, builder) from None
-        raise DatasetError(f"could not read dataset {name!r} from {builder.data_dir}: {_first_line(err)}") from None
+            raise not_prepared(name, builder) from None
+        raise DatasetError(f"could not read dataset {name!r} from {builder.data_dir}: {first_line(err)}") from None
     except (tf.errors.OpError, OSError, ValueError) as err:
-        raise DatasetError(f"could not read dataset {name!r} from {builder.data_dir}: {_first_line(err)}") from None
+        raise DatasetError(f"could not read dataset {name!r} from {builder.data_dir}: {first_line(err)}") from None
     for spec, split in zip((w[0] for w in wanted), splits):
         if split.labels.shape[0] == 0:
             raise DatasetError(f"split {spec!r} of {name!r} is empty; choose a different val_fraction")
     return splits, int(builder.info.features["label"].num_classes)
 
 
-def _import_tf_quietly(name: str = "a tfds dataset"):
+def import_tf_quietly(name: str = "a tfds dataset"):
     """(tensorflow, tensorflow_datasets), imported with the process's stderr (fd 2) parked in a temporary file
     (a DatasetError naming the install command where either is not installed: they are the ``tfds`` extra):
     TensorFlow 2.21 logs oneDNN/absl lines at import whatever TF_CPP_MIN_LOG_LEVEL says, which would bury a
@@ -385,7 +385,7 @@ def _import_tf_quietly(name: str = "a tfds dataset"):
     return tf, tfds
 
 
-def _first_line(err: BaseException, limit: int = 240) -> str:
+def first_line(err: BaseException, limit: int = 240) -> str:
     """The first non-empty line of an exception's message (or its type), at most ``limit`` characters."""
     lines = [ln.strip() for ln in str(err).strip().strip('"').splitlines() if ln.strip()]
     text = lines[0] if lines else type(err).__name__

@@ -7,7 +7,7 @@ within its ``energy_budget_mj`` (none by default). The limits enter
 * the search objective as a hinge penalty per device on the expectations (``objectives.limits_penalty``),
 * evolve's fitness (an architecture over a limit is infeasible, as one over T_const),
 * the budget repair (``budget.repair``): the most probable architecture within T_const AND every limit, exact,
-* and the boundary check (``check_feasible``): when no architecture of the space can meet them together, one line
+* and the boundary check (``budget.check_feasible``): when no architecture of the space can meet them together, one line
   naming the device and the least it would need, before anything is written.
 
 For a fixed split the devices' constraints are separable: device m's memory is W_m (a sum over its layers) +
@@ -64,7 +64,7 @@ def expected_penalty(space, table, limits: DeviceLimits, alpha, assignment=None)
     return limits_penalty(mem, limits.memory_bytes) + limits_penalty(en, limits.energy_mj)
 
 
-def _mib(b: float) -> str:
+def mib(b: float) -> str:
     return f"{b:,.0f} bytes ({b / 2 ** 20:.3f} MiB)"
 
 
@@ -191,13 +191,13 @@ def least_need_message(space, table, limits, m, assignment=None) -> str:
     name = space.topology.device_names[m]
     mem, en = least_need(space, table, limits, m, assignment)
     if mem > limits.memory_bytes[m]:
-        return (f"device {name!r} needs at least {_mib(mem)} of memory for any architecture of this space (its "
-                f"memory_bytes is {_mib(limits.memory_bytes[m])}): raise its memory or give it fewer layers")
+        return (f"device {name!r} needs at least {mib(mem)} of memory for any architecture of this space (its "
+                f"memory_bytes is {mib(limits.memory_bytes[m])}): raise its memory or give it fewer layers")
     if en > limits.energy_mj[m]:
         return (f"device {name!r} needs at least {en:.4g} mJ per inference for any architecture of this space (its "
                 f"energy_budget_mj is {limits.energy_mj[m]:.4g}): raise its budget or give it fewer layers")
-    return (f"device {name!r} cannot meet its memory ({_mib(limits.memory_bytes[m])}) and energy "
-            f"({limits.energy_mj[m]:.4g} mJ) limits together: it needs at least {_mib(mem)} and {en:.4g} mJ, "
+    return (f"device {name!r} cannot meet its memory ({mib(limits.memory_bytes[m])}) and energy "
+            f"({limits.energy_mj[m]:.4g} mJ) limits together: it needs at least {mib(mem)} and {en:.4g} mJ, "
             "not with one architecture")
 
 
@@ -279,67 +279,6 @@ def _population_within_impl(space, table, mem, ops, mem_lim, en_lim, split):
 
 
 _population_within = jax.jit(_population_within_impl, static_argnames=("space", "split"))
-
-
-def check_feasible(space, table, limits: DeviceLimits, t_const_ms: float, assignment=None) -> None:
-    """``LimitsError`` with one line when no architecture meets T_const and every device's limits together:
-    the device that has no architecture within its limits and the least it needs; else (the limits only bind
-    together with T_const) the fastest T within the limits, and the device whose limit, raised to the least
-    value that admits an architecture within T_const, would make the combination feasible. A T_const that no
-    architecture meets even without limits is not refused (the repair takes the fastest within the limits and the
-    report says so, as without limits)."""
-    from jmsnas import budget  # budget imports this module
-    if not binding(space, table, limits, assignment):
-        return
-    alpha = np.zeros(space.mask().shape, np.float32)
-    ops = np.array([int(np.flatnonzero(space.mask()[n])[0]) for n in range(space.num_layers)], np.int32)
-    fix = budget.repair(space, table, alpha, ops, t_const_ms, assignment, limits)  # raises for a single device
-    if fix.feasible:
-        return
-    free = budget.repair(space, table, alpha, ops, t_const_ms, assignment, None)
-    if not free.feasible:  # T_const is out of reach without any limit: as without limits, the run goes on with
-        return             # the fastest architecture (here: within the limits) and its report says so
-    msg = (f"no architecture meets T_const={t_const_ms:.4g} ms with every device within its memory and energy: the "
-           f"fastest within them takes {fix.min_latency_ms:.4g} ms")
-    for m in space.topology.path_order():
-        for kind, field in (("memory", "memory_bytes"), ("energy", "energy_mj")):
-            lim = getattr(limits, field)
-            if not np.isfinite(lim[m]):
-                continue
-            need = _least_limit(space, table, limits, field, m, t_const_ms, assignment)
-            if need is not None:
-                name = space.topology.device_names[m]
-                what = _mib(need) if kind == "memory" else f"{need:.4g} mJ"
-                raise LimitsError(msg + f"; device {name!r} would need {what} of {kind} (it has "
-                                        f"{_mib(lim[m]) if kind == 'memory' else f'{lim[m]:.4g} mJ'}), or T_const "
-                                        f">= {fix.min_latency_ms:.4g} ms")
-    raise LimitsError(msg + f"; raise T_const to >= {fix.min_latency_ms:.4g} ms or several devices' limits")
-
-
-def _least_limit(space, table, limits, field, m, t_const_ms, assignment, rel=1e-4):
-    """The least value of device m's limit ``field`` for which an architecture meets T_const and every other
-    limit (bisection on the exact feasibility, to ``rel``), or None when even no limit on m does not help."""
-    from jmsnas import budget
-    alpha = np.zeros(space.mask().shape, np.float32)
-    ops = np.array([int(np.flatnonzero(space.mask()[n])[0]) for n in range(space.num_layers)], np.int32)
-
-    def ok(v):
-        arr = getattr(limits, field).copy()
-        arr[m] = v
-        try:
-            return budget.repair(space, table, alpha, ops, t_const_ms, assignment,
-                                 limits._replace(**{field: arr})).feasible
-        except LimitsError:
-            return False
-
-    hi = upper_bounds(space, table, limits, assignment)[0 if field == "memory_bytes" else 1][m]
-    lo = float(getattr(limits, field)[m])
-    if not ok(hi):
-        return None
-    while hi - lo > rel * hi:
-        mid = 0.5 * (lo + hi)
-        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
-    return hi
 
 
 def report(space, table, limits: DeviceLimits, ops, assignment=None) -> dict:

@@ -128,7 +128,7 @@ def check_limits(cfg, space: SearchSpace, table: CostTable) -> L.DeviceLimits:
     fall back to). Called before the workdir is claimed."""
     lim = L.device_limits(space, cfg.cost.activation_bits)
     try:
-        L.check_feasible(space, table, lim, float(cfg.t_const_ms))
+        budget.check_feasible(space, table, lim, float(cfg.t_const_ms))
     except L.LimitsError as e:
         raise ConfigError(str(e)) from None
     return lim

@@ -99,7 +99,7 @@ def test_no_architecture_fits_names_the_device_and_its_least_memory():
     lim = L.device_limits(space)
     need = L.least_need(space, table, lim, 0)[0]
     with pytest.raises(L.LimitsError, match=r"device 'ue' needs at least [\d,]+ bytes") as e:
-        L.check_feasible(space, table, lim, 100.0)
+        budget.check_feasible(space, table, lim, 100.0)
     assert f"{need:,.0f} bytes" in str(e.value) and "\n" not in str(e.value)
 
 
@@ -117,7 +117,7 @@ def test_limits_that_only_bind_with_t_const_name_what_the_device_would_need():
     lim = lim0._replace(memory_bytes=np.array([0.5 * (least + ue_fast), 1e9, 1e9]))
     t_const = float(fastest.latency_ms) * 1.0000001
     with pytest.raises(L.LimitsError, match="device 'ue' would need") as e:
-        L.check_feasible(space, table, lim, t_const)
+        budget.check_feasible(space, table, lim, t_const)
     msg = str(e.value)
     assert "T_const >=" in msg and "\n" not in msg
     need = float(msg.split("would need ")[1].split(" bytes")[0].replace(",", ""))

@@ -272,14 +272,14 @@ def test_export_bad_arguments_one_line(tmp_path, capsys, argv, needle):
 def test_modularize_a_traced_model_and_infer_while_loading(tmp_path, capsys):
     """Children of your own model: blocks at the single-tensor cuts (the residual block stays whole), balanced by
     their parameters' bytes, and the children loaded in parallel compute the model's own output."""
-    from jmsnas.modular import blocks as B
+    from jmsnas.modular import api, blocks as B
     from jmsnas.modular import loadmodel as L
     from jmsnas.modular import store
     (tmp_path / "tiny.py").write_text(TINY)
     lm = tmp_path / "lm.json"
     lm.write_text(json.dumps(L.LoadModel(15.0, 0.3, 6.0, 0.0, []).to_json()))
     ref_ = f"{tmp_path}/tiny.py:tiny"
-    net = B.load_network(ref_)
+    net = api.load_network(ref_)
     assert [b.name for b in net.blocks] == ["conv1", "conv2", "res_a..add", "pool", "fc"]
     assert [B.block_bytes(b) for b in net.blocks] == [4 * (9 * 8 + 2 * 8 + 2 * 8), 4 * (9 * 8 * 16 + 4 * 16),
                                                       4 * 2 * (9 * 16 * 16 + 4 * 16), 0, 4 * (16 * 10 + 10)]

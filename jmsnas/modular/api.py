@@ -17,6 +17,22 @@ from jmsnas.modular import store
 from jmsnas.modular.blocks import ModularError
 
 
+def load_network(model: str, config=None, seed: int = 0) -> B.Network:
+    """A zoo network by name (``blocks.from_zoo``), a jmsnas run directory (``blocks.from_run``) or a model
+    reference pkg.module:factory (your own model, ``jmsnas.modular.traced.from_traced``)."""
+    from jmsnas.split import zoo
+    from jmsnas.traced.ref import is_reference
+    if model in zoo.NAMES:
+        return B.from_zoo(model, seed)
+    if os.path.isdir(model):
+        return B.from_run(model, config)
+    if is_reference(model):
+        from jmsnas.modular.traced import from_traced
+        return from_traced(model)
+    raise ModularError(f"--model {model!r} is neither a zoo network {list(zoo.NAMES)}, a run directory nor a model "
+                       "reference pkg.module:factory")
+
+
 def _read_model(path: str) -> L.LoadModel:
     try:
         return L.LoadModel.from_json(safeio.read_json(path, "load model file", max_bytes=16 * 2**20))
@@ -36,7 +52,7 @@ def modularize(model: str, k, out: str, *, strategy: str = "exact", load_model: 
         raise ModularError(f"number of children must be an integer >= 1 or 'auto', got {k!r}")
     store._check_out(out)
     lm = _read_model(load_model) if load_model else None
-    net = B.load_network(model, config, seed)
+    net = load_network(model, config, seed)
     n = len(net.blocks)
     if k != "auto" and k > n:
         raise ModularError(f"{k} children need at least {k} blocks; {net.name} has {n}")

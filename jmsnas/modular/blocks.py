@@ -1,7 +1,8 @@
 """A trained network as a chain of blocks (paper 002's M = Block_1 || ... || Block_N), each with its parameters
 and a JSON spec from which its forward is rebuilt, so a child saved to disk can run without the code that built it.
 
-Three sources (the third, your own model traced, is ``jmsnas.modular.traced.from_traced``):
+Three sources (the third, your own model traced, is ``jmsnas.modular.traced.from_traced``; ``api.load_network``
+picks one by the model's name):
 
 * ``from_run(run_dir)``: the derived network of a ``jmsnas search`` run (``config.json``, ``result.json`` and
   ``parts/*.npz``): block 0 is the stem, blocks 1..L the searched layers, block L+1 the head. Batch norm runs in
@@ -16,6 +17,7 @@ Three sources (the third, your own model traced, is ``jmsnas.modular.traced.from
 """
 from __future__ import annotations
 
+import base64
 import functools
 import hashlib
 import json
@@ -112,14 +114,19 @@ def block_apply(spec: dict, params: dict, x):
     """Output of one block for input x [B, ...] (NHWC for images)."""
     if spec["kind"] == "jmsnas":
         return _jmsnas_block(spec, params, x)
-    if spec["kind"] == "traced":  # your own model (jmsnas.modular.traced)
-        from jmsnas.modular.traced import block_apply as traced_apply
-        return traced_apply(spec, params, x)
+    if spec["kind"] == "traced":  # your own model (jmsnas.modular.traced): a serialized jax.export program
+        return _exported(spec["program"]).call(*[params[k] for k in spec["args"]], x)
     outs = []
     for layer in spec["layers"]:
         xs = [x if i < 0 else outs[i] for i in layer["inputs"]]
         outs.append(_zoo_layer(layer, params.get(f"l{len(outs)}", {}), xs))
     return outs[-1]
+
+
+@functools.lru_cache(maxsize=256)
+def _exported(program: str):
+    from jax import export as jax_export
+    return jax_export.deserialize(bytearray(base64.b64decode(program)))
 
 
 @functools.lru_cache(maxsize=256)
@@ -282,19 +289,3 @@ def from_compact(space, ops, params, state, name: str = "jmsnas", dw_impl: str =
     blocks.append(Block("head", {"kind": "jmsnas", "part": "head"},
                         to_np({"params": params["head"], "state": state["head"]})))
     return Network(name, (space.image_size, space.image_size, space.in_channels), tuple(blocks))
-
-
-def load_network(model: str, config=None, seed: int = 0) -> Network:
-    """A zoo network by name, a jmsnas run directory or a model reference pkg.module:factory (your own model,
-    ``jmsnas.modular.traced``)."""
-    from jmsnas.split import zoo
-    from jmsnas.traced.ref import is_reference
-    if model in zoo.NAMES:
-        return from_zoo(model, seed)
-    if os.path.isdir(model):
-        return from_run(model, config)
-    if is_reference(model):
-        from jmsnas.modular.traced import from_traced
-        return from_traced(model)
-    raise ModularError(f"--model {model!r} is neither a zoo network {list(zoo.NAMES)}, a run directory nor a model "
-                       "reference pkg.module:factory")

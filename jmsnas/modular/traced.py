@@ -11,7 +11,6 @@ arrays exactly as for zoo networks and runs, as do parallel loading and inferenc
 from __future__ import annotations
 
 import base64
-import functools
 
 import jax
 import numpy as np
@@ -59,13 +58,3 @@ def from_traced(model) -> Network:
                                           for j, i in enumerate(ids)}))
         start = b
     return Network(f"traced:{t.model.name}", tuple(t.model.input_shape), tuple(blocks))
-
-
-@functools.lru_cache(maxsize=256)
-def _exported(program: str):
-    return jax_export.deserialize(bytearray(base64.b64decode(program)))
-
-
-def block_apply(spec: dict, params: dict, x):
-    """The output of a traced block for x [B, ...]."""
-    return _exported(spec["program"]).call(*[params[k] for k in spec["args"]], x)

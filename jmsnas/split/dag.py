@@ -22,7 +22,7 @@ from __future__ import annotations
 import networkx as nx
 import numpy as np
 
-from jmsnas.split.solvers import (SplitResult, _device_index, chain_path, check_costs, check_edges, check_peak,
+from jmsnas.split.solvers import (SplitResult, device_index, chain_path, check_costs, check_edges, check_peak,
                                   path_latency, path_links)
 from jmsnas.topology import Topology
 
@@ -84,7 +84,7 @@ def dag_min_cut(compute_ms, out_bytes, input_bytes, edges, topo: Topology, *, de
     e = check_edges(edges, n)
     check_peak(peak, memory_limits)
     path = chain_path(topo)
-    sel = list(path) if devices is None else [_device_index(topo, d) for d in devices]
+    sel = list(path) if devices is None else [device_index(topo, d) for d in devices]
     if not sel or any(d not in path for d in sel) or [path.index(d) for d in sel] != sorted({path.index(d) for d in sel}):
         raise ValueError(f"devices {devices!r} must be distinct devices of the path {list(path)}, in path order")
     levels = _levels(topo, sel, path)

@@ -32,7 +32,8 @@ from typing import NamedTuple
 import numpy as np
 
 from jmsnas.split.solvers import (InfeasibleSplitError, SplitResult, chain_dp_core, check_costs, check_peak,
-                                  memory_limits_array, path_links, peak_feasibility, range_costs, _memory, _peak_of)
+                                  memory_limits_array, memory_within_limits, path_links, peak_feasibility, peak_of,
+                                  range_costs)
 from jmsnas.topology import Topology, transfer_ms
 
 MAX_ENUMERATION = 200_000
@@ -131,7 +132,7 @@ def mesh_latency(assignment, compute_ms, out_bytes, input_bytes, topo: Topology,
     per_dev = {d: float(c[a == m, m].sum()) for m, d in enumerate(topo.device_names)}
     chain_links = sum(lm[topo.link_names[topo.link_index(x, y)]] for seq in (pre, post) for x, y in zip(seq, seq[1:]))
     total = (sum(per_dev[topo.device_names[d]] for d in pre + post) + chain_links + max(branch_terms))
-    ok, pk = _memory(a, topo, peak, limits)
+    ok, pk = memory_within_limits(a, topo, peak, limits)
     return SplitResult(method, a.astype(int), float(total), per_dev, lm, lb, ok, pk)
 
 
@@ -146,7 +147,7 @@ def _branch_tables(c, net, topo, fork, heads, peak, limits):
         gi = (transfer_ms(fork, l_in.bandwidth_mbps, l_in.latency_ms) + head
               + transfer_ms(heads[i], l_out.bandwidth_mbps, l_out.latency_ms))
         if peak is not None:
-            gi = np.array([np.inf if _peak_of(peak, tuple(range(s, s + u))) > limits[dev] else x
+            gi = np.array([np.inf if peak_of(peak, tuple(range(s, s + u))) > limits[dev] else x
                            for u, x in enumerate(gi)])
         tail = np.concatenate([[0.0], np.cumsum(c[s: s + L, agg])])
         g.append(gi)
@@ -224,7 +225,7 @@ def _enumerate_branches(g, h, net, agg_suffix, ssegs, slinks, peak, limit):
     for us in itertools.product(*options):
         tails = tuple(i for k, (u, L) in enumerate(zip(us, net.branches))
                       for i in range(net.branch_start(k) + u, net.branch_start(k) + L))
-        f0 = np.array([agg_suffix[k] if _peak_of(peak, tails + tuple(range(s0, s0 + k))) <= limit else np.inf
+        f0 = np.array([agg_suffix[k] if peak_of(peak, tails + tuple(range(s0, s0 + k))) <= limit else np.inf
                        for k in range(S + 1)])
         mid = max(gb[u] for gb, u in zip(g, us)) + sum(hb[u] for hb, u in zip(h, us))
         post_cost, bounds = chain_dp_core(f0, ssegs, slinks)

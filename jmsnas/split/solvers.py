@@ -150,7 +150,7 @@ def check_peak(peak, memory_limits):
         raise ValueError("memory_limits given without a peak(layer_indices) -> bytes function")
 
 
-def _peak_of(peak: Callable, layers: tuple) -> float:
+def peak_of(peak: Callable, layers: tuple) -> float:
     if not layers:
         return 0.0
     v = float(peak(layers))
@@ -203,11 +203,11 @@ def cut_bytes(out_bytes: np.ndarray, input_bytes: float, edges: tuple) -> np.nda
 
 # ----------------------------------------------------------------------------------------------- evaluation
 
-def _memory(assignment, topo, peak, limits):
+def memory_within_limits(assignment, topo, peak, limits):
     names = topo.device_names
     if peak is None:
         return {d: True for d in names}, None
-    pk = {d: _peak_of(peak, tuple(int(i) for i in np.flatnonzero(assignment == m))) for m, d in enumerate(names)}
+    pk = {d: peak_of(peak, tuple(int(i) for i in np.flatnonzero(assignment == m))) for m, d in enumerate(names)}
     return {d: bool(pk[d] <= limits[m]) for m, d in enumerate(names)}, pk
 
 
@@ -215,7 +215,7 @@ def make_result(method, assignment, compute, topo, link_bytes, link_ms, peak, li
     """Assembles a SplitResult from per-link bytes/ms dicts (all links of topo) and the compute table."""
     names = topo.device_names
     per_dev = {d: float(compute[assignment == m, m].sum()) for m, d in enumerate(names)}
-    ok, pk = _memory(assignment, topo, peak, limits)
+    ok, pk = memory_within_limits(assignment, topo, peak, limits)
     total = sum(per_dev.values()) + sum(link_ms.values())
     return SplitResult(method, assignment, float(total), per_dev, dict(link_ms), dict(link_bytes), ok, pk)
 
@@ -264,7 +264,7 @@ def path_latency(assignment, compute_ms, out_bytes, input_bytes, topo: Topology,
 
 # ----------------------------------------------------------------------------------------------- baselines
 
-def _device_index(topo: Topology, d) -> int:
+def device_index(topo: Topology, d) -> int:
     if isinstance(d, str):
         if d not in topo.device_names:
             raise ValueError(f"unknown device {d!r}; known: {list(topo.device_names)}")
@@ -308,7 +308,7 @@ def neurosurgeon(compute_ms, out_bytes, input_bytes, topo, *, devices=None, edge
     e = check_edges(edges, n)
     check_peak(peak, memory_limits)
     path = chain_path(topo)
-    da, db = (path[0], path[-1]) if devices is None else (_device_index(topo, d) for d in devices)
+    da, db = (path[0], path[-1]) if devices is None else (device_index(topo, d) for d in devices)
     if da not in path or db not in path or path.index(da) >= path.index(db):
         raise ValueError(f"devices {devices!r} must be two devices on the path {list(path)} in path order")
     pa, pb = path.index(da), path.index(db)
@@ -322,8 +322,8 @@ def neurosurgeon(compute_ms, out_bytes, input_bytes, topo, *, devices=None, edge
     if peak is not None:
         limits = memory_limits_array(topo, memory_limits)
         for k in ks:
-            if (_peak_of(peak, tuple(range(k))) > limits[da]
-                    or _peak_of(peak, tuple(range(k, n))) > limits[db]):
+            if (peak_of(peak, tuple(range(k))) > limits[da]
+                    or peak_of(peak, tuple(range(k, n))) > limits[db]):
                 total[k] = np.inf
     if not np.isfinite(total).any():
         raise InfeasibleSplitError(f"no single split between {topo.device_names[da]!r} and "
@@ -361,7 +361,7 @@ def peak_feasibility(peak, n: int, limit: float, cache: dict, offset: int = 0,
 
     def fits(j, k):
         if (j, k) not in cache:
-            cache[(j, k)] = _peak_of(peak, tuple(range(offset + j, offset + k)))
+            cache[(j, k)] = peak_of(peak, tuple(range(offset + j, offset + k)))
         return cache[(j, k)] <= limit
 
     ok = np.ones((n + 1, n + 1), dtype=bool)
@@ -420,7 +420,7 @@ def chain_dp(compute_ms, out_bytes, input_bytes, topo, *, edges=None, peak=None,
     e = check_edges(edges, n)
     check_peak(peak, memory_limits)
     path = chain_path(topo)
-    allowed = set(path) if devices is None else {_device_index(topo, d) for d in devices}
+    allowed = set(path) if devices is None else {device_index(topo, d) for d in devices}
     if not allowed <= set(path):
         raise ValueError(f"devices {devices!r} must lie on the path {list(path)}")
     limits = memory_limits_array(topo, memory_limits)

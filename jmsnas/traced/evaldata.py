@@ -58,24 +58,24 @@ def _npz(path: str, input_shape):
 
 
 def _tfds(spec: str, input_shape, data_dir):
-    from jmsnas.data import DatasetError, _first_line, _import_tf_quietly, _not_prepared
+    from jmsnas.data import DatasetError, first_line, import_tf_quietly, not_prepared
     parts = spec.split(":")
     if len(parts) not in (2, 3) or not parts[1]:
         raise EvalDataError(f"--data {spec!r}: expected tfds:NAME or tfds:NAME:SPLIT")
     name, split_name = parts[1], parts[2] if len(parts) == 3 else "test"
-    _, tfds = _import_tf_quietly()
+    _, tfds = import_tf_quietly()
     try:
         builder = tfds.builder(name, data_dir=data_dir)
         ds = builder.as_dataset(split=split_name, as_supervised=True)
         xs, ys = zip(*[(np.asarray(x), int(y)) for x, y in tfds.as_numpy(ds)])
     except AssertionError:
-        raise EvalDataError(str(_not_prepared(name, builder)).replace("--config.data_dir=DIR", "--data-dir DIR")) \
+        raise EvalDataError(str(not_prepared(name, builder)).replace("--config.data_dir=DIR", "--data-dir DIR")) \
             from None
     except (DatasetError, ValueError) as e:
-        raise EvalDataError(f"--data {spec!r}: {_first_line(e)}") from None
+        raise EvalDataError(f"--data {spec!r}: {first_line(e)}") from None
     except Exception as e:  # noqa: BLE001 - tfds raises many types for a missing or damaged dataset
         raise EvalDataError(f"--data {spec!r} cannot be read from data_dir {data_dir or '(tfds default)'}: "
-                            f"{_first_line(e)}") from None
+                            f"{first_line(e)}") from None
     return _check(np.stack(xs).astype(np.float32), np.asarray(ys, np.int64), input_shape, f"--data {spec!r}")
 
 
