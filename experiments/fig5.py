@@ -38,7 +38,7 @@ WALL_FILE = "fig5_wall.json"
 
 def load_config(arg: str, quick: bool = False):
     """The ConfigDict of run ``arg`` ("chain:tight", ...); ``quick`` shortens every stage for a smoke run."""
-    from jmsnas.commands.search import load_config as load
+    from jmsnas.configs import load_config as load
     cfg = load(f"{CONFIG_FILE}:{arg}")
     if quick:
         cfg.search.warmup_epochs, cfg.search.epochs, cfg.retrain.epochs = 1, 2, 1

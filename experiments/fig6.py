@@ -158,7 +158,7 @@ def split_text(space, assignment, whole: bool = False) -> str:
 
 def level_config(level: str, quick: bool = False, split: str = "fixed"):
     """The Fig. 5 chain config at ``level`` with ``split``; ``quick`` shortens every stage."""
-    from jmsnas.commands.search import load_config
+    from jmsnas.configs import load_config
     if level not in LEVELS:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
     cfg = load_config(f"{FIG5_CONFIG}:chain:{level}")

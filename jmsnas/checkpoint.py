@@ -36,6 +36,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from jmsnas import safeio
+
 _STATE = "state"
 _META = "meta"
 CHECKSUMS = "jmsnas_checksums.json"  # in each step directory: sha256 of every file orbax wrote there
@@ -43,13 +45,6 @@ CHECKSUMS = "jmsnas_checksums.json"  # in each step directory: sha256 of every f
 
 class CheckpointError(RuntimeError):
     """A checkpoint that is missing, unreadable, or does not match what the caller expects."""
-
-
-def _one_line(exc: BaseException, limit: int = 240) -> str:
-    """``Type: first line of the message``, shortened to ``limit`` characters."""
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    text = f"{type(exc).__name__}: {lines[0] if lines else ''}"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class _DropOrbaxNoise(logging.Filter):
@@ -216,7 +211,7 @@ def verify_digests(step_dir: str, where: str, stored: dict | None = None) -> Non
                 stored = json.load(f)["sha256"]
         now = file_digests(step_dir)
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{where}: checksum file unreadable: {_one_line(exc)}") from None
+        raise CheckpointError(f"{where}: checksum file unreadable: {safeio.error_line(exc)}") from None
     for rel in sorted(stored):
         if rel not in now:
             raise CheckpointError(f"{where} is corrupt or unreadable: file {rel} is missing (it was saved with "
@@ -277,7 +272,7 @@ class Checkpointer:
         try:
             self._manager = ocp.CheckpointManager(self.directory, item_handlers=handlers, options=options)
         except Exception as exc:  # orbax reads existing step metadata here
-            raise CheckpointError(f"cannot open checkpoints in {self.directory}: {_one_line(exc)}") from None
+            raise CheckpointError(f"cannot open checkpoints in {self.directory}: {safeio.error_line(exc)}") from None
 
     def all_steps(self) -> list:
         """Committed steps, ascending (temporary directories of unfinished saves are not steps)."""
@@ -310,7 +305,7 @@ class Checkpointer:
                 self._write_digests(step)
         except Exception as exc:
             raise CheckpointError(f"saving checkpoint step {step} in {self.directory} failed: "
-                                  f"{_one_line(exc)}") from None
+                                  f"{safeio.error_line(exc)}") from None
 
     def _write_digests(self, step: int) -> None:
         """Store the sha256 of every file of the committed step (atomically), verified by :meth:`restore`."""
@@ -360,7 +355,7 @@ class Checkpointer:
                 with _quiet_orbax():
                     state = self._manager.restore(step, args=args)[_STATE]
             except Exception as exc:
-                raise CheckpointError(f"{where} is corrupt or unreadable: {_one_line(exc)}") from None
+                raise CheckpointError(f"{where} is corrupt or unreadable: {safeio.error_line(exc)}") from None
         except CheckpointError as e:
             if latest and "corrupt or unreadable" in str(e):
                 raise CheckpointError(f"{e}; {self._older_intact(steps[:-1], step)}") from None
@@ -390,7 +385,7 @@ class Checkpointer:
             with _quiet_orbax():
                 meta = self._manager.restore(step, args=args)[_META]
         except Exception as exc:
-            raise CheckpointError(f"{where} is corrupt or unreadable (meta): {_one_line(exc)}") from None
+            raise CheckpointError(f"{where} is corrupt or unreadable (meta): {safeio.error_line(exc)}") from None
         if not isinstance(meta, dict):
             raise CheckpointError(f"{where} is corrupt: meta is a {type(meta).__name__}, expected a dict")
         return meta
@@ -405,7 +400,7 @@ class Checkpointer:
             return leaf_specs(tree)
         except Exception as exc:
             raise CheckpointError(f"{where} is corrupt or unreadable (array metadata): "
-                                  f"{_one_line(exc)}") from None
+                                  f"{safeio.error_line(exc)}") from None
 
     def close(self) -> None:
         """Wait for pending work and release orbax's resources."""

@@ -1,7 +1,11 @@
-"""Built-in configurations (ml_collections). Experiment files under experiments/configs/ start from these."""
+"""Built-in configurations (ml_collections), loading a config file and its ``--config.KEY=VALUE`` overrides.
+Experiment files under experiments/configs/ start from the built-in ones; every command loads its ``--config``
+through :func:`load_config` and :func:`apply_overrides`."""
 from __future__ import annotations
 
 import ml_collections
+
+from jmsnas import safeio
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -66,3 +70,73 @@ def tiny(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     c.eval_batch_size = 64
     c.checkpoint_every = 3
     return c
+
+
+def load_config(path: str | None, default=default_config):
+    """A ConfigDict from ``path`` (a .py file with get_config(), optionally ``file.py:arg``) or ``default()``."""
+    if path is None:
+        return default()
+    file, _, arg = path.partition(":")
+    module = safeio.import_file(file, "config file", "jmsnas_user_config")
+    if not hasattr(module, "get_config"):
+        raise ValueError(f"config file {file!r} has no get_config()")
+    args = (arg,) if arg else ()
+    cfg = safeio.call_user(module.get_config, f"config file {file!r}: get_config()", *args)
+    if not hasattr(cfg, "to_dict"):
+        raise ValueError(f"config file {file!r}: get_config() returned {type(cfg).__name__}, expected a ConfigDict")
+    return cfg
+
+
+def _parse_value(key: str, value: str, old):
+    """The YAML value of an override, checked against the type of the value it replaces."""
+    try:
+        parsed = safeio.load_yaml(value, f"value of --config.{key}", max_bytes=1 << 20, max_depth=8)
+    except ValueError as e:
+        raise ValueError(f"bad value {safeio.short(value)} for config key {key!r}: {e}") from None
+    if isinstance(old, float) and isinstance(parsed, str):
+        try:  # YAML 1.1 reads 2e-3 (no dot) as a string; the built-in configs write it
+            parsed = float(parsed)
+        except ValueError:
+            pass
+    if isinstance(parsed, list):
+        parsed = tuple(parsed)
+    want = None
+    if isinstance(old, bool) and not isinstance(parsed, bool):
+        want = "true or false"
+    elif not isinstance(old, bool) and isinstance(old, (int, float)) and (
+            isinstance(parsed, bool) or not isinstance(parsed, (int, float))):
+        want = "a number"
+    elif isinstance(old, int) and not isinstance(old, bool) and isinstance(parsed, float):
+        want = "an integer"
+    elif isinstance(old, str) and not isinstance(parsed, str):
+        parsed = value  # e.g. --config.topology=123 is the name "123"
+    elif isinstance(old, tuple) and not isinstance(parsed, tuple):
+        want = "a list, e.g. [1, 2]"
+    elif hasattr(old, "keys"):
+        want = f"keys of its own (--config.{key}.NAME=VALUE)"
+    if want:
+        raise ValueError(f"bad value {safeio.short(value)} for config key {key!r}: expected {want} "
+                         f"(current value {safeio.short(old)})")
+    return parsed
+
+
+def apply_overrides(cfg, overrides):
+    """``--config.a.b=value`` pairs (value parsed as YAML) applied to cfg; unknown keys are errors."""
+    for item in overrides:
+        if not item.startswith("--config.") or "=" not in item:
+            raise ValueError(f"unrecognised argument {safeio.short(item)}; overrides look like "
+                             "--config.search.epochs=3")
+        key, value = item[len("--config."):].split("=", 1)
+        parent, name = cfg, key.split(".")[-1]
+        for part in key.split(".")[:-1]:
+            if not hasattr(parent, "keys") or part not in parent:
+                raise ValueError(f"unknown config key {safeio.short(key)}")
+            parent = parent[part]
+        if not hasattr(parent, "keys") or name not in parent:
+            raise ValueError(f"unknown config key {safeio.short(key)}")
+        parsed = _parse_value(key, value, parent[name])
+        try:
+            parent[name] = parsed
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"bad value {safeio.short(value)} for config key {key!r}: {safeio.clip(e)}") from None
+    return cfg

@@ -31,18 +31,19 @@ import ml_collections
 import numpy as np
 import optax
 
-from jmsnas import budget, data, limits, pipeline, programs, strategies, supernet, timing, train
+from jmsnas import budget, data, limits, pipeline, programs, runcheck, strategies, supernet, timing, train
 from jmsnas import space as S
 from jmsnas import tensorboard as tb
 from jmsnas.checkpoint import Checkpointer
 from jmsnas.run import directory, loop, processes
+from jmsnas.run.evolution import evolution
 from jmsnas.run import workdir as W
 from jmsnas.cost.latency import arch_latency, latency, searched_latency
 from jmsnas.evaluate import evaluate_loop, evaluate_population
 from jmsnas.gates import onehot_gates
 from jmsnas.objectives import cross_entropy, l2_norm_sq
 from jmsnas.pipeline import ConfigError
-from jmsnas.space import IDENTITY, NUM_OPS, OP_NAMES, OPS, SearchSpace
+from jmsnas.space import IDENTITY, NUM_OPS, OPS, SearchSpace
 from jmsnas.strategies.base import sample_valid
 
 DEFAULTS = dict(
@@ -57,8 +58,9 @@ DEFAULTS = dict(
     evaluator="batched",  # "batched": evaluate_population; "loop": one jitted evaluation per architecture
 )
 EVALUATORS = ("batched", "loop")
-INT_SETTINGS = {"epochs": 1, "num_random": 0, "population": 2, "generations": 1, "fitness_examples": 1, "bn_batches": 0,
-                "bn_batch_size": 1, "chunk": 1}  # name -> smallest allowed value
+BOUNDS = {f"evolve.{name}": dict(low=low, integer=True) for name, low in  # runcheck.number's keyword arguments
+          dict(epochs=1, num_random=0, population=2, generations=1, fitness_examples=1, bn_batches=0,
+               bn_batch_size=1, chunk=1).items()}
 
 
 # ----------------------------------------------------------------------------------------------- configuration
@@ -67,12 +69,8 @@ def with_defaults(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """``cfg`` (modified in place and returned) with ``cfg.evolve`` holding every setting of ``DEFAULTS``.
 
     Raises ConfigError for keys of an existing ``cfg.evolve`` that are not settings."""
-    given = cfg.evolve.to_dict() if "evolve" in cfg else {}
-    unknown = sorted(set(given) - set(DEFAULTS))
-    if unknown:
-        raise ConfigError(f"unknown evolve settings {unknown}; expected some of {sorted(DEFAULTS)}")
     with cfg.unlocked():
-        cfg.evolve = ml_collections.ConfigDict({**DEFAULTS, **given})
+        cfg.evolve = ml_collections.ConfigDict(runcheck.with_defaults(cfg.get("evolve"), DEFAULTS, "evolve"))
         cfg.tensorboard = cfg.get("tensorboard", True)  # WORKDIR/tensorboard (jmsnas.tensorboard); False: none
     return cfg
 
@@ -80,11 +78,8 @@ def with_defaults(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 def validate(cfg) -> None:
     """Checks ``cfg`` (pipeline.validate_config plus ``cfg.evolve``); ConfigError names the bad value."""
     pipeline.validate_config(cfg)
+    runcheck.check_bounds(cfg, BOUNDS)
     e = cfg.evolve
-    for name, lo in INT_SETTINGS.items():
-        v = e[name]
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-            raise ConfigError(f"evolve.{name} must be an integer >= {lo}, got {v!r}")
     if e.evaluator not in EVALUATORS:
         raise ConfigError(f"evolve.evaluator must be one of {list(EVALUATORS)}, got {e.evaluator!r}")
     try:  # the strategy's own checks of its hyperparameters, on a one-layer mask
@@ -94,16 +89,6 @@ def validate(cfg) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- stage 1
-
-class SandwichState(NamedTuple):
-    """Stage 1: supernet weights, BN running statistics, Adam state, PRNG key (uint32[2]), steps taken."""
-
-    params: dict
-    bn: dict
-    opt: tuple
-    key: jnp.ndarray
-    step: jnp.ndarray
-
 
 def sandwich_ops(space: SearchSpace) -> tuple:
     """(largest, smallest) int32[N]: per layer the widest valid candidate (largest kernel, then expansion, then
@@ -121,10 +106,11 @@ def sandwich_archs(key, mask, largest, smallest, num_random: int) -> jnp.ndarray
     return jnp.concatenate([jnp.asarray(largest)[None], jnp.asarray(smallest)[None], rand]).astype(jnp.int32)
 
 
-def init_sandwich_state(key, space: SearchSpace, lr: float, shared_weights: bool = True) -> SandwichState:
+def init_sandwich_state(key, space: SearchSpace, lr: float, shared_weights: bool = True) -> train.SupernetState:
     k_init, k_run = jax.random.split(key)
     params, bn = supernet.init(k_init, space, shared_weights=shared_weights)
-    return SandwichState(params, bn, train.init_optimizer(optax.adam(lr), params), k_run, train.zeros((), np.int32))
+    opt = train.init_optimizer(optax.adam(lr), params)
+    return train.SupernetState(params, bn, opt, k_run, train.zeros((), np.int32))
 
 
 def sandwich_step(space: SearchSpace, lr: float, lambda1: float, num_random: int, dw_impl: str = "auto"):
@@ -151,14 +137,14 @@ def sandwich_step(space: SearchSpace, lr: float, lambda1: float, num_random: int
 
         return body
 
-    def step(st: SandwichState, x, y):
+    def step(st: train.SupernetState, x, y):
         key, k = jax.random.split(st.key)
         archs = sandwich_archs(k, mask, largest, smallest, num_random)
         zeros = jax.tree_util.tree_map(jnp.zeros_like, st.params)
         (grads, bn), (ce, acc) = jax.lax.scan(one(st.params, x, y), (zeros, st.bn), archs)
         grads = jax.tree_util.tree_map(jnp.add, grads, jax.grad(lambda p: lambda1 * l2_norm_sq(p))(st.params))
         updates, opt = tx.update(grads, st.opt, st.params)
-        st = SandwichState(optax.apply_updates(st.params, updates), bn, opt, key, st.step + 1)
+        st = train.SupernetState(optax.apply_updates(st.params, updates), bn, opt, key, st.step + 1)
         return st, {"loss": jnp.mean(ce), "acc": jnp.mean(acc), "loss_largest": ce[0], "acc_largest": acc[0],
                     "loss_smallest": ce[1], "acc_smallest": acc[1]}
 
@@ -302,59 +288,6 @@ def feasible_population(key, space: SearchSpace, table, t_const_ms: float, split
     order = np.argsort(~(budget.within(lat, t_const_ms) & _within_limits(space, table, lim, cand, split)),
                        kind="stable")
     return cand[order[:size]]
-
-
-def record(ops, f: dict, i: int) -> dict:
-    """Candidate ``i`` of a generation as JSON data: its ``ops`` and every per-candidate value of ``f`` (fitness
-    None when -inf)."""
-    out = {"ops": np.asarray(ops[i]).tolist()}
-    for k, v in f.items():
-        if k != "feasible":
-            x = float(v[i])
-            out[k] = x if np.isfinite(x) else None
-    return out
-
-
-def evolution(strategy, es, key, fitness, *, ckpt, fp, resume, total, progress):
-    """The evolution loop of every weight-sharing flow, on the run layer's generation loop (one checkpoint after
-    each generation, so a killed run resumes to the same result).
-
-    ``es``: the strategy's initial state (its population is generation 0's); generation g asks and tells with
-    the keys of ``fold_in(key, g + 1)``. ``fitness(ops int32[P, N]) -> dict`` of float arrays [P]: ``fitness``
-    (-inf for a candidate that breaks a hard limit), ``feasible`` (bool), ``accuracy``, ``latency_ms`` and any
-    other per-candidate value (its maximum goes into the log). Returns (per-generation log, the best feasible
-    candidate (None if none was), the most accurate candidate whatever its limits), candidates as ``record``.
-    """
-    ask, tell = jax.jit(strategy.ask), jax.jit(strategy.tell)
-
-    def generation(es, gen, c):
-        k_ask, k_tell = jax.random.split(jax.random.fold_in(key, gen + 1))
-        archs, es = ask(k_ask, es)
-        f = fitness(np.asarray(archs.ops))
-        es, _ = tell(k_tell, archs, jnp.asarray(f["fitness"], jnp.float32), es)
-        i, j = int(np.argmax(f["fitness"])), int(np.argmax(f["accuracy"]))
-        best, top = c["best"], c["most_accurate"]
-        if f["feasible"][i] and (best is None or f["fitness"][i] > best["fitness"]):  # strict: first kept
-            best = record(archs.ops, f, i)
-        if top is None or f["accuracy"][j] > top["accuracy"]:
-            top = record(archs.ops, f, j)
-        ok = f["feasible"]
-        row = {"generation": gen, "feasible_fraction": float(ok.mean()),
-               "best_accuracy": float(f["accuracy"][ok].max()) if ok.any() else None,
-               "mean_accuracy": float(f["accuracy"].mean()),
-               "best_so_far_accuracy": None if best is None else best["accuracy"],
-               "min_latency_ms": float(f["latency_ms"].min()),
-               **{f"max_{k}": float(v.max()) for k, v in f.items() if k not in ("fitness", "feasible", "accuracy")}}
-        extra = [f["sensor_peak_bytes"]] if "sensor_peak_bytes" in f else []  # SplitNets' memory
-        tb.log(gen, tb.generation_scalars(f["accuracy"], f["latency_ms"], f["feasible"], f["fitness"], *extra))
-        return es, {"log": c["log"] + [row], "best": best, "most_accurate": top}
-
-    _, c = loop.generations(es, ckpt=ckpt, fp=fp, resume=resume, total=total, generation=generation,
-                            carry={"log": [], "best": None, "most_accurate": None}, desc="evolution",
-                            progress=progress,
-                            postfix=lambda c: {"best": f"{c['log'][-1]['best_so_far_accuracy'] or 0:.3f}",
-                                               "feasible": f"{c['log'][-1]['feasible_fraction']:.2f}"})
-    return c["log"], c["best"], c["most_accurate"]
 
 
 def _evolution(cfg, space, table, st, fd, strategy, ckpt, fp, resume, progress, lim=None):

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from jmsnas import (ahead as A, budget, data, dwconv, gates as G, limits as L, programs, report, runcheck, supernet,
+from jmsnas import (ahead as A, budget, data, dwconv, gates as G, limits as L, programs, runcheck, supernet,
                     tensorboard as tb, timing, topology, train)
 from jmsnas.checkpoint import Checkpointer
 from jmsnas.cost.latency import arch_latency, best_assignment, breakdown_dict, expected_latency, searched_latency
@@ -439,13 +439,8 @@ def finish(cfg, space, table, ds, mesh, rt, ops, split, fix, derived, history, w
     }
     if timing.active() is not None:  # compile and run time so far (wall, CPU): the only entry that varies by run
         result["time"] = timing.summary()
-    directory.write_json(workdir, directory.RESULT, result)
-    directory.write_json(workdir, directory.HISTORY, history)
-    figures = []
-    if directory.writes():
-        with directory.output_errors(workdir):
-            figures = report.write_report(result, history, workdir)
-    write_parts(space, params, jax.device_get(rt.bn), ops, workdir, split)
+    figures = directory.write_outputs(workdir, result, history,
+                                      lambda: write_parts(space, params, jax.device_get(rt.bn), ops, workdir, split))
     if tb.active():
         step = len(history)
         parts = [supernet.device_parts(space, tree, ops, split) for tree in (params, jax.device_get(rt.bn))]

@@ -3,7 +3,8 @@
 A run (``jmsnas search``, ``retrain``, ``evolve``) validates every setting, loads its data and builds its cost
 table, estimates the memory of one training step, and checks the workdir (``jmsnas.run.workdir``), all before it
 creates or writes anything. ``ConfigError`` is the one error type of a configuration value that cannot be used;
-``number``/``check_bounds`` are the vocabulary a flow declares its settings' bounds in.
+``with_defaults``, ``number`` and ``check_bounds`` are the vocabulary a flow declares its settings' defaults and
+bounds in.
 """
 from __future__ import annotations
 
@@ -52,6 +53,16 @@ def check_bounds(cfg, bounds: dict) -> None:
     bounds of its numeric settings as data."""
     for key, kw in bounds.items():
         number(cfg, key, **kw)
+
+
+def with_defaults(given, defaults: dict, block: str) -> dict:
+    """``{**defaults, **given}`` for a config block (a ConfigDict, dict or None) named ``block``; ConfigError
+    naming the keys of ``given`` that are not settings: how a flow declares its settings' defaults as data."""
+    given = {} if given is None else given.to_dict() if hasattr(given, "to_dict") else dict(given)
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        raise ConfigError(f"unknown {block} settings {unknown}; expected some of {sorted(defaults)}")
+    return {**defaults, **given}
 
 
 def check_values(cfg) -> None:

@@ -57,6 +57,13 @@ def clip(message, limit: int = 240) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def error_line(exc: BaseException, limit: int = 240) -> str:
+    """``Type: first line of the message`` of an exception, shortened to ``limit`` characters."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    text = f"{type(exc).__name__}: {lines[0] if lines else ''}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def one_line(message: str) -> str:
     """``message`` with every run of whitespace (newlines included) collapsed to one space."""
     return " ".join(str(message).split())

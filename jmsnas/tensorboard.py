@@ -47,17 +47,35 @@ def enabled(cfg) -> bool:
     return on
 
 
+class _Writer:
+    """The run's events writer, made on first use: a run refused before it logs anything (a ``--resume`` whose
+    checkpoint does not match) writes nothing."""
+
+    def __init__(self, logdir: str):
+        self.logdir, self.writer = logdir, None
+
+    def get(self):
+        if self.writer is None:
+            from tensorboardX import SummaryWriter
+            self.writer = SummaryWriter(logdir=self.logdir, flush_secs=30)
+        return self.writer
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
 @contextlib.contextmanager
 def run(workdir: str, on: bool = True) -> Iterator[object]:
     """Opens the run's writer on ``workdir/tensorboard`` for the block (process 0, when ``on``); yields it (None
-    when no logs are written). Events already there (an earlier attempt of a resumed run) are kept: TensorBoard
-    drops the steps a restart repeats."""
+    when no logs are written). The events file is created by the first :func:`log` or :func:`images`, so a run
+    that fails before it has anything to log leaves no trace. Events already there (an earlier attempt of a
+    resumed run) are kept: TensorBoard drops the steps a restart repeats."""
     import jax
     if not on or jax.process_index() != 0:
         yield None
         return
-    from tensorboardX import SummaryWriter
-    writer = SummaryWriter(logdir=os.path.join(workdir, DIRNAME), flush_secs=30)
+    writer = _Writer(os.path.join(workdir, DIRNAME))
     token = _current.set(writer)
     try:
         yield writer
@@ -73,9 +91,9 @@ def active() -> bool:
 
 def log(step: int, scalars: Mapping[str, float]) -> None:
     """Writes ``scalars`` at ``step``; None and non-finite values are skipped (TensorBoard cannot show them)."""
-    writer = _current.get()
-    if writer is None:
+    if _current.get() is None:
         return
+    writer = _current.get().get()
     for tag, value in scalars.items():
         if value is None:
             continue
@@ -86,9 +104,9 @@ def log(step: int, scalars: Mapping[str, float]) -> None:
 
 def images(step: int, paths: Mapping[str, str]) -> None:
     """Adds each PNG file ``paths[tag]`` as an image at ``step`` (files that do not exist are skipped)."""
-    writer = _current.get()
-    if writer is None:
+    if _current.get() is None or not any(p and os.path.isfile(p) for p in paths.values()):
         return
+    writer = _current.get().get()
     from PIL import Image
     for tag, path in paths.items():
         if path and os.path.isfile(path):

@@ -41,6 +41,17 @@ class SearchState(NamedTuple):
     step: jnp.ndarray  # int32 scalar: weight steps taken
 
 
+class SupernetState(NamedTuple):
+    """A weight-sharing supernet's training (``jmsnas evolve``'s sandwich rule, SplitNets, FBNet's single path):
+    weights, BN running statistics, Adam state, PRNG key (uint32[2]), steps taken."""
+
+    params: dict
+    bn: dict
+    opt: tuple
+    key: jnp.ndarray
+    step: jnp.ndarray
+
+
 class RetrainState(NamedTuple):
     """Stage 2: the compact network's weights, BN statistics, Adam state and step."""
 

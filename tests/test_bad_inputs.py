@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tinyrun
 
-from jmsnas import budget, cli, pipeline, runcheck, safeio
+from jmsnas import budget, cli, configs, pipeline, runcheck, safeio
 from jmsnas.checkpoint import CheckpointError, Checkpointer
 from jmsnas.commands import search as search_cmd
 from jmsnas.run import directory, loop
@@ -74,7 +74,7 @@ def test_bad_settings_refused_before_the_workdir_is_created(capsys, tmp_path, ov
 
 
 def test_overrides_that_yaml_reads_as_strings_are_numbers():  # C63, C64
-    cfg = search_cmd.apply_overrides(search_cmd.load_config(None), ["--config.search.arch_lr=2e-3",
+    cfg = configs.apply_overrides(configs.load_config(None), ["--config.search.arch_lr=2e-3",
                                                                     "--config.retrain.lr=5E-4"])
     assert cfg.search.arch_lr == pytest.approx(2e-3) and cfg.retrain.lr == pytest.approx(5e-4)
     pipeline.validate_config(cfg)
@@ -128,7 +128,7 @@ def _fake_run(workdir, config, command="search"):
 
 
 def test_resume_names_the_setting_that_changed(capsys, workdir):  # K02, K15
-    _fake_run(workdir, search_cmd.load_config(None))
+    _fake_run(workdir, configs.load_config(None))
     before = _digest(workdir)
     _fails(capsys, ["search", "--resume", "--workdir", workdir, "--config.search.epochs=3"],
            "search.epochs: stored 8, now 3")
@@ -137,7 +137,7 @@ def test_resume_names_the_setting_that_changed(capsys, workdir):  # K02, K15
 
 
 def test_retrain_reads_the_stored_config(workdir):  # K15: `jmsnas retrain --workdir DIR` for any run
-    cfg = search_cmd.load_config(None)
+    cfg = configs.load_config(None)
     cfg.t_const_ms, cfg.search.epochs, cfg.space.device_channels = 2.5, 3, (8, 8, 8, 8)
     _fake_run(workdir, cfg)
     args = cli.argparse.Namespace(command="retrain", workdir=str(workdir), config=None)
@@ -149,7 +149,7 @@ def test_retrain_reads_the_stored_config(workdir):  # K15: `jmsnas retrain --wor
 
 
 def test_evolve_resume_on_a_search_workdir_is_refused_at_once(capsys, workdir):  # V06
-    _fake_run(workdir, search_cmd.load_config(None), "search")
+    _fake_run(workdir, configs.load_config(None), "search")
     before = _digest(workdir)
     _fails(capsys, ["evolve", "--resume", "--workdir", workdir], "`jmsnas search` run")
     assert _digest(workdir) == before

@@ -435,3 +435,26 @@ def test_json_depth_counts_brackets_outside_strings_only():
     with pytest.raises(ValueError, match="nested more than 2"):
         safeio.load_json('[[["x"]]]', "x", max_depth=2)
     assert safeio.load_json('[["x"]]', "x", max_depth=2) == [["x"]]
+
+
+# ----------------------------------------------------------------------------------- a refused resume
+
+def _refused_resume_workdir(w, command, cfg, stage):
+    """A workdir as a run of ``command`` leaves it (config.json, the lock file) plus a checkpoint of another run
+    (its fingerprint differs), so ``--resume`` passes every check of the workdir and is refused at the restore."""
+    W.claim_workdir(str(w), False, W.plain(cfg), command)
+    W.release_workdirs()
+    with Checkpointer(str(w / "checkpoints" / stage)) as c:
+        c.save(3, {"w": np.zeros(3, np.float32)}, {"epoch": 0, "batch": 3, "history": [], "fingerprint": "other"})
+
+
+def test_a_refused_resume_writes_nothing(capsys, tmp_path):
+    """The refusal comes once the flow is inside its TensorBoard block (SplitNets here; the main job's case is
+    test_pipeline's test_corrupt_checkpoint_is_reported_and_kept): not even an events file is left."""
+    from jmsnas import configs
+    from jmsnas.splitnets import search as SN
+    w, path = tmp_path / "w", os.path.join(REPO, "experiments", "configs", "splitnets_single.py")
+    _refused_resume_workdir(w, "evolve", SN.prepare(configs.load_config(f"{path}:tiny"))[0], "supernet")
+    before = tinyrun.digest(w)
+    fails(capsys, ["evolve", "--config", f"{path}:tiny", "--workdir", w, "--resume"], "checkpoint")
+    assert tinyrun.digest(w) == before

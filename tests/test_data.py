@@ -275,7 +275,7 @@ def test_memory_guard_refuses_loads_larger_than_half_of_memory(monkeypatch):
     with pytest.raises(DatasetError, match="850 train, 150 val and 500 test") as e:
         data._check_memory("cifar10", builder, wanted, None)
     # the hint names overrides that exist: each is a key of the default config the command line accepts
-    from jmsnas.commands.search import apply_overrides
+    from jmsnas.configs import apply_overrides
     from jmsnas.configs import default_config
     flags = re.findall(r"--config\.(\w+)", str(e.value))
     assert sorted(flags) == ["image_size", "max_eval", "max_train"]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from jmsnas import budget, pipeline
-from jmsnas.commands.search import load_config
+from jmsnas.configs import load_config
 from jmsnas.cost.latency import arch_latency
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -2,6 +2,7 @@
 Raspberry Pi 4 table of HELP's data (tests/data/help_fbnet)."""
 import json
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 from jax import lax
 
+import tinyrun
 from jmsnas import topology as T
 from jmsnas.topology import presets
 from jmsnas.fbnet import help as H, net, search as S, space as SP
@@ -116,7 +118,8 @@ def test_search_command_in_the_fbnet_space_on_the_raspi4(tmp_path, capsys):
     assert main(["search", "--config", cfg, "--workdir", str(tmp_path / "run"), "--config.fbnet.fitness=flops",
                  "--config.fbnet.population=8", "--config.fbnet.generations=2", "--config.t_const_ms=20"]) == 0
     res = json.loads((tmp_path / "run" / "result.json").read_text())
-    assert res["met"] and res["latency_ms"] <= 20.0 and res["flow"] == "fbnet"
+    assert res["met"] and res["latency_ms"] <= 20.0
+    tinyrun.assert_common_top_level(res, "fbnet")
     ops = [SP.OP_NAMES.index(a["op"]) for a in res["architecture"]]
     raw = json.load(open(os.path.join(DATA, H.LUT_FILE)))["devices"]["raspi4"]
     by_hand = raw["base_all_k3_e1_ms"] + sum(raw["delta_ms[layer][op]"][l][o] for l, o in enumerate(ops))
@@ -127,6 +130,30 @@ def test_search_command_in_the_fbnet_space_on_the_raspi4(tmp_path, capsys):
     assert scalars["result/latency_ms"][0][1] == pytest.approx(res["latency_ms"])
     assert main(["evolve", "--config", cfg, "--workdir", str(tmp_path / "run2"), "--config.t_const_ms=5"]) == 2
     assert "below the fastest network's latency 7.7982 ms" in capsys.readouterr().err
+
+
+def test_fbnet_flow_resumes_from_its_evolution_checkpoint(tmp_path, capsys):
+    """The FBNet flow on the run layer: a run stopped after its second generation (the third's checkpoint and the
+    result gone) continues with --resume to the uninterrupted result.json apart from time; a refused resume (other
+    settings) writes nothing."""
+    from jmsnas.cli import main
+    cfg = os.path.join(os.path.dirname(__file__), "..", "experiments", "configs", "fbnet_raspi4.py")
+    run = tmp_path / "run"
+    argv = ["search", "--config", cfg, "--workdir", str(run), "--config.fbnet.fitness=flops",
+            "--config.fbnet.population=8", "--config.fbnet.generations=3", "--config.t_const_ms=20", "--no-progress"]
+    assert main(argv) == 0
+    whole = json.loads((run / "result.json").read_text())
+    assert json.loads((run / "config.json").read_text())["command"] == "search"
+    evo = run / "checkpoints" / "evolution"
+    assert sorted(int(p.name) for p in evo.iterdir() if p.name.isdigit()) == [2, 3]
+    shutil.rmtree(evo / "3")
+    (run / "result.json").unlink()
+    before = tinyrun.digest(run)
+    assert main(argv[:-1] + ["--config.fbnet.population=6", "--resume"]) == 2
+    assert "other settings" in capsys.readouterr().err and tinyrun.digest(run) == before
+    assert main(argv + ["--resume"]) == 0
+    again = json.loads((run / "result.json").read_text())
+    assert {**again, "time": None} == {**whole, "time": None}
 
 
 def test_numpy_init_has_the_shapes_and_scales_of_the_jax_init():

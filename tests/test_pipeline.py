@@ -131,13 +131,13 @@ def _cli_error(capsys, argv):
 
 
 def _tree_digest(path):
-    """{file: hash of its bytes}, the workdir's lock file and TensorBoard events aside (a refused resume takes and
-    releases the lock, and opens its TensorBoard log before the checkpoint is read)."""
+    """{file: hash of its bytes}, the workdir's lock file aside (a refused resume takes and releases the lock; a
+    workdir made by a run has it already). TensorBoard events count: a refused resume must not start a log."""
     from jmsnas.run.workdir import LOCK_FILE
     out = {}
     for root, _, files in os.walk(path):
         for f in files:
-            if f == LOCK_FILE or f.startswith("events.out.tfevents"):
+            if f == LOCK_FILE:
                 continue
             p = os.path.join(root, f)
             with open(p, "rb") as fh:

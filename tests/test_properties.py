@@ -226,7 +226,7 @@ def test_invalid_architecture_files_raise_lut_error(arch):
                                                              "!!binary x", "[[[[", "2e-3", "-2e-3"])))
 def test_random_overrides_are_refused_or_valid(key, value):
     from jmsnas import pipeline
-    from jmsnas.commands import search as cmd
+    from jmsnas import configs as cmd
     try:
         cfg = cmd.apply_overrides(cmd.load_config(None), [f"--config.{key}={value}"])
         pipeline.validate_config(cfg)

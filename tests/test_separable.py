@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import tinyrun
 from jmsnas import cli, tensorboard
 from jmsnas.separable import config as sconfig, cost, decisions as dec, network as net, search
 from jmsnas.separable.controller import ask_many, make_controller, make_random
@@ -267,6 +268,7 @@ def test_cli_run_outputs_and_resume(tmp_path, capsys):
                      "--no-progress"]) == 0
     assert "controller" in capsys.readouterr().out
     res = json.loads((wd / "result.json").read_text())
+    tinyrun.assert_common_top_level(res, "separable")
     for f in ("reward_curve.png", "bytes_accuracy.png", "history.json"):
         assert (wd / f).stat().st_size > 0
     for arm in ("controller", "random"):

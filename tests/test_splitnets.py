@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import tinyrun
 from jmsnas import cli, tensorboard
 from jmsnas.cost.memory import peak_memory_bytes
 from jmsnas.pipeline import ConfigError
@@ -158,7 +159,7 @@ def test_bus_sharing_latency_by_hand():
 
 
 def test_hardware_from_the_hmd_topology_file():
-    from jmsnas.commands.search import apply_overrides, load_config
+    from jmsnas.configs import apply_overrides, load_config
 
     cfg = S.with_defaults(apply_overrides(load_config(MULTI), ["--config.splitnets.topology=" + HMD_FILE]))
     hw = S.hardware(cfg)
@@ -191,9 +192,8 @@ def test_reachable_minimum_is_the_brute_force_minimum():
     r = S.reachable(sp, hw)
     assert r.min_latency_ms == pytest.approx(min(lat)) and r.min_memory_bytes == min(mem)
     assert r.min_latency_within_memory_ms == pytest.approx(min(lat_ok))
-    g = S.fallback(sp, S.CostCache(sp, hw), r.min_latency_within_memory_ms * 1.01, hw.sensor_memory_bytes)
-    c = H.cost(sp, sp.decode(g), hw)
-    assert c.total_ms <= r.min_latency_within_memory_ms * 1.01 and c.sensor_peak_bytes <= 3000.0
+    c = H.cost(sp, sp.decode(r.fastest_within_memory), hw)  # the evolution's fallback
+    assert c.total_ms == pytest.approx(r.min_latency_within_memory_ms) and c.sensor_peak_bytes <= 3000.0
     with pytest.raises(ConfigError, match=f"below the smallest sensor peak memory of this space, {min(mem):.0f} "):
         S.check_limits(sp, hw._replace(sensor_memory_bytes=min(mem) - 1.0), 1.0)
     with pytest.raises(ConfigError, match="below the smallest end-to-end latency reachable"):
@@ -255,6 +255,7 @@ def test_evolve_cli_single_view_meets_both_limits(tmp_path, capsys):
                            "--config.splitnets.sensor_memory_bytes=9000", "--config.t_const_ms=0.0015"], capsys)
     assert code == 0, err
     res = json.loads((work / "result.json").read_text())
+    tinyrun.assert_common_top_level(res, "splitnets")
     sn = res["splitnets"]
     assert res["latency_ms"]["total"] <= 0.0015 and sn["sensor_peak_memory_bytes"] <= 9000
     assert res["budget"]["met"] and res["memory"]["met"]
@@ -282,7 +283,7 @@ def test_evolve_cli_single_view_meets_both_limits(tmp_path, capsys):
 def test_evolution_never_returns_a_network_over_either_limit(monkeypatch, seed, quantile):
     """Evolution with a stand-in accuracy (a fixed hash of the genes, larger networks favoured) under limits at a
     quantile of the space's latencies and memories; the tightest leaves only a few networks (fallback path)."""
-    from jmsnas.commands.search import apply_overrides, load_config
+    from jmsnas.configs import apply_overrides, load_config
     from jmsnas.strategies.base import sample_valid
 
     sp = tiny_space(kernels=(3, 5), expands=(3, 6))

@@ -1,6 +1,7 @@
 """jmsnas.tensorboard: the scalars it derives (hand-checked), and a tiny search whose event files, read back with
 TensorBoard's own reader, hold every scalar the issue names. (The evolve, SplitNets and separable runs are checked
 in their own end-to-end tests: test_evolve, test_splitnets, test_separable.)"""
+import json
 import math
 import os
 
@@ -8,6 +9,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+import tinyrun
 from jmsnas import configs, pipeline, tensorboard as tb
 from jmsnas.space import OP_NAMES
 
@@ -75,6 +77,7 @@ def test_tiny_search_logs_every_scalar(tmp_path):
     cfg.search.gate_mode = "gumbel_soft"  # a mode that samples with a temperature
     cfg.max_train, cfg.max_eval, cfg.search.warmup_epochs = 64, 64, 0
     result = pipeline.search(cfg, str(tmp_path), progress=False)
+    tinyrun.assert_common_top_level(json.loads((tmp_path / "result.json").read_text()), "search")
     scalars, images = tb.read(str(tmp_path))
     devices, links = ("ue", "sbs", "mbs", "cloud"), ("ue_to_sbs", "sbs_to_mbs", "mbs_to_cloud")
     layers = len(result["architecture"])

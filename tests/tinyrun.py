@@ -55,3 +55,13 @@ def digest(path) -> dict:
             with open(p, "rb") as fh:
                 out[os.path.relpath(p, path)] = fh.read()
     return out
+
+
+def assert_common_top_level(result: dict, flow: str) -> None:
+    """The top level every flow's result.json has (docs/run_directory.md, ``run.directory.RESULT_KEYS``)."""
+    from jmsnas.run import directory
+    assert set(directory.RESULT_KEYS) <= set(result), sorted(set(directory.RESULT_KEYS) - set(result))
+    assert result["flow"] == flow and flow in directory.FLOWS
+    assert isinstance(result["topology"], str) and isinstance(result["seed"], int)
+    assert result["dataset"] is None or isinstance(result["dataset"], str)
+    assert set(result["time"]) >= {"compile", "run", "total"} and result["time"]["total"]["wall_s"] >= 0

@@ -1,10 +1,8 @@
 """``jmsnas evolve``: sandwich-rule supernet training, then evolution under T <= T_const (``jmsnas.evolve``)."""
 from __future__ import annotations
 
-import os
-
 from jmsnas import distributed
-from jmsnas.commands.search import run_config, run_training
+from jmsnas.commands.search import print_result, run_config, run_training
 from jmsnas.runcheck import path_flag
 
 
@@ -21,22 +19,18 @@ def add_parser(sub) -> None:
 
 
 def run(args, extra=()) -> int:
-    from jmsnas import evolve, report
+    from jmsnas import evolve
 
     def flow():
         cfg = run_config(args, extra, evolve.with_defaults)
         if "fbnet" in cfg:  # the FBNet space (jmsnas.fbnet.flow): per-layer tables, supernet + evolution
             from jmsnas.fbnet import flow as fbnet_flow
-            return fbnet_flow.run(cfg, args.workdir, resume=args.resume, progress=not args.no_progress)
+            return fbnet_flow.run(cfg, args.workdir, resume=args.resume, progress=not args.no_progress,
+                                  command="evolve")
         if "splitnets" in cfg:  # SplitNets' system (jmsnas.splitnets.search): split module, views, shared bus
             from jmsnas.splitnets import search as splitnets_search
             return splitnets_search.evolve(cfg, args.workdir, resume=args.resume, progress=not args.no_progress)
         return evolve.evolve(cfg, args.workdir, resume=args.resume, progress=not args.no_progress)
 
     result = run_training(args, flow, extra)
-    if isinstance(result, int):
-        return result
-    print(report.format_summary(result))
-    print(f"\nwrote {os.path.join(args.workdir, 'result.json')}, evolution.json and plots, parts/ and checkpoints/ "
-          "there")
-    return 0
+    return result if isinstance(result, int) else print_result(result, args.workdir, "evolution.json, plots, parts/")

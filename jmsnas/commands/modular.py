@@ -93,7 +93,7 @@ def _modularize(args) -> int:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     config = None
     if args.config is not None:
-        from jmsnas.commands.search import load_config
+        from jmsnas.configs import load_config
         config = load_config(args.config)
     say = (lambda msg: None) if args.no_progress or args.json else (lambda msg: print(msg, file=sys.stderr))
     report = api.modularize(args.model, k, args.out, strategy=args.strategy, load_model=args.load_model,

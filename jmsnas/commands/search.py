@@ -5,28 +5,12 @@ import json
 import os
 import sys
 
-from jmsnas import distributed, safeio
+from jmsnas import configs, distributed, safeio
 from jmsnas.runcheck import path_flag
 
 
-def load_config(path: str | None):
-    """A ConfigDict from ``path`` (a .py file with get_config(), optionally ``file.py:arg``) or the default."""
-    from jmsnas.configs import default_config
-    if path is None:
-        return default_config()
-    file, _, arg = path.partition(":")
-    module = safeio.import_file(file, "config file", "jmsnas_user_config")
-    if not hasattr(module, "get_config"):
-        raise ValueError(f"config file {file!r} has no get_config()")
-    args = (arg,) if arg else ()
-    cfg = safeio.call_user(module.get_config, f"config file {file!r}: get_config()", *args)
-    if not hasattr(cfg, "to_dict"):
-        raise ValueError(f"config file {file!r}: get_config() returned {type(cfg).__name__}, expected a ConfigDict")
-    return cfg
-
-
-def run_config(args, extra, with_defaults=None):
-    """The configuration of a run: --config (or the default), or, when resuming a workdir without --config, the
+def run_config(args, extra, with_defaults=None, default=configs.default_config):
+    """The configuration of a run: --config (or ``default()``), or, when resuming a workdir without --config, the
     configuration stored there (``config.json``); then the overrides."""
     import ml_collections
     from jmsnas.run import directory
@@ -36,64 +20,9 @@ def run_config(args, extra, with_defaults=None):
     if stored is not None:
         cfg = ml_collections.ConfigDict(directory.tuples(stored["config"]))
     else:
-        cfg = load_config(args.config)
+        cfg = configs.load_config(args.config, default)
         cfg = with_defaults(cfg) if with_defaults else cfg
-    return apply_overrides(cfg, extra)
-
-
-def _parse_value(key: str, value: str, old):
-    """The YAML value of an override, checked against the type of the value it replaces."""
-    try:
-        parsed = safeio.load_yaml(value, f"value of --config.{key}", max_bytes=1 << 20, max_depth=8)
-    except ValueError as e:
-        raise ValueError(f"bad value {safeio.short(value)} for config key {key!r}: {e}") from None
-    if isinstance(old, float) and isinstance(parsed, str):
-        try:  # YAML 1.1 reads 2e-3 (no dot) as a string; the built-in configs write it
-            parsed = float(parsed)
-        except ValueError:
-            pass
-    if isinstance(parsed, list):
-        parsed = tuple(parsed)
-    want = None
-    if isinstance(old, bool) and not isinstance(parsed, bool):
-        want = "true or false"
-    elif not isinstance(old, bool) and isinstance(old, (int, float)) and (
-            isinstance(parsed, bool) or not isinstance(parsed, (int, float))):
-        want = "a number"
-    elif isinstance(old, int) and not isinstance(old, bool) and isinstance(parsed, float):
-        want = "an integer"
-    elif isinstance(old, str) and not isinstance(parsed, str):
-        parsed = value  # e.g. --config.topology=123 is the name "123"
-    elif isinstance(old, tuple) and not isinstance(parsed, tuple):
-        want = "a list, e.g. [1, 2]"
-    elif hasattr(old, "keys"):
-        want = f"keys of its own (--config.{key}.NAME=VALUE)"
-    if want:
-        raise ValueError(f"bad value {safeio.short(value)} for config key {key!r}: expected {want} "
-                         f"(current value {safeio.short(old)})")
-    return parsed
-
-
-def apply_overrides(cfg, overrides):
-    """``--config.a.b=value`` pairs (value parsed as YAML) applied to cfg; unknown keys are errors."""
-    for item in overrides:
-        if not item.startswith("--config.") or "=" not in item:
-            raise ValueError(f"unrecognised argument {safeio.short(item)}; overrides look like "
-                             "--config.search.epochs=3")
-        key, value = item[len("--config."):].split("=", 1)
-        parent, name = cfg, key.split(".")[-1]
-        for part in key.split(".")[:-1]:
-            if not hasattr(parent, "keys") or part not in parent:
-                raise ValueError(f"unknown config key {safeio.short(key)}")
-            parent = parent[part]
-        if not hasattr(parent, "keys") or name not in parent:
-            raise ValueError(f"unknown config key {safeio.short(key)}")
-        parsed = _parse_value(key, value, parent[name])
-        try:
-            parent[name] = parsed
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"bad value {safeio.short(value)} for config key {key!r}: {safeio.clip(e)}") from None
-    return cfg
+    return configs.apply_overrides(cfg, extra)
 
 
 def lost_peer(command: str, e: BaseException) -> int:
@@ -158,19 +87,28 @@ def run_training(args, flow, extra=()):
 
 
 def run(args, extra=()) -> int:
-    from jmsnas import pipeline, report
+    from jmsnas import pipeline
 
     def flow():
         cfg = run_config(args, extra)
         resume = args.command == "retrain" or args.resume
         if "fbnet" in cfg:  # the FBNet space (jmsnas.fbnet.flow): per-layer tables, supernet + evolution
             from jmsnas.fbnet import flow as fbnet_flow
-            return fbnet_flow.run(cfg, args.workdir, resume=resume, progress=not args.no_progress)
+            return fbnet_flow.run(cfg, args.workdir, resume=resume, progress=not args.no_progress, command="search")
         return pipeline.search(cfg, args.workdir, resume=resume, progress=not args.no_progress)
 
     result = run_training(args, flow, extra)
-    if isinstance(result, int):
-        return result
-    print(report.format_summary(result))
-    print(f"\nwrote {os.path.join(args.workdir, 'result.json')} and plots, parts/ and checkpoints/ there")
+    return result if isinstance(result, int) else print_result(result, args.workdir, "plots, parts/")
+
+
+def print_result(result: dict, workdir: str, files: str) -> int:
+    """Prints the summary of a search/evolve run (any flow's result.json) and the files it wrote; returns 0."""
+    from jmsnas import report
+    if result.get("flow") == "fbnet":  # no plots or parts: the FBNet flow reports latencies from the tables
+        from jmsnas.fbnet import flow as fbnet_flow
+        print(fbnet_flow.summary(result))
+        files = ""
+    else:
+        print(report.format_summary(result))
+    print(f"\nwrote {os.path.join(workdir, 'result.json')}, {files + ', ' if files else ''}checkpoints/ there")
     return 0

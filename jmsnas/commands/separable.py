@@ -13,7 +13,8 @@ def add_parser(sub) -> None:
                                          "communication decisions (paper 004)",
                        epilog="Overrides: --config.KEY=VALUE, e.g. --config.net.alpha=1 --config.search.rounds=3")
     p.add_argument("--config", default=None, help="config file (.py with get_config()[:arg]); default: built-in "
-                                                  "(jmsnas.separable.config.default_config)")
+                                                  "(jmsnas.separable.config.default_config), or with --resume the "
+                                                  "one stored in --workdir")
     p.add_argument("--workdir", required=True, type=path_flag, help="where checkpoints, result.json, history.json and plots go")
     p.add_argument("--resume", action="store_true", help="continue the run in --workdir")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -46,13 +47,12 @@ def summary(result) -> str:
 
 def run(args, extra=()) -> int:
     from jmsnas.checkpoint import CheckpointError
-    from jmsnas.commands.search import apply_overrides, load_config
+    from jmsnas.commands.search import run_config
     from jmsnas.data import DatasetError
     from jmsnas.separable import config, search
     from jmsnas.topology import TopologyError
     try:
-        cfg = config.default_config() if args.config is None else load_config(args.config)
-        cfg = apply_overrides(cfg, extra)
+        cfg = run_config(args, extra, default=config.default_config)  # --resume alone: the stored config
         result = search.search(cfg, args.workdir, resume=args.resume, progress=not args.no_progress)
     except (ValueError, CheckpointError, DatasetError, TopologyError) as e:
         print(f"jmsnas {args.command}: error: {e}", file=sys.stderr)

@@ -3,59 +3,64 @@ space over a chain of devices (one device included), each with a per-layer laten
 
 1. Supernet (``fitness = "supernet"``): the weight-sharing FBNet supernet (``jmsnas.fbnet.net``, every candidate
    of every layer) is trained with single-path uniform sampling (SPOS, Guo et al. 2020): every step one random
-   architecture, its cross-entropy, one Adam update of the weights it used.
+   architecture (drawn from the step's key), its cross-entropy, one Adam update of the weights it used.
 2. Evolution (``jmsnas.fbnet.search``) under T <= T_const with the tables of ``fbnet.tables``; fitness is the
    sub-network's accuracy on ``fitness_examples`` validation images with the supernet's weights (batch-norm
    statistics of that batch, as single-path supernets are usually evaluated). ``fitness = "flops"`` ranks by the
    network's FLOPs instead (no training: the larger network that fits the budget), for quick runs and tests.
 
-In both commands the FBNet space runs this flow. ``fbnet.width`` scales the channels of the trained network
-(the tables stay those of the published space: they give the published network's latency). The run writes
-``result.json`` (architecture per device, latency per device and link from the tables, T_const, met, fitness,
-per-generation history, the tables' sources) into the workdir.
+In both commands the FBNet space runs this flow, on the run layer like every flow (``jmsnas.run``): the workdir is
+checked and claimed (``config.json``, one writer), the supernet trains on the epoch loop (``checkpoints/supernet``)
+and the evolution runs on the generation loop (``checkpoints/evolution``), so ``--resume`` continues a killed run
+to the same result; result.json and evolution.json are written atomically by process 0. ``fbnet.width`` scales the
+channels of the trained network (the tables stay those of the published space: they give the published network's
+latency). result.json holds the common top level (flow, topology, dataset, seed, time; docs/run_directory.md), the
+architecture per device, latency per device and link from the tables, T_const, met, fitness, the per-generation
+history and the tables' sources.
 """
 from __future__ import annotations
 
-import json
 import os
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 
-from jmsnas import safeio, tensorboard as tb
-from jmsnas.run import workdir as W
+from jmsnas import data, runcheck, safeio, tensorboard as tb, timing, train
+from jmsnas.checkpoint import Checkpointer
 from jmsnas.fbnet import help as H, net, search as S, space as SP
+from jmsnas.run import directory, loop
+from jmsnas.run import workdir as W
+from jmsnas.runcheck import ConfigError
 
 DEFAULTS = dict(width=0.25, tables=None, fitness="supernet", supernet_epochs=2, batch_size=64, lr=3e-3,
                 population=32, generations=8, fitness_examples=256, seed=0)
 FITNESS = ("supernet", "flops")
+BOUNDS = {**{f"fbnet.{k}": dict(low=low, integer=True) for k, low in dict(
+    supernet_epochs=0, batch_size=1, population=2, generations=1, fitness_examples=1, seed=0).items()},
+          "fbnet.width": dict(low=0, low_open=True), "fbnet.lr": dict(low=0, low_open=True),
+          "t_const_ms": dict(low=0, low_open=True)}  # runcheck.number's keyword arguments
 
 
-def settings(cfg) -> dict:
-    """``cfg.fbnet`` with DEFAULTS filled in, checked; ValueError names a bad value."""
-    given = cfg.fbnet.to_dict() if hasattr(cfg.fbnet, "to_dict") else dict(cfg.fbnet)
-    unknown = sorted(set(given) - set(DEFAULTS))
-    if unknown:
-        raise ValueError(f"unknown fbnet settings {unknown}; expected some of {sorted(DEFAULTS)}")
-    s = {**DEFAULTS, **given}
-    if s["fitness"] not in FITNESS:
-        raise ValueError(f"fbnet.fitness must be one of {list(FITNESS)}, got {s['fitness']!r}")
-    if not isinstance(s["tables"], dict) or not s["tables"]:
-        raise ValueError("fbnet.tables must map every device to a table file or HELP's file:DEVICE, got "
-                         f"{safeio.short(s['tables'])}")
-    for k in ("supernet_epochs", "batch_size", "population", "generations", "fitness_examples", "seed"):
-        v, low = s[k], 0 if k in ("supernet_epochs", "seed") else (2 if k == "population" else 1)
-        if isinstance(v, bool) or not isinstance(v, int) or v < low:
-            raise ValueError(f"fbnet.{k} must be an integer >= {low}, got {v!r}")
-    for k in ("width", "lr"):
-        if isinstance(s[k], bool) or not isinstance(s[k], (int, float)) or not s[k] > 0:
-            raise ValueError(f"fbnet.{k} must be a number > 0, got {s[k]!r}")
-    t = cfg.t_const_ms
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
-        raise ValueError(f"t_const_ms must be a latency > 0 ms, got {t!r}")
-    return s
+def settings(cfg) -> ml_collections.ConfigDict:
+    """A copy of ``cfg`` with ``cfg.fbnet`` holding every setting of DEFAULTS and the run layer's checkpoint
+    cadence (``loop.DEFAULTS``), checked; ConfigError names a bad value."""
+    cfg = ml_collections.ConfigDict(cfg.to_dict())
+    with cfg.unlocked():
+        cfg.fbnet = ml_collections.ConfigDict(runcheck.with_defaults(cfg.fbnet, DEFAULTS, "fbnet"), type_safe=False)
+        for key, value in loop.DEFAULTS.items():
+            cfg[key] = cfg.get(key, value)
+    s = cfg.fbnet
+    if s.fitness not in FITNESS:
+        raise ConfigError(f"fbnet.fitness must be one of {list(FITNESS)}, got {s.fitness!r}")
+    if not isinstance(s.tables, ml_collections.ConfigDict) or not s.tables:
+        raise ConfigError("fbnet.tables must map every device to a table file or HELP's file:DEVICE, got "
+                          f"{safeio.short(s.tables)}")
+    runcheck.check_bounds(cfg, BOUNDS)
+    tb.enabled(cfg)  # a bool
+    return cfg
 
 
 def topology_of(cfg):
@@ -66,88 +71,91 @@ def topology_of(cfg):
         return T.make_topology(name, [T.presets.device(name)], [], [22])
     if isinstance(name, str) and T.is_file_name(name):
         return T.load(name)
-    raise ValueError(f"topology {safeio.short(name)} is neither a topology file nor a device preset "
-                     f"({sorted(T.presets.DEVICES)})")
+    raise ConfigError(f"topology {safeio.short(name)} is neither a topology file nor a device preset "
+                      f"({sorted(T.presets.DEVICES)})")
 
 
-def _train_supernet(space, s, ds, progress: bool):
-    key = jax.random.PRNGKey(s["seed"])
-    params, state = net.numpy_init(jax.eval_shape(lambda: net.supernet_init(key, space)), s["seed"])
-    opt = optax.adam(s["lr"])
-    opt_state = opt.init(params)
+def train_supernet(cfg, space, ds, *, ckpt, fp: str, resume: bool, progress: bool):
+    """The single-path supernet on the run layer's epoch loop; returns its (params, batch-norm state)."""
+    s = cfg.fbnet
+    key = jax.random.PRNGKey(s.seed)
+    params, bn = net.numpy_init(jax.eval_shape(lambda: net.supernet_init(key, space)), s.seed)
+    tx = optax.adam(s.lr)
 
-    def loss(p, st, arch, x, y):
-        logits, new = net.supernet_apply(space, p, st, arch, x, train=True)
+    def loss(p, bn, arch, x, y):
+        logits, new = net.supernet_apply(space, p, bn, arch, x, train=True)
         return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), new
 
     @jax.jit
-    def step(p, st, o, arch, x, y):
-        (l, new), g = jax.value_and_grad(loss, has_aux=True)(p, st, arch, x, y)
-        upd, o = opt.update(g, o, p)
-        return optax.apply_updates(p, upd), new, o, l
+    def step(st: train.SupernetState, x, y):
+        arch = jax.random.randint(jax.random.fold_in(st.key, st.step), (space.num_layers,), 0, len(space.op_names))
+        (l, bn), g = jax.value_and_grad(loss, has_aux=True)(st.params, st.bn, arch, x, y)
+        upd, opt = tx.update(g, st.opt, st.params)
+        return train.SupernetState(optax.apply_updates(st.params, upd), bn, opt, st.key, st.step + 1), {"loss": l}
 
-    from jmsnas import data
-    rng = np.random.default_rng(s["seed"])
-    for epoch in range(s["supernet_epochs"]):
-        for x, y in data.epoch_batches(ds.train, s["batch_size"], seed=s["seed"], epoch=epoch):
-            arch = jnp.asarray(rng.integers(0, len(space.op_names), space.num_layers), jnp.int32)
-            params, state, opt_state, l = step(params, state, opt_state, arch, x, y)
-        if progress:
-            print(f"supernet epoch {epoch + 1}/{s['supernet_epochs']}: loss {float(l):.3f}", flush=True)
-    return params, state
+    st, _ = loop.epochs(
+        train.SupernetState(params, bn, tx.init(params), key, jnp.zeros((), jnp.int32)), cfg=cfg, ckpt=ckpt, fp=fp,
+        resume=resume, total=s.supernet_epochs, batches_per_epoch=data.num_batches(ds.train, s.batch_size),
+        batches=lambda epoch, start: data.epoch_batches(ds.train, s.batch_size, seed=s.seed, epoch=epoch,
+                                                        start=start),
+        step=lambda st, epoch, i, batch: step(st, *batch), desc="supernet", progress=progress,
+        end_epoch=lambda st, epoch, m: {"epoch": epoch, "stage": "supernet", "train_loss": float(m["loss"])})
+    return st.params, st.bn
 
 
-def run(cfg, workdir: str, *, resume: bool = False, progress: bool = True) -> int:
-    """The flow (module docstring); prints a summary and returns 0."""
-    s = settings(cfg)
-    logs = tb.enabled(cfg)  # TensorBoard logs (a bool, checked before the workdir)
-    if resume:
-        raise ValueError("the FBNet flow does not resume; start it in an empty --workdir")
-    topo = topology_of(cfg)
-    tables = {d: H.table_from_spec(str(spec))[0] for d, spec in s["tables"].items()}
+@timing.measured
+def run(cfg, workdir: str, *, resume: bool = False, progress: bool = True, command: str = "search") -> dict:
+    """The flow (module docstring); every check before the workdir is claimed. Returns the result dict."""
+    cfg = settings(cfg)
+    s, topo = cfg.fbnet, topology_of(cfg)
+    tables = {d: H.table_from_spec(str(spec))[0] for d, spec in s.tables.items()}
     published = SP.fbnet_c100()
     plan = S.plan(published, topo, tables)
     S.check_budget(plan, float(cfg.t_const_ms))
-    W.check_workdir(workdir, False, {}, "search", resumable=False)  # writable, not busy, holds no run
-    os.makedirs(workdir, exist_ok=True)
-    W.lock_workdir(workdir, "search")  # one writer: a second command on this workdir is refused
-    if s["fitness"] == "supernet":
-        from jmsnas import data
-        ds = data.load(cfg.get("dataset", "digits"), data_dir=cfg.get("data_dir"), seed=s["seed"])
-        space = SP.scaled(published, width=s["width"], image_size=ds.image_size, in_channels=ds.channels,
-                          num_classes=ds.num_classes)
-        params, state = _train_supernet(space, s, ds, progress)
-        xv, yv = ds.val.images[: s["fitness_examples"]], ds.val.labels[: s["fitness_examples"]]
-        acc = jax.jit(lambda a: jnp.mean(jnp.argmax(net.supernet_apply(space, params, state, a, xv, True)[0], -1)
-                                         == yv))
-        fitness = lambda archs: np.array([float(acc(jnp.asarray(a, jnp.int32))) for a in archs])
-    else:
-        flops = np.array([[SP.block_flops(b, l) for b in published.blocks] for l in published.layers])
-        fitness = lambda archs: flops[np.arange(published.num_layers)[None], archs].sum(axis=1) / 1e6
-    res = S.search(jax.random.PRNGKey(s["seed"]), plan, float(cfg.t_const_ms), fitness, population=s["population"],
-                   generations=s["generations"])
-    br = S.breakdown(plan, res.arch)
-    names = topo.device_names
-    result = {"flow": "fbnet", "space": published.name, "topology": topo.name,
-              "architecture": [{"layer": n, "device": names[int(plan.device_of[n])], "op": published.op_names[int(i)]}
-                               for n, i in enumerate(res.arch)],
-              "latency_ms": br["total"], "per_device_ms": br["per_device"],
-              "per_link_ms": dict(zip(topo.link_names, br["per_link"])), "t_const_ms": float(cfg.t_const_ms),
-              "met": br["total"] <= float(cfg.t_const_ms), "fitness": {"kind": s["fitness"], "value": res.fitness},
-              "history": res.history, "tables": {d: t.source for d, t in tables.items()}, "settings": s}
-    with safeio.atomic_write(os.path.join(workdir, "result.json")) as f:
-        json.dump(result, f, indent=1)
-    with tb.run(workdir, logs):  # WORKDIR/tensorboard: the fitness of every generation, the final breakdown
-        for g, h in enumerate(res.history):
-            tb.log(g, {"evolution/fitness_best": h["best_fitness"], "evolution/feasible_fraction": h["feasible_fraction"]})
+    stored = W.plain(cfg)
+    W.check_workdir(workdir, resume, stored, command)
+    dataset = cfg.get("dataset", "digits") if s.fitness == "supernet" else None
+    ds = data.load(dataset, data_dir=cfg.get("data_dir"), seed=s.seed) if dataset else None
+    W.claim(workdir, resume, stored, command)
+    fp = W.fingerprint(cfg)
+    ckpt = lambda stage: Checkpointer(os.path.join(workdir, "checkpoints", stage))
+    with tb.run(workdir, tb.enabled(cfg)):
+        if ds is not None:
+            space = SP.scaled(published, width=s.width, image_size=ds.image_size, in_channels=ds.channels,
+                              num_classes=ds.num_classes)
+            params, bn = train_supernet(cfg, space, ds, ckpt=ckpt("supernet"), fp=fp, resume=resume,
+                                        progress=progress)
+            xv, yv = ds.val.images[: s.fitness_examples], ds.val.labels[: s.fitness_examples]
+            acc = jax.jit(lambda a: jnp.mean(jnp.argmax(net.supernet_apply(space, params, bn, a, xv, True)[0], -1)
+                                             == yv))
+            fitness = lambda archs: np.array([float(acc(jnp.asarray(a, jnp.int32))) for a in archs])
+        else:
+            flops = np.array([[SP.block_flops(b, l) for b in published.blocks] for l in published.layers])
+            fitness = lambda archs: flops[np.arange(published.num_layers)[None], archs].sum(axis=1) / 1e6
+        res = S.search(jax.random.PRNGKey(s.seed), plan, float(cfg.t_const_ms), fitness, population=s.population,
+                       generations=s.generations, ckpt=ckpt("evolution"), fp=fp, resume=resume, progress=progress)
+        br = S.breakdown(plan, res.arch)
+        names = topo.device_names
+        result = {"flow": "fbnet", "topology": topo.name, "dataset": dataset, "seed": s.seed, "space": published.name,
+                  "architecture": [{"layer": n, "device": names[int(plan.device_of[n])],
+                                    "op": published.op_names[int(i)]} for n, i in enumerate(res.arch)],
+                  "latency_ms": br["total"], "per_device_ms": br["per_device"],
+                  "per_link_ms": dict(zip(topo.link_names, br["per_link"])), "t_const_ms": float(cfg.t_const_ms),
+                  "met": br["total"] <= float(cfg.t_const_ms), "fitness": {"kind": s.fitness, "value": res.fitness},
+                  "history": res.history, "tables": {d: t.source for d, t in tables.items()},
+                  "settings": s.to_dict(), "time": timing.summary()}
+        directory.write_json(workdir, directory.RESULT, result)
         tb.log(len(res.history), {"result/fitness": res.fitness, **tb.breakdown_scalars(
             "result/latency", {"total": br["total"], "per_device": br["per_device"], "per_link": result["per_link_ms"]})})
-    print("FBNet space, architecture per layer: " + " ".join(a["op"] for a in result["architecture"]))
-    for d, ms in br["per_device"].items():
-        print(f"  {d:12s} {ms:9.3f} ms  compute")
-    for l, ms in result["per_link_ms"].items():
-        print(f"  {l:12s} {ms:9.3f} ms  communication")
-    print(f"  total        {br['total']:9.3f} ms  ({'within' if result['met'] else 'over'} T_const = "
-          f"{float(cfg.t_const_ms):.3f} ms); fitness ({s['fitness']}) {res.fitness:.4g}")
-    print(f"wrote {os.path.join(workdir, 'result.json')}")
-    return 0
+    return result
+
+
+def summary(result: dict) -> str:
+    """The lines ``jmsnas search|evolve`` prints for an FBNet run."""
+    lines = ["FBNet space, architecture per layer: " + " ".join(a["op"] for a in result["architecture"])]
+    lines += [f"  {d:12s} {ms:9.3f} ms  compute" for d, ms in result["per_device_ms"].items()]
+    lines += [f"  {link:12s} {ms:9.3f} ms  communication" for link, ms in result["per_link_ms"].items()]
+    lines.append(f"  total        {result['latency_ms']:9.3f} ms  ({'within' if result['met'] else 'over'} T_const = "
+                 f"{result['t_const_ms']:.3f} ms); fitness ({result['fitness']['kind']}) "
+                 f"{result['fitness']['value']:.4g}")
+    return "\n".join(lines)

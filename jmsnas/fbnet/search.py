@@ -11,9 +11,10 @@ last layer before it (fixed by the macro-architecture: every candidate of a laye
 one device T(a) is exactly the table's value. Because T is additive over layers, the fastest network is the
 per-layer argmin of the tables; a T_const below it is an error.
 
-``search`` runs ``strategies.make("evolution")`` (ask/tell) with a caller's fitness (higher is better, e.g. the
-accuracy of the sub-network under a trained weight-sharing supernet) and the hard constraint T <= T_const; the
-initial population holds the fastest network, so a feasible one exists from the first generation on.
+``search`` runs ``strategies.make("evolution")`` (ask/tell, on the run layer's evolution loop) with a caller's
+fitness (higher is better, e.g. the accuracy of the sub-network under a trained weight-sharing supernet) and the
+hard constraint T <= T_const; the initial population holds the fastest network, so a feasible one exists from the
+first generation on.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import numpy as np
 from jmsnas import strategies
 from jmsnas.cost import layertable as LT
 from jmsnas.fbnet.space import FBNetSpace
+from jmsnas.run.evolution import evolution
 from jmsnas.topology import Topology, TopologyError
 
 
@@ -104,30 +106,30 @@ class Result(NamedTuple):
     arch: np.ndarray  # int64[N]
     latency_ms: float
     fitness: float
-    history: list  # per generation: best fitness, feasible fraction
+    history: list  # per generation: best fitness so far, feasible fraction
 
 
 def search(key, p: Plan, t_const_ms: float, fitness_fn: Callable[[np.ndarray], np.ndarray], *,
-           population: int = 64, generations: int = 10) -> Result:
-    """The fittest architecture found with T <= ``t_const_ms`` (evolution; module docstring).
+           population: int = 64, generations: int = 10, ckpt=None, fp: str = "", resume: bool = False,
+           progress: bool = False) -> Result:
+    """The fittest architecture found with T <= ``t_const_ms`` (evolution on the run layer's loop,
+    ``jmsnas.run.evolution``: checkpoints in ``ckpt``, None: none; module docstring).
 
     ``fitness_fn(archs int64[P, N]) -> float[P]`` (higher is better)."""
     check_budget(p, t_const_ms)
-    valid = np.isfinite(p.entry_ms)
-    strat = strategies.make("evolution", mask=valid, population=population)
+    strat = strategies.make("evolution", mask=np.isfinite(p.entry_ms), population=population)
     k_init, key = jax.random.split(key)
     state = strat.init(k_init)
     state = state._replace(population=state.population.at[0].set(jnp.asarray(fastest(p), jnp.int32)))
-    ask, tell = jax.jit(strat.ask), jax.jit(strat.tell)
-    history = []
-    for _ in range(generations):
-        k_ask, k_tell, key = jax.random.split(key, 3)
-        archs, state = ask(k_ask, state)
-        a = np.asarray(archs.ops, np.int64)
-        t = latency_ms(p, a)
-        fit = np.asarray(fitness_fn(a), np.float64)
-        fit = np.where(t <= t_const_ms, fit, -np.inf).astype(np.float32)
-        state, m = tell(k_tell, archs, jnp.asarray(fit), state)
-        history.append({"best_fitness": float(m["best_fitness"]), "feasible_fraction": float(m["feasible_fraction"])})
-    best = np.asarray(state.best_ops, np.int64)
-    return Result(best, float(latency_ms(p, best)[0]), float(state.best_fitness), history)
+
+    def fitness(archs):
+        a = np.asarray(archs, np.int64)
+        t, score = latency_ms(p, a), np.asarray(fitness_fn(a), np.float64)
+        return {"fitness": np.where(t <= t_const_ms, score, -np.inf), "feasible": t <= t_const_ms,
+                "accuracy": score, "latency_ms": t}
+
+    log, best, _ = evolution(strat, state, key, fitness, ckpt=ckpt, fp=fp, resume=resume, total=generations,
+                             progress=progress)  # the fastest network is in generation 0: best is feasible
+    arch = np.asarray(best["ops"], np.int64)
+    history = [{"best_fitness": r["best_so_far_accuracy"], "feasible_fraction": r["feasible_fraction"]} for r in log]
+    return Result(arch, float(latency_ms(p, arch)[0]), float(best["fitness"]), history)

@@ -10,8 +10,8 @@ Layout::
     OUT/child_00/state/          orbax checkpoint of {"block_003": params of block 3, ..., "range": [a, b]}
     OUT/child_00/child.json      {"network": fingerprint, "child": i, "blocks": [a, b]}
 
-Safety: ``write`` builds everything in a temporary sibling directory and renames it to OUT at the end, so OUT is
-never half-written; it refuses an OUT that exists and is not empty. ``load`` checks the manifest and that every
+Safety: ``write`` builds everything in a temporary sibling directory and renames it to OUT at the end
+(``safeio.atomic_dir``), so OUT is never half-written; it refuses an OUT that exists and is not empty. ``load`` checks the manifest and that every
 child directory exists before reading any array; every child's meta must name the manifest's network and block
 range (children of two networks mixed in one directory are refused), and the sha256 of each restored child must
 equal the manifest's (a flipped byte is caught even where the file format has no checksum). Any failure raises a
@@ -23,8 +23,6 @@ import concurrent.futures as cf
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 import threading
 import time
 from typing import Callable, NamedTuple
@@ -34,7 +32,7 @@ import numpy as np
 
 import orbax.checkpoint as ocp
 
-from jmsnas import runcheck
+from jmsnas import runcheck, safeio
 from jmsnas.checkpoint import CheckpointError, file_digests, leaf_specs, verify_digests
 from jmsnas.modular.blocks import Block, ModularError, Network, block_arrays, block_bytes, fingerprint, forward
 
@@ -77,12 +75,6 @@ def check_cuts(cuts, num_blocks: int) -> list:
     return c
 
 
-def _one_line(exc: BaseException) -> str:
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    text = f"{type(exc).__name__}: {lines[0] if lines else ''}"
-    return text if len(text) <= 240 else text[:237] + "..."
-
-
 def write_child(path: str, tree, meta: dict) -> None:
     """Save one child: the orbax checkpoint ``<path>/state`` and its identity ``<path>/child.json`` (meta)."""
     os.makedirs(path, exist_ok=True)
@@ -122,7 +114,7 @@ def read_child(path: str, leaves: dict, expect_meta: dict, where: str) -> dict:
         with open(os.path.join(path, CHILD_META), encoding="utf-8") as f:
             meta = json.load(f)
     except (OSError, ValueError) as e:
-        raise ModularError(f"{where} is corrupt or missing its {CHILD_META}: {_one_line(e)}") from None
+        raise ModularError(f"{where} is corrupt or missing its {CHILD_META}: {safeio.error_line(e)}") from None
     if not isinstance(meta, dict):
         raise ModularError(f"{where} is corrupt: {CHILD_META} is not a JSON object")
     if meta.get("network") != expect_meta["network"]:
@@ -141,7 +133,7 @@ def read_child(path: str, leaves: dict, expect_meta: dict, where: str) -> dict:
     try:
         return ck.restore(os.path.abspath(os.path.join(path, "state")), template(leaves))
     except Exception as e:
-        raise ModularError(f"{where} is corrupt or unreadable: {_one_line(e)}") from None
+        raise ModularError(f"{where} is corrupt or unreadable: {safeio.error_line(e)}") from None
     finally:
         ck.close()
 
@@ -168,9 +160,7 @@ def write(net: Network, cuts, out_dir: str, extra: dict | None = None,
     cuts = check_cuts(cuts, len(net.blocks))
     _check_out(out_dir)
     fp = fingerprint(net)
-    parent = os.path.dirname(os.path.abspath(out_dir))
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out_dir))}.tmp-", dir=parent)
-    try:
+    with safeio.atomic_dir(out_dir) as tmp:  # out_dir (empty, checked above) is replaced only when all is written
         children = []
         for i, (a, b) in enumerate(zip(cuts, cuts[1:])):
             tree = prune({block_key(j): net.blocks[j].params for j in range(a, b)})
@@ -187,23 +177,13 @@ def write(net: Network, cuts, out_dir: str, extra: dict | None = None,
                                for b in net.blocks],
                     "children": children, **(extra or {})}
         write_manifest(tmp, manifest)
-        if os.path.isdir(out_dir):
-            os.rmdir(out_dir)  # empty (checked above)
-        os.rename(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return manifest
 
 
 def write_manifest(directory: str, manifest: dict) -> None:
-    """Atomically (temporary file + rename) write ``manifest.json``."""
-    path = os.path.join(directory, MANIFEST)
-    with tempfile.NamedTemporaryFile("w", dir=directory, prefix=".manifest.", delete=False, encoding="utf-8") as f:
+    """Atomically (``safeio.atomic_write``) write ``manifest.json``."""
+    with safeio.atomic_write(os.path.join(directory, MANIFEST), encoding="utf-8") as f:
         json.dump(manifest, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(f.name, path)
 
 
 # ------------------------------------------------------------------------------------------------ read

@@ -1,6 +1,6 @@
 """A run directory, read and written in one place (docs/run_directory.md).
 
-Every flow (``search``, ``retrain``, ``evolve``, SplitNets, separable networks) writes its workdir through the
+Every flow (``search``, ``retrain``, ``evolve``, SplitNets, separable networks, FBNet) writes its workdir through the
 writers here, and every command that reads a finished run (``modularize``, ``autosplit``, ``export``,
 ``pipeline``, ``split --model RUN/result.json``) reads it through the readers here; no other module parses
 ``result.json`` or ``config.json``.
@@ -38,6 +38,7 @@ MANIFEST = "manifest.json"
 
 # the top-level keys of every flow's result.json (docs/run_directory.md); a flow adds its own beside them
 RESULT_KEYS = ("flow", "topology", "dataset", "seed", "time")
+FLOWS = ("search", "evolve", "splitnets", "separable", "fbnet")  # the values of its "flow"
 
 
 class RunDirError(ValueError):
@@ -108,6 +109,21 @@ def write_parts(workdir: str, parts: dict, manifest: dict) -> dict:
             with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:
                 json.dump(manifest, f, indent=2)
     return manifest
+
+
+def write_outputs(workdir: str, result: dict, history: list, parts) -> list:
+    """A finished run's outputs, in one order: history.json, the report (summary.txt and plots,
+    ``report.write_report``), parts/ (``parts()`` writes them) and last result.json, whose presence marks a
+    finished run. Returns the report's figure paths (none in processes other than 0)."""
+    from jmsnas import report
+    write_json(workdir, HISTORY, history)
+    figures = []
+    if writes():
+        with output_errors(workdir):
+            figures = report.write_report(result, history, workdir)
+    parts()
+    write_json(workdir, RESULT, result)
+    return figures
 
 
 # ------------------------------------------------------------------------------------------------ reading

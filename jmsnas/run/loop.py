@@ -19,6 +19,7 @@ from jmsnas import timing
 from jmsnas.checkpoint import Checkpointer
 
 META_TYPES = {"epoch": "count", "batch": "count", "history": list}  # what a training checkpoint's meta holds
+DEFAULTS = dict(checkpoint_every=50, checkpoint_min_interval_s=30.0)  # the cadence jmsnas.configs.default_config has
 
 
 def bar(total: int, initial: int, desc: str, unit: str, enabled: bool):

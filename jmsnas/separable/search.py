@@ -25,7 +25,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from jmsnas import data, timing
+from jmsnas import data, timing, train
 from jmsnas import tensorboard as tb
 from jmsnas.checkpoint import Checkpointer
 from jmsnas.run import directory, loop
@@ -123,13 +123,8 @@ def make_fns(spec: net.NetSpec):
 def accuracy(correct, params, split: data.Split, batch: int, pids=None, lvls=None) -> np.ndarray:
     """float64[P] accuracy of each decision sequence on a whole split (batches padded to ``batch`` rows, so one
     compiled program serves every split)."""
-    hits = 0
-    for x, y in data.eval_batches(split, batch):
-        n = y.shape[0]
-        valid = (np.arange(batch) < n).astype(np.float32)
-        x = np.concatenate([x, np.zeros((batch - n,) + x.shape[1:], x.dtype)])
-        y = np.concatenate([y, np.zeros((batch - n,), y.dtype)])
-        hits = hits + np.asarray(correct(params, x, y, valid, pids, lvls))
+    hits = sum(np.asarray(correct(params, x, y, valid, pids, lvls)) for x, y, valid in
+               train.padded_eval_batches(split, batch))
     return hits / split.labels.shape[0]
 
 

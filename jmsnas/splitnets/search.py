@@ -24,11 +24,11 @@ import ml_collections
 import numpy as np
 import optax
 
-from jmsnas import data, evolve as EV, report, strategies, tensorboard as tb, timing, train
+from jmsnas import data, evolve as EV, strategies, tensorboard as tb, timing, train
 from jmsnas.checkpoint import Checkpointer
-from jmsnas.evolve import SandwichState
 from jmsnas.objectives import cross_entropy, l2_norm_sq
 from jmsnas.run import directory, loop, processes
+from jmsnas.run.evolution import evolution as run_evolution
 from jmsnas.run import workdir as W
 from jmsnas import runcheck
 from jmsnas.runcheck import ConfigError
@@ -43,7 +43,10 @@ DEFAULTS = dict(views=1, view_size=12, stem_channels=8, phase_channels=(16, 24, 
                 max_depth=3, kernels=(3, 5), expands=(3, 6), reductions=(2, 4, 8), split_kernel=1,
                 head_channels=64, init="geometric", extra_modules=0.5, topology=None, bus_mbps=1200.0,
                 sensor_memory_bytes=2e6)
-RUN_DEFAULTS = dict(checkpoint_every=50, checkpoint_min_interval_s=30.0)  # what jmsnas.configs.default_config has
+BOUNDS = {"splitnets.views": dict(low=1, integer=True), "splitnets.extra_modules": dict(low=0, high=1),
+          "t_const_ms": dict(low=0, low_open=True), "search.batch_size": dict(low=1, integer=True),
+          "retrain.epochs": dict(low=0, integer=True), "checkpoint_every": dict(low=1, integer=True),
+          "checkpoint_min_interval_s": dict(low=0)}  # runcheck.number's keyword arguments
 
 
 # ----------------------------------------------------------------------------------------------- configuration
@@ -51,15 +54,11 @@ RUN_DEFAULTS = dict(checkpoint_every=50, checkpoint_min_interval_s=30.0)  # what
 def with_defaults(cfg) -> ml_collections.ConfigDict:
     """A copy of ``cfg`` whose ``splitnets`` block holds every setting of ``DEFAULTS`` (and ``evolve`` filled)."""
     cfg = EV.with_defaults(ml_collections.ConfigDict(cfg.to_dict()))
-    given = cfg.splitnets.to_dict()
-    unknown = sorted(set(given) - set(DEFAULTS))
-    if unknown:
-        raise ConfigError(f"unknown splitnets settings {unknown}; expected some of {sorted(DEFAULTS)}")
     with cfg.unlocked():
-        cfg.splitnets = ml_collections.ConfigDict({**DEFAULTS, **given}, type_safe=False)
-        for key, value in RUN_DEFAULTS.items():  # the run layer's checkpoint cadence (jmsnas.run.loop)
-            if key not in cfg:
-                cfg[key] = value
+        cfg.splitnets = ml_collections.ConfigDict(runcheck.with_defaults(cfg.splitnets, DEFAULTS, "splitnets"),
+                                                  type_safe=False)
+        for key, value in loop.DEFAULTS.items():  # the run layer's checkpoint cadence
+            cfg[key] = cfg.get(key, value)
     return cfg
 
 
@@ -91,31 +90,12 @@ def build_space(cfg, image_size: int, channels: int, classes: int) -> SplitSpace
 def validate(cfg) -> None:
     """Checks every setting before anything is read or written; ConfigError names the bad value."""
     tb.enabled(cfg)  # a bool
-    s = cfg.splitnets
-    v = s.views
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ConfigError(f"splitnets.views must be an integer >= 1 (one view per sensor), got {v!r}")
+    s, v = cfg.splitnets, cfg.splitnets.views
     if s.init not in INITS:
         raise ConfigError(f"unknown splitnets.init {s.init!r}; expected one of {list(INITS)}")
-    if not isinstance(s.extra_modules, (int, float)) or not 0 <= s.extra_modules <= 1:
-        raise ConfigError(f"splitnets.extra_modules must be a probability in [0, 1], got {s.extra_modules!r}")
-    t = cfg.t_const_ms
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not np.isfinite(t) or t <= 0:
-        raise ConfigError(f"t_const_ms must be a positive number of ms, got {t!r}")
     if cfg.dataset not in data.DATASETS:
         raise ConfigError(f"unknown dataset {cfg.dataset!r}; expected one of {list(data.DATASETS)}")
-    e = cfg.evolve
-    for name, lo in EV.INT_SETTINGS.items():
-        x = e[name]
-        if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < lo:
-            raise ConfigError(f"evolve.{name} must be an integer >= {lo}, got {x!r}")
-    for name in ("batch_size",):
-        x = cfg.search[name]
-        if isinstance(x, bool) or not isinstance(x, int) or x < 1:
-            raise ConfigError(f"search.{name} must be a positive integer, got {x!r}")
-    runcheck.number(cfg, "retrain.epochs", low=0, integer=True)
-    runcheck.number(cfg, "checkpoint_every", low=1, integer=True)
-    runcheck.number(cfg, "checkpoint_min_interval_s", low=0)
+    runcheck.check_bounds(cfg, {**BOUNDS, **EV.BOUNDS})
     try:
         hardware(cfg)
         build_space(cfg, s.view_size, 1, 2)
@@ -131,12 +111,14 @@ def validate(cfg) -> None:
 # ----------------------------------------------------------------------------------------------- costs
 
 class Reachable(NamedTuple):
-    """The smallest latency (ms) and sensor peak memory (bytes) of any network of the space, and the smallest
-    latency among networks within the memory limit (None when none is)."""
+    """The smallest latency (ms) and sensor peak memory (bytes) of any network of the space, the smallest latency
+    among networks within the memory limit (None when none is) and that network's genes (the fallback of an
+    evolution that found no network within both limits)."""
 
     min_latency_ms: float
     min_memory_bytes: float
     min_latency_within_memory_ms: float | None
+    fastest_within_memory: np.ndarray | None
 
 
 def reachable(space: SplitSpace, hw: H.HMD) -> Reachable:
@@ -144,16 +126,17 @@ def reachable(space: SplitSpace, hw: H.HMD) -> Reachable:
     a smaller kernel or expansion never adds MACs, parameters or activations, so it never raises either cost."""
     o = space.decode(space.extreme(False)).ops[0][0]
     ops = tuple((o,) * space.max_depth for _ in range(space.num_phases))
-    best_t, best_m, best_tm = np.inf, np.inf, np.inf
+    best_t, best_m, best_tm, fastest = np.inf, np.inf, np.inf, None
     for depth in itertools.product(range(1, space.max_depth + 1), repeat=space.num_phases):
         for p in range(space.num_phases):
             for m in range(1, depth[p] + 1):
                 for d in space.d_choices(p):
-                    c = H.cost(space, SplitArch(ops, depth, (p, m), d), hw)
+                    a = SplitArch(ops, depth, (p, m), d)
+                    c = H.cost(space, a, hw)
                     best_t, best_m = min(best_t, c.total_ms), min(best_m, c.sensor_peak_bytes)
-                    if c.sensor_peak_bytes <= hw.sensor_memory_bytes:
-                        best_tm = min(best_tm, c.total_ms)
-    return Reachable(best_t, best_m, None if not np.isfinite(best_tm) else best_tm)
+                    if c.sensor_peak_bytes <= hw.sensor_memory_bytes and c.total_ms < best_tm:
+                        best_tm, fastest = c.total_ms, space.encode(a)
+    return Reachable(best_t, best_m, None if fastest is None else best_tm, fastest)
 
 
 def check_limits(space: SplitSpace, hw: H.HMD, t_const_ms: float) -> Reachable:
@@ -199,7 +182,7 @@ def sandwich_step(space: SplitSpace, lr: float, lambda1: float, num_random: int,
         logits, bn = N.apply(space, p, bn, genes, x, train=True, extras=extras)
         return cross_entropy(logits, y), (bn, jnp.mean((jnp.argmax(logits, -1) == y).astype(jnp.float32)))
 
-    def step(st: SandwichState, x, y):
+    def step(st: train.SupernetState, x, y):
         key, k1, k2 = jax.random.split(st.key, 3)
         genes = jnp.concatenate([big[None], small[None], sample_valid(k1, mask, num_random)]).astype(jnp.int32)
         extras = jax.random.bernoulli(k2, extra_prob, (genes.shape[0], P)).astype(jnp.float32)
@@ -214,16 +197,16 @@ def sandwich_step(space: SplitSpace, lr: float, lambda1: float, num_random: int,
         (grads, bn), (ce, acc) = jax.lax.scan(body, (zeros, st.bn), (genes, extras))
         grads = jax.tree_util.tree_map(jnp.add, grads, jax.grad(lambda p: lambda1 * l2_norm_sq(p))(st.params))
         updates, opt = tx.update(grads, st.opt, st.params)
-        st = SandwichState(optax.apply_updates(st.params, updates), bn, opt, key, st.step + 1)
+        st = train.SupernetState(optax.apply_updates(st.params, updates), bn, opt, key, st.step + 1)
         return st, {"loss": jnp.mean(ce), "acc": jnp.mean(acc), "loss_largest": ce[0], "loss_smallest": ce[1]}
 
     return step
 
 
-def init_state(key, space: SplitSpace, lr: float, init_mode: str) -> SandwichState:
+def init_state(key, space: SplitSpace, lr: float, init_mode: str) -> train.SupernetState:
     k_init, k_run = jax.random.split(key)
     params, bn = N.init(k_init, space, init_mode)
-    return SandwichState(params, bn, optax.adam(lr).init(params), k_run, jnp.zeros((), jnp.int32))
+    return train.SupernetState(params, bn, optax.adam(lr).init(params), k_run, jnp.zeros((), jnp.int32))
 
 
 def population_accuracy(space: SplitSpace, params, pop, calib, x, y, chunk: int = 8):
@@ -247,18 +230,9 @@ def _acc_one(space, params, genes, calib, x, y):
 
 
 def _zero_state(space, params):
-    """A BN state pytree of the right shapes (zeros), read off the parameters."""
-    def side(blocks):
-        return tuple({n: {"mean": jnp.zeros_like(b[n]["scale"]), "var": jnp.zeros_like(b[n]["scale"])}
-                      for n in ("bn1", "bn2", "bn3")} for b in blocks)
-    st = {"stem": {"bn": {"mean": jnp.zeros_like(params["stem"]["bn"]["scale"]),
-                          "var": jnp.zeros_like(params["stem"]["bn"]["scale"])}},
-          "sensor": side(params["sensor"]),
-          "head": {"bn": {"mean": jnp.zeros_like(params["head"]["bn"]["scale"]),
-                          "var": jnp.zeros_like(params["head"]["bn"]["scale"])}}}
-    if "aggregator" in params:
-        st["aggregator"] = side(params["aggregator"])
-    return st
+    """A BN state pytree of the supernet's shapes, zeros (``net.recalibrate`` fills it)."""
+    shapes = jax.eval_shape(lambda: N.init(jax.random.PRNGKey(0), space)[1])
+    return jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
 
 
 _pop_acc = jax.jit(lambda space, params, pop, calib, x, y: jax.lax.map(
@@ -311,25 +285,9 @@ def feasible_population(key, space, costs: CostCache, t_const, mem, size: int, t
     return cand[np.argsort(~ok, kind="stable")[:size]]
 
 
-def fallback(space: SplitSpace, costs: CostCache, t_const: float, mem: float) -> np.ndarray:
-    """The genes of the fastest smallest-op network meeting both limits (exists after ``check_limits``)."""
-    o = space.decode(space.extreme(False)).ops[0][0]
-    ops = tuple((o,) * space.max_depth for _ in range(space.num_phases))
-    best, best_t = None, np.inf
-    for depth in itertools.product(range(1, space.max_depth + 1), repeat=space.num_phases):
-        for p in range(space.num_phases):
-            for m in range(1, depth[p] + 1):
-                for d in space.d_choices(p):
-                    g = space.encode(SplitArch(ops, depth, (p, m), d))
-                    c = costs(g)
-                    if c.total_ms <= t_const + 1e-12 and c.sensor_peak_bytes <= mem and c.total_ms < best_t:
-                        best, best_t = g, c.total_ms
-    return best
-
-
 def evolution(cfg, space, params, costs: CostCache, calib, xv, yv, progress=True, *, ckpt=None, fp: str = "",
               resume: bool = False):
-    """Stage 2 on evolve's evolution loop (``jmsnas.evolve.evolution``: checkpoints in ``ckpt``, the population
+    """Stage 2 on the run layer's evolution loop (``jmsnas.run.evolution``: checkpoints in ``ckpt``, the population
     shared out among the processes). Returns (winner genes int32[G], per-generation log, best record)."""
     e, t_const, mem = cfg.evolve, float(cfg.t_const_ms), costs.hw.sensor_memory_bytes
     strat = strategies.make("evolution", mask=space.mask(), population=e.population, parent_ratio=e.parent_ratio,
@@ -347,22 +305,13 @@ def evolution(cfg, space, params, costs: CostCache, calib, xv, yv, progress=True
         return {"accuracy": acc, "latency_ms": lat, "sensor_peak_bytes": peak, "feasible": ok,
                 "fitness": np.where(ok, acc - lat / t_const / (2 * len(yv)), -np.inf)}
 
-    log, best, _ = EV.evolution(strat, es, key, fitness, ckpt=ckpt, fp=fp, resume=resume, total=e.generations,
+    log, best, _ = run_evolution(strat, es, key, fitness, ckpt=ckpt, fp=fp, resume=resume, total=e.generations,
                                 progress=progress)
-    winner = np.asarray(best["ops"], np.int32) if best else fallback(space, costs, t_const, mem)
+    winner = np.asarray(best["ops"] if best else reachable(space, costs.hw).fastest_within_memory, np.int32)
     return winner, log, best
 
 
 # ----------------------------------------------------------------------------------------------- retrain
-
-class FixedState(NamedTuple):
-    """One network's training state: parameters, BN running statistics, Adam state, steps taken."""
-
-    params: dict
-    bn: dict
-    opt: tuple
-    step: jnp.ndarray
-
 
 def train_fixed(cfg, space, ds, params, genes, epochs: int, *, pos=None, module="split", lr=None,
                 progress=True, desc="retrain", ckpt=None, fp: str = "", resume: bool = False):
@@ -381,19 +330,19 @@ def train_fixed(cfg, space, ds, params, genes, epochs: int, *, pos=None, module=
         return N.apply_fixed(space, p, st, genes, x, train=train, pos=pos, module=module)
 
     @jax.jit
-    def step(fs: FixedState, x, y):
+    def step(fs: train.RetrainState, x, y):
         def loss(p):
             logits, st2 = fwd(p, fs.bn, x, True)
             return cross_entropy(logits, y) + s.lambda1 * l2_norm_sq(p), st2
         (l, st2), g = jax.value_and_grad(loss, has_aux=True)(fs.params)
         up, opt = tx.update(g, fs.opt, fs.params)
-        return FixedState(optax.apply_updates(fs.params, up), st2, opt, fs.step + 1), {"loss": l}
+        return train.RetrainState(optax.apply_updates(fs.params, up), st2, opt, fs.step + 1), {"loss": l}
 
     calib, _, _ = _eval_data(cfg, ds)
     st = N.recalibrate(lambda p, b, x, t: fwd(p, b, x, t), params, _zero_state(space, params), jnp.asarray(calib))
     evaluate = jax.jit(lambda p, st, x: jnp.argmax(fwd(p, st, x, False)[0], -1))
     fs, hist = loop.epochs(
-        FixedState(params, st, tx.init(params), jnp.zeros((), jnp.int32)), cfg=cfg, ckpt=ckpt, fp=fp, resume=resume,
+        train.RetrainState(params, st, tx.init(params), jnp.zeros((), jnp.int32)), cfg=cfg, ckpt=ckpt, fp=fp, resume=resume,
         total=epochs, batches_per_epoch=data.num_batches(ds.train, s.batch_size),
         batches=lambda epoch, start: data.epoch_batches(ds.train, s.batch_size, seed=cfg.seed + 2, epoch=epoch,
                                                         start=start),
@@ -553,18 +502,10 @@ def _evolve(cfg, hw, space, ds, workdir: str, resume: bool, progress: bool) -> d
         result["time"] = timing.summary()
     for h in history:
         h["derived_latency_ms"] = cost.total_ms
-    directory.write_json(workdir, directory.HISTORY, history)
     directory.write_json(workdir, directory.EVOLUTION, {"generations": log, "best": best,
                                                         "winner": [int(g) for g in genes]})
-    figures = []
-    if directory.writes():
-        with directory.output_errors(workdir):
-            figures = report.write_report(result, [{k: h[k] for k in ("epoch", "stage", "train_loss", "train_acc",
-                                                                      "val_acc", "expected_latency_ms",
-                                                                      "derived_latency_ms")}
-                                                   for h in history], workdir)
-    write_parts(space, params, bn, genes, workdir, hw.bus_mbps)
-    directory.write_json(workdir, directory.RESULT, result)
+    figures = directory.write_outputs(workdir, result, history,
+                                      lambda: write_parts(space, params, bn, genes, workdir, hw.bus_mbps))
     tb.log(len(history), tb.result_scalars(result))
     tb.images(len(history), tb.figures(figures))
     return result
