@@ -29,11 +29,10 @@ def run(tmp_path_factory):
     space = SplitSpace(image_size=6, in_channels=1, num_classes=10, views=4, stem_channels=4, phase_channels=(8, 12),
                        phase_strides=(1, 2), max_depth=2, kernels=(3, 5), expands=(3,), reductions=(2, 4),
                        head_channels=16)
-    params, bn = N.init(jax.random.PRNGKey(0), space)
-    rng = np.random.default_rng(0)
-    draw = lambda path, a: (np.abs(rng.normal(1.0, 0.3, a.shape)) + 0.1 if str(getattr(path[-1], "key", "")) == "var"
-                            else rng.normal(0.0, 0.3, a.shape)).astype(np.float32)
-    bn = jax.tree_util.tree_map_with_path(draw, bn)
+    rng = np.random.default_rng(0)  # shapes from the initialiser (eval_shape: nothing runs), values drawn here
+    draw = lambda path, a: {"var": np.abs(rng.normal(1.0, 0.3, a.shape)) + 0.1, "scale": rng.normal(1.0, 0.2, a.shape)
+                            }.get(str(getattr(path[-1], "key", "")), rng.normal(0.0, 0.3, a.shape)).astype(np.float32)
+    params, bn = jax.tree_util.tree_map_with_path(draw, jax.eval_shape(lambda: N.init(jax.random.PRNGKey(0), space)))
     genes = space.encode(SplitArch(ops=((1, 0), (0, 1)), depth=(2, 2), split=(1, 1), d=3))  # k5 cut from the k5 slot
     write_parts(space, params, bn, genes, d, bus_mbps=BUS_MBPS)
     result = {"flow": "splitnets", "latency_ms": {"total": 3.0, "per_device": {"sensor": 1.0, "aggregator": 1.5},
@@ -62,8 +61,11 @@ def test_multiview_parts_through_the_pipeline_equal_the_whole_network(run):
     for link in m["links"]:  # each sender's share of the bus; d = 3 channels of 3 x 3, float32
         assert link["bandwidth_mbps"] == BUS_MBPS / 4 and link["bytes"] == 3 * 3 * 3 * 4
     assert np.max(np.abs(whole_network(d)(x) - want)) <= 1e-5
-    raw = run_pipeline(os.path.join(d, "export"), x, phase="latency", bandwidth_scale=1.0)
+    given = {s: 1.0 + k for k, s in enumerate(m["order"])}  # a latency table's prediction: the honest mode
+    raw = run_pipeline(os.path.join(d, "export"), x, phase="latency", bandwidth_scale=1.0, predicted_compute_ms=given)
     assert np.max(np.abs(raw["outputs"] - want)) <= 1e-5
+    assert raw["stretch"] == {s: 1.0 for s in m["order"]}  # every part at host speed, nothing slowed to it
+    assert raw["predicted_compute_ms"] == given
     for s in m["order"][:4]:  # every sensor got its own view: the records show one input from the camera each
         assert set(raw["records"]["latency"][s][0]["in"]) == {"image"}
     assert set(raw["records"]["latency"]["aggregator"][0]["in"]) == set(m["order"][:4])
