@@ -99,8 +99,9 @@ class Ahead:
     def speculate(self, guess, build) -> None:
         """Prepare what a later stage will probably need: in a thread, ``key = guess()`` and then ``build(key)``
         (e.g. the architecture the search would end with if it ended now, then that architecture's steps
-        compiled). :meth:`wait_for` of that key waits until ``build`` is done; other keys do not wait for it."""
-        entry = {"key": None, "decided": threading.Event(), "built": threading.Event()}
+        compiled). :meth:`wait_for` of that key waits until ``build`` is done (:meth:`built` also returns what it
+        returned); other keys do not wait for it."""
+        entry = {"key": None, "value": None, "decided": threading.Event(), "built": threading.Event()}
 
         def run():
             try:
@@ -108,7 +109,7 @@ class Ahead:
             finally:
                 entry["decided"].set()
             try:
-                build(entry["key"])
+                entry["value"] = build(entry["key"])
             finally:
                 entry["built"].set()
 
@@ -120,15 +121,24 @@ class Ahead:
 
     def wait_for(self, key) -> bool:
         """Wait for the speculations (:meth:`speculate`) that guessed ``key`` to be built; True if there was one."""
+        return bool(self._built(key))
+
+    def built(self, key):
+        """What ``build`` returned for a speculation that guessed ``key`` (waiting for it to be built; the last
+        such one), else None."""
+        hits = self._built(key)
+        return hits[-1]["value"] if hits else None
+
+    def _built(self, key) -> list:
         with self._lock:
             entries = list(self._speculations)
-        hit = False
+        hits = []
         for entry in entries:
             entry["decided"].wait()
             if entry["key"] is not None and entry["key"] == key:
                 entry["built"].wait()
-                hit = True
-        return hit
+                hits.append(entry)
+        return hits
 
     def wait(self) -> None:
         """Wait for everything submitted so far."""

@@ -6,7 +6,10 @@ the depthwise convolution comes from ``jmsnas.dwconv`` so the backend picks the 
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import math
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -24,13 +27,72 @@ NORM_IMPLS = ("auto", "xla", "native")
 
 def _scaled_normal(key, shape, scale: float):
     """float32 N(0, 1) draws times sqrt(``scale``). Called eagerly, the product is taken in NumPy (float32,
-    correctly rounded: the same bits as jnp's multiply) and placed with device_put, so initialising a network
-    compiles one executable per shape (the draws) instead of three (draws, multiply, constant); under a trace
-    (jit, eval_shape) it stays a traced product."""
+    correctly rounded) and placed with device_put, so initialising a network compiles one executable per shape (the
+    draws) instead of three (draws, multiply, constant); under a trace (jit, eval_shape) it is the same product
+    behind an optimization barrier (so XLA neither fuses nor reassociates it with the draw: the same bits as the
+    eager product), and inside :func:`one_draw` the draws come from that function's one batched draw."""
+    factor = np.sqrt(np.float32(scale))
+    plan = getattr(_DRAWS, "plan", None)
+    if plan is not None:
+        return plan(key, tuple(shape)) * factor
     z = jax.random.normal(key, shape, jnp.float32)
     if isinstance(z, jax.core.Tracer):
-        return z * jnp.sqrt(scale)
-    return jax.device_put(np.asarray(z) * np.sqrt(np.float32(scale)))
+        return lax.optimization_barrier(z) * factor
+    return jax.device_put(np.asarray(z) * factor)
+
+
+_DRAWS = threading.local()  # .plan: where _scaled_normal takes its N(0, 1) draws inside one_draw
+
+
+@contextlib.contextmanager
+def _planned(plan):
+    before = getattr(_DRAWS, "plan", None)
+    _DRAWS.plan = plan
+    try:
+        yield
+    finally:
+        _DRAWS.plan = before
+
+
+def one_draw(init):
+    """``init(key, *args)`` (an initialisation that draws through this module's ``_scaled_normal``) as a function to
+    trace, e.g. under ``jax.jit``, that takes all its N(0, 1) draws at once: one threefry per power-of-two size
+    (``jax.vmap`` of ``jax.random.normal`` over the draws' keys, each cut to its size) instead of one per draw. A
+    program with one threefry per weight shape took XLA:CPU about as long to compile as the whole supernet's
+    eager initialisation (27 draws, ~9 s CPU on a loaded 2-core machine); batched, one threefry compiles in well
+    under a second. The bits are the same as each ``jax.random.normal(key, shape)``: with partitionable threefry
+    (JAX's default) element i of a draw depends only on its key and i, so a longer draw cut to ``prod(shape)``
+    elements and reshaped is that draw (``tests/test_supernet.py`` checks it). With non-partitionable threefry the
+    draws are taken one by one (still in the one program)."""
+    def traced(key, *args):
+        if not jax.config.jax_threefry_partitionable:
+            return init(key, *args)
+        requests = []
+        with _planned(lambda k, shape: requests.append((k, shape)) or jnp.zeros(shape, jnp.float32)):
+            init(key, *args)  # traced once only to learn the draws' keys and shapes (its outputs are dropped)
+        by_size = {}
+        for j, (_, shape) in enumerate(requests):
+            by_size.setdefault(_bucket(math.prod(shape)), []).append(j)
+        flat = {}
+        for n, js in by_size.items():
+            z = jax.vmap(lambda k, n=n: jax.random.normal(k, (n,), jnp.float32))(jnp.stack([requests[j][0] for j in js]))
+            z = lax.optimization_barrier(z)  # drawn once: else XLA fuses the draw into every cut, one copy per draw
+            for row, j in enumerate(js):
+                flat[j] = z[row]
+        order = iter(range(len(requests)))
+
+        def replay(k, shape):
+            z = flat[next(order)]
+            return z[:math.prod(shape)].reshape(shape)
+
+        with _planned(replay):
+            return init(key, *args)
+    return traced
+
+
+def _bucket(n: int) -> int:
+    """The power of two >= n (at least 1): the length of the batched draw a draw of n elements is cut from."""
+    return 1 << max(0, int(n) - 1).bit_length()
 
 
 def _he(key, shape, fan_in):

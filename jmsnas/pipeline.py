@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -174,12 +175,10 @@ def search(cfg: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
         with tb.run(workdir, tb.enabled(cfg)):
             st, history = _stage1(cfg, space, table, ds, mesh, ckpt, fp, resume, progress, ahead)
             check_alpha(st.alpha)
-            derived = np.asarray(G.derive(st.alpha, space.mask()))
-            split = assignment(cfg, space, table, derived, lim)
-            fix = budget.repair(space, table, st.alpha, derived, float(cfg.t_const_ms), split, lim)
-            ops = tuple(int(i) for i in fix.ops)
-            split = assignment(cfg, space, table, fix.ops, lim)  # re-split the repaired net: T can only fall
-            ahead.wait_for(("retrain", ops))  # its steps, compiled since the search's last batch (_compile_retrain)
+            alpha = np.asarray(st.alpha)
+            # decided (and its steps compiled) since the search's last batch (_compile_retrain), else here
+            derived, fix, ops, split = (ahead.built(("retrain", alpha.tobytes()))
+                                        or decide(cfg, space, table, alpha, lim))
             rt, history = retrain(cfg, space, ds, mesh, st, ops, workdir, fp, resume, progress, history)
             return finish(cfg, space, table, ds, mesh, rt, ops, split, fix, derived, history, workdir)
 
@@ -220,25 +219,38 @@ def _compile_stage1(ahead: A.Ahead, cfg, space, ds, mesh, shapes, steps, latenci
     return weight_step, arch_step, eval_step, latencies
 
 
+class Decision(NamedTuple):
+    """The architecture the search ends with: ``derived`` (alpha's argmax), ``fix`` (``budget.repair``'s),
+    ``ops`` (the repaired architecture as a tuple) and ``split`` (its layer->device assignment, None for D^m)."""
+    derived: np.ndarray
+    fix: budget.Repair
+    ops: tuple
+    split: object
+
+
+def decide(cfg, space, table, alpha, lim: L.DeviceLimits) -> Decision:
+    """The search's end: alpha derived, repaired to the budget and every device's limits, and re-split (the
+    repaired net's T can only fall)."""
+    derived = np.asarray(G.derive(alpha, space.mask()))
+    split = assignment(cfg, space, table, derived, lim)
+    fix = budget.repair(space, table, alpha, derived, float(cfg.t_const_ms), split, lim)
+    return Decision(derived, fix, tuple(int(i) for i in fix.ops), assignment(cfg, space, table, fix.ops, lim))
+
+
 def _compile_retrain(ahead: A.Ahead, cfg, space, table, ds, mesh, st) -> None:
-    """Compile the retraining's steps in threads for the architecture the search ends with (``st.alpha``
-    derived and repaired to the budget, as ``search`` does next), while the search's last epoch is evaluated
-    and checkpointed, under the key ``("retrain", ops)`` (``Ahead.speculate``): ``search`` waits for it when its
-    ops are these (always, unless the two computations disagree)."""
-    alpha = train.replicate(np.asarray(st.alpha), mesh)  # a copy: st may be donated meanwhile
+    """Decide the architecture the search ends with (:func:`decide` of ``st.alpha``, as ``search`` does next) and
+    compile its retraining steps, in threads, while the search's last epoch is evaluated and checkpointed, under
+    the key ``("retrain", alpha's bytes)`` (``Ahead.speculate``): ``search`` takes the decision from there
+    (``Ahead.built``), so that its small executables (the repair's, the latency sums') compile once, off the
+    main thread."""
+    alpha = np.array(st.alpha)  # a copy: st may be donated meanwhile
     state = A.abstract(st)
     (x, y), (xe, ye, valid) = _first_batches(ds, cfg.search.batch_size, cfg.eval_batch_size, mesh)
     r = cfg.retrain
 
-    def guess():
-        derived = np.asarray(G.derive(alpha, space.mask()))
-        lim = L.device_limits(space, cfg.cost.activation_bits)
-        fix = budget.repair(space, table, alpha, derived, float(cfg.t_const_ms),
-                            assignment(cfg, space, table, derived, lim), lim)
-        return "retrain", tuple(int(i) for i in fix.ops)
-
     def build(key):
-        ops = key[1]
+        decision = decide(cfg, space, table, alpha, L.device_limits(space, cfg.cost.activation_bits))
+        ops = decision.ops
         train_step, eval_step = retrain_steps(space, ops, r.lr, cfg.search.lambda1, cfg.dw_impl)
         shapes = jax.eval_shape(lambda s: train.init_retrain_state(space, s, ops, r.lr), state)
         rt = A.abstract(shapes, train.replicated(mesh))
@@ -248,8 +260,9 @@ def _compile_retrain(ahead: A.Ahead, cfg, space, table, ds, mesh, st) -> None:
         beside = ahead.submit(evaluate) if ahead.workers > 1 else None  # this thread holds one worker
         train_step.lower(rt, x, y).compile()
         beside.result() if beside is not None else evaluate()
+        return decision
 
-    ahead.speculate(guess, build)
+    ahead.speculate(lambda: ("retrain", alpha.tobytes()), build)
 
 
 def assignment(cfg, space, table, ops, lim: L.DeviceLimits | None = None):

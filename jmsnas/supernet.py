@@ -69,11 +69,14 @@ def _init_layer(key, space: SearchSpace, n: int, shared: bool):
     s, lay = space.layers[n], layout(space, n)
     V, M = len(lay.valid), lay.mid_max
     W = 1 if shared else V
-    p = {"expand": np.zeros((W, s.in_ch, M), np.float32), "dw": np.zeros((W, lay.kmax, lay.kmax, M), np.float32),
-         "project": np.zeros((W, M, s.out_ch), np.float32)}
+    # NumPy arrays filled in place when called eagerly; under a trace (jit, eval_shape) jnp's, so that the program
+    # broadcasts its zeros instead of carrying them as constants
+    zeros, ones = (jnp.zeros, jnp.ones) if isinstance(key, jax.core.Tracer) else (np.zeros, np.ones)
+    p = {"expand": zeros((W, s.in_ch, M), np.float32), "dw": zeros((W, lay.kmax, lay.kmax, M), np.float32),
+         "project": zeros((W, M, s.out_ch), np.float32)}
     for name, ch in (("bn1", M), ("bn2", M), ("bn3", s.out_ch)):
-        p[name] = {"scale": np.zeros((V, ch), np.float32), "bias": np.zeros((V, ch), np.float32)}
-    st = {name: {"mean": np.zeros((V, ch), np.float32), "var": np.ones((V, ch), np.float32)}
+        p[name] = {"scale": zeros((V, ch), np.float32), "bias": zeros((V, ch), np.float32)}
+    st = {name: {"mean": zeros((V, ch), np.float32), "var": ones((V, ch), np.float32)}
           for name, ch in (("bn1", M), ("bn2", M), ("bn3", s.out_ch))}
     for v, (i, kv) in enumerate(zip(lay.valid, jax.random.split(key, V))):
         op = OPS[i]

@@ -22,6 +22,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jmsnas import gates as G
+from jmsnas import ops as O
 from jmsnas import supernet
 from jmsnas.cost.latency import expected_latency, searched_latency
 from jmsnas.cost.tables import CostTable
@@ -121,6 +122,21 @@ def zeros(shape, dtype=np.float32):
 
 
 def init_search_state(key, space: SearchSpace, hp: SearchHParams, shared_weights: bool = True) -> SearchState:
+    """The search's initial state (supernet weights and batch norms, alpha = 0, both optimizers' states, the run's
+    key) from ``key``, computed by one executable (``_init_program``)."""
+    return _init_program(space, hp.weight_lr, hp.arch_lr, shared_weights)(key)
+
+
+@functools.lru_cache(maxsize=16)
+def _init_program(space: SearchSpace, weight_lr: float, arch_lr: float, shared_weights: bool):
+    """``_search_state`` as one jitted program whose weight draws are taken together (``ops.one_draw``): the same
+    bits as initialising eagerly, which compiled 35 executables (a random draw per weight shape, key splits,
+    optax's zeros)."""
+    hp = SearchHParams(weight_lr=weight_lr, arch_lr=arch_lr)
+    return jax.jit(O.one_draw(lambda key: _search_state(key, space, hp, shared_weights)))
+
+
+def _search_state(key, space: SearchSpace, hp: SearchHParams, shared_weights: bool) -> SearchState:
     k_init, k_run = jax.random.split(key)
     params, bn = supernet.init(k_init, space, shared_weights=shared_weights)
     alpha = zeros((space.num_layers, NUM_OPS))

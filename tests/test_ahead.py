@@ -123,9 +123,11 @@ def test_no_workers_compiles_nothing_ahead():
 def test_speculation_is_waited_for_only_under_its_own_key():
     built = threading.Event()
     with A.Ahead() as ahead:
-        ahead.speculate(lambda: ("retrain", (1, 2)), lambda key: (time.sleep(0.3), built.set()))
+        ahead.speculate(lambda: ("retrain", (1, 2)), lambda key: (time.sleep(0.3), built.set(), key[1])[2])
         assert ahead.wait_for(("retrain", (2, 1))) is False  # another architecture: nothing to wait for
+        assert ahead.built(("retrain", (2, 1))) is None
         assert ahead.wait_for(("retrain", (1, 2))) is True and built.is_set()
+        assert ahead.built(("retrain", (1, 2))) == (1, 2)  # what build returned
 
 
 def test_abstract_keeps_shape_dtype_weak_type_and_sharding():
@@ -156,8 +158,11 @@ def test_the_main_job_compiles_every_step_ahead_with_the_same_result(tmp_path, m
     cfg.retrain.epochs = 2
     cfg.retrain.lr = 1.75e-3  # retraining steps no other test made (they are cached per process)
     steps = ("jit(weight_step)", "jit(arch_step)", "jit(eval_step)", "jit(train_step)")
+    decided, decide = [], pipeline.decide
+    monkeypatch.setattr(pipeline, "decide", lambda *a: (decided.append(threading.current_thread().name), decide(*a))[1])
     with Compiles() as seen:
         ahead = pipeline.search(cfg, str(tmp_path / "ahead"), progress=False)
+    assert len(decided) == 1 and decided[0] != "MainThread", decided  # the repair once, beside the last epoch
     names = [n for n, _ in seen.seen]
     for name in steps:  # the search's and the retraining's eval_step: two programs, each compiled once, ahead
         assert names.count(name) == (2 if name == "jit(eval_step)" else 1), (name, seen.seen)

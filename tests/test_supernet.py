@@ -9,6 +9,7 @@ import re
 
 import chex
 import jax
+import jax.monitoring as monitoring
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ import pytest
 from jmsnas import gates as G
 from jmsnas import ops as O
 from jmsnas import supernet as SN
+from jmsnas import train
 from jmsnas.objectives import cross_entropy
 from jmsnas.space import IDENTITY, NUM_OPS, OPS, build_space, op_params
 from jmsnas.topology import DeviceProfile, LinkProfile, chain, make_topology
@@ -697,3 +699,45 @@ def test_initial_weights_are_the_normal_draws_times_the_he_scale_bit_for_bit():
     p, s = O.bn_init(5)
     assert [np.asarray(a).tolist() for a in (p["scale"], p["bias"], s["mean"], s["var"])] == \
         [[1.0] * 5, [0.0] * 5, [0.0] * 5, [1.0] * 5]
+
+
+def test_one_draw_takes_every_draw_at_once_with_the_bits_of_each_own_draw():
+    """``ops.one_draw``: draws of any size (cut from one batched draw per power-of-two length) equal
+    ``jax.random.normal(key, shape)`` bit for bit, scaled as ``_scaled_normal`` scales them; the batched program
+    holds one draw per length, not one per shape."""
+    shapes = [(1,), (5,), (3, 3, 1, 16), (24, 144), (2, 2, 2, 2, 2)]
+    scales = [2.0 / (i + 1) for i in range(len(shapes))]
+
+    def init(key):
+        return [O._scaled_normal(k, s, c) for k, s, c in zip(jax.random.split(key, len(shapes)), shapes, scales)]
+
+    key = jax.random.PRNGKey(7)
+    batched = jax.jit(O.one_draw(init))(key)
+    for k, s, c, got in zip(jax.random.split(key, len(shapes)), shapes, scales, batched):
+        want = np.asarray(jax.random.normal(k, s, jnp.float32)) * np.sqrt(np.float32(c))
+        assert np.asarray(got).tobytes() == want.tobytes(), s
+    hlo = jax.jit(O.one_draw(init)).lower(key).as_text()
+    assert hlo.count("erf_inv") == len({O._bucket(int(np.prod(s))) for s in shapes})
+
+
+@pytest.mark.parametrize("space, shared", [(MESH, True), (CHAIN, False)], ids=["mesh-shared", "chain-separate"])
+def test_the_search_state_is_one_executable_with_the_bits_of_the_eager_initialisation(space, shared):
+    """``train.init_search_state`` (one jitted program, draws batched) equals the same initialisation run eagerly
+    op by op (``train._search_state``), every leaf bit for bit, in both layouts."""
+    hp = train.SearchHParams(weight_lr=1.25e-3, arch_lr=2.5e-3)  # a program no other test compiled
+    eager = train._search_state(jax.random.PRNGKey(5), space, hp, shared)
+    compiled = []
+    on = lambda event, duration, **kw: compiled.append(kw.get("fun_name")) if event.endswith(
+        "backend_compile_duration") else None
+    key = jax.random.PRNGKey(5)
+    monitoring.register_event_duration_secs_listener(on)
+    try:
+        state = train.init_search_state(key, space, hp, shared)
+    finally:
+        monitoring.unregister_event_duration_listener(on)
+    assert len(compiled) == 1, compiled
+    leaves = lambda t: [np.asarray(jax.random.key_data(a) if jnp.issubdtype(a.dtype, jax.dtypes.prng_key) else a)
+                        for a in jax.tree_util.tree_leaves(t)]
+    assert jax.tree_util.tree_structure(state) == jax.tree_util.tree_structure(eager)
+    for a, b in zip(leaves(state), leaves(eager)):
+        assert (a.dtype, a.shape, a.tobytes()) == (b.dtype, b.shape, b.tobytes())
