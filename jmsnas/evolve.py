@@ -171,9 +171,7 @@ def _train_supernet(cfg, space, table, ds, mesh, ckpt, fp, resume, progress):
 
     return loop.epochs(
         init_sandwich_state(jax.random.PRNGKey(cfg.seed), space, s.weight_lr, cfg.shared_weights), cfg=cfg,
-        ckpt=ckpt, fp=fp, resume=resume, total=e.epochs, batches_per_epoch=data.num_batches(ds.train, s.batch_size),
-        batches=lambda epoch, start: data.epoch_batches(ds.train, s.batch_size, seed=cfg.seed, epoch=epoch,
-                                                        start=start),
+        ckpt=ckpt, fp=fp, resume=resume, total=e.epochs, split=ds.train, batch_size=s.batch_size, seed=cfg.seed,
         step=lambda st, epoch, i, batch: step(st, *train.shard_batch(batch, mesh)),
         place=lambda st: train.replicate(st, mesh), desc="supernet", progress=progress, end_epoch=end_epoch,
         postfix=lambda st, m: {"loss": f"{float(m['loss']):.3f}", "big": f"{float(m['acc_largest']):.3f}",

@@ -341,10 +341,8 @@ def _stage1(cfg, space, table, ds, mesh, ckpt, fp, resume, progress, ahead: A.Ah
 
     return loop.epochs(
         train.init_search_state(jax.random.PRNGKey(cfg.seed), space, hp, cfg.shared_weights), cfg=cfg, ckpt=ckpt,
-        fp=fp, resume=resume, total=s.warmup_epochs + s.epochs, batches_per_epoch=data.num_batches(ds.train,
-                                                                                                  s.batch_size),
-        batches=lambda epoch, start: data.epoch_batches(ds.train, s.batch_size, seed=cfg.seed, epoch=epoch,
-                                                        start=start),
+        fp=fp, resume=resume, total=s.warmup_epochs + s.epochs, split=ds.train, batch_size=s.batch_size,
+        seed=cfg.seed,
         step=step, place=lambda st: train.replicate(st, mesh), desc="search", progress=progress,
         end_epoch=end_epoch, postfix=lambda st, m: {"loss": f"{float(m['loss']):.3f}", "acc": f"{float(m['acc']):.3f}",
                                                     "ET": f"{float(latencies.expected(st.alpha)):.3f}ms"})
@@ -411,8 +409,7 @@ def retrain(cfg, space, ds, mesh, st, ops, workdir, fp, resume, progress, histor
     rt, history = loop.epochs(
         train.init_retrain_state(space, jax.device_get(st), ops, r.lr), cfg=cfg,
         ckpt=Checkpointer(os.path.join(workdir, "checkpoints", "retrain")), fp=fp, resume=resume, total=r.epochs,
-        batches_per_epoch=data.num_batches(ds.train, bs),
-        batches=lambda epoch, start: data.epoch_batches(ds.train, bs, seed=cfg.seed + 2, epoch=epoch, start=start),
+        split=ds.train, batch_size=bs, seed=cfg.seed + 2,
         step=lambda rt, epoch, i, batch: train_step(rt, *train.shard_batch(batch, mesh)),
         place=lambda rt: train.replicate(rt, mesh), end_epoch=end_epoch, desc="retrain", progress=progress,
         postfix=lambda rt, m: {"loss": f"{float(m['loss']):.3f}", "acc": f"{float(m['acc']):.3f}"},

@@ -28,11 +28,10 @@ def compact_params(run: str) -> tuple:
         raise DeployError(f"{run}/parts/manifest.json leaves layers {[n for n, o in enumerate(ops) if o is None]} "
                           "on no device")
     try:
-        params, state = directory.read_weights(run, pm)
+        params, state = directory.read_weights(run, pm, space.num_layers)
     except directory.RunDirError as e:
         raise DeployError(str(e)) from None
-    layers = lambda t: tuple(t["layers"].get(n, {}) for n in range(space.num_layers))
-    return space, tuple(ops), {**params, "layers": layers(params)}, {**state, "layers": layers(state)}
+    return space, tuple(ops), params, state
 
 
 def whole_network(run: str):

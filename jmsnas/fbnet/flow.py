@@ -95,9 +95,7 @@ def train_supernet(cfg, space, ds, *, ckpt, fp: str, resume: bool, progress: boo
 
     st, _ = loop.epochs(
         train.SupernetState(params, bn, tx.init(params), key, jnp.zeros((), jnp.int32)), cfg=cfg, ckpt=ckpt, fp=fp,
-        resume=resume, total=s.supernet_epochs, batches_per_epoch=data.num_batches(ds.train, s.batch_size),
-        batches=lambda epoch, start: data.epoch_batches(ds.train, s.batch_size, seed=s.seed, epoch=epoch,
-                                                        start=start),
+        resume=resume, total=s.supernet_epochs, split=ds.train, batch_size=s.batch_size, seed=s.seed,
         step=lambda st, epoch, i, batch: step(st, *batch), desc="supernet", progress=progress,
         end_epoch=lambda st, epoch, m: {"epoch": epoch, "stage": "supernet", "train_loss": float(m["loss"])})
     return st.params, st.bn
@@ -145,8 +143,8 @@ def run(cfg, workdir: str, *, resume: bool = False, progress: bool = True, comma
                   "history": res.history, "tables": {d: t.source for d, t in tables.items()},
                   "settings": s.to_dict(), "time": timing.summary()}
         directory.write_json(workdir, directory.RESULT, result)
-        tb.log(len(res.history), {"result/fitness": res.fitness, **tb.breakdown_scalars(
-            "result/latency", {"total": br["total"], "per_device": br["per_device"], "per_link": result["per_link_ms"]})})
+        breakdown = {"total": br["total"], "per_device": br["per_device"], "per_link": result["per_link_ms"]}
+        tb.log(len(res.history), {"result/fitness": res.fitness, **tb.breakdown_scalars("result/latency", breakdown)})
     return result
 
 

@@ -256,24 +256,12 @@ def from_run(run_dir: str, config=None) -> Network:
         if space.topology.kind == "mesh":
             raise ModularError(f"run {run_dir!r} has a mesh topology; modularizing needs a chain (one tensor "
                                "between consecutive layers)")
-        ops = [OPS[i].name for i in directory.read_ops(run_dir, space)]
-        params, state = directory.read_weights(run_dir)
+        ops = directory.read_ops(run_dir, space)
+        params, state = directory.read_weights(run_dir, num_layers=space.num_layers)
     except directory.RunDirError as e:
         raise ModularError(str(e)) from None
-    params = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float32), params)
-    state = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float32), state)
-    layers_p, layers_s = params.get("layers", {}), state.get("layers", {})
-    blocks = [Block("stem", {"kind": "jmsnas", "part": "stem", "stride": space.stem_stride},
-                    {"params": params["stem"], "state": state["stem"]})]
-    for s, op in zip(space.layers, ops):
-        blocks.append(Block(f"layer{s.index}:{op}", {"kind": "jmsnas", "part": "layer", "op": op,
-                                                     "stride": s.stride, "dw_impl": cfg.get("dw_impl", "auto")},
-                            {"params": layers_p.get(s.index, {}), "state": layers_s.get(s.index, {})}))
-    blocks.append(Block("head", {"kind": "jmsnas", "part": "head"}, {"params": params["head"],
-                                                                     "state": state["head"]}))
-    hw = space.image_size
-    return Network(f"jmsnas-run:{os.path.basename(os.path.abspath(run_dir))}",
-                   (hw, hw, space.in_channels), tuple(blocks))
+    return from_compact(space, ops, params, state, f"jmsnas-run:{os.path.basename(os.path.abspath(run_dir))}",
+                        cfg.get("dw_impl", "auto"))
 
 
 def from_compact(space, ops, params, state, name: str = "jmsnas", dw_impl: str = "auto") -> Network:

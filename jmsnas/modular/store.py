@@ -11,11 +11,11 @@ Layout::
     OUT/child_00/child.json      {"network": fingerprint, "child": i, "blocks": [a, b]}
 
 Safety: ``write`` builds everything in a temporary sibling directory and renames it to OUT at the end
-(``safeio.atomic_dir``), so OUT is never half-written; it refuses an OUT that exists and is not empty. ``load`` checks the manifest and that every
-child directory exists before reading any array; every child's meta must name the manifest's network and block
-range (children of two networks mixed in one directory are refused), and the sha256 of each restored child must
-equal the manifest's (a flipped byte is caught even where the file format has no checksum). Any failure raises a
-one-line ``ModularError`` and returns nothing: no partially loaded network.
+(``safeio.atomic_dir``), so OUT is never half-written; it refuses an OUT that exists and is not empty. ``load``
+checks the manifest and that every child directory exists before reading any array; every child's meta must name the
+manifest's network and block range (children of two networks mixed in one directory are refused), and the sha256 of
+each restored child must equal the manifest's (a flipped byte is caught even where the file format has no checksum).
+Any failure raises a one-line ``ModularError`` and returns nothing: no partially loaded network.
 """
 from __future__ import annotations
 

@@ -113,11 +113,9 @@ def load_run(run: str) -> Run:
             raise ValueError(f"run {run!r} searched a {space.topology.kind} topology; autosplit reads chain runs "
                              "(a mesh's parallel branches have no single edge/cloud cut)")
         ops = RD.read_ops(run, space)
-        params, state = RD.read_weights(run)
+        params, state = RD.read_weights(run, num_layers=space.num_layers)
     except RD.RunDirError as e:
         raise ValueError(str(e)) from None
-    params["layers"] = tuple(params["layers"].get(n, {}) for n in range(space.num_layers))
-    state["layers"] = tuple(state["layers"].get(n, {}) for n in range(space.num_layers))
     net = fold_compact(os.path.basename(os.path.normpath(run)), space, ops, params, state)
     ds = data.from_config(cfg)
     return Run(run, net, cfg, result, ds)

@@ -237,9 +237,10 @@ def unflatten(flat: dict) -> dict:
     return out
 
 
-def read_weights(run: str, manifest: dict | None = None) -> tuple:
+def read_weights(run: str, manifest: dict | None = None, num_layers: int | None = None) -> tuple:
     """(params, bn) of the run's compact network, every device's part merged: nested dicts whose ``layers`` maps
-    the layer index (int) to that layer's tree."""
+    the layer index (int) to that layer's tree, or with ``num_layers`` is a tuple of that length (``{}`` for a
+    layer without weights, e.g. identity), as ``supernet.compact_apply`` takes it."""
     manifest = read_manifest(run) if manifest is None else manifest
     params, bn = {"layers": {}}, {"layers": {}}
     for dev, entry in manifest["devices"].items():
@@ -250,6 +251,9 @@ def read_weights(run: str, manifest: dict | None = None) -> tuple:
                     dst["layers"].update({int(k): v for k, v in sub.items()})
                 else:
                     dst[key] = sub
+    if num_layers is not None:
+        for t in (params, bn):
+            t["layers"] = tuple(t["layers"].get(n, {}) for n in range(num_layers))
     return params, bn
 
 

@@ -10,12 +10,12 @@ loop over generations (one checkpoint after each).
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterator
+from typing import Callable
 
 import jax
 from tqdm import tqdm
 
-from jmsnas import timing
+from jmsnas import data, timing
 from jmsnas.checkpoint import Checkpointer
 
 META_TYPES = {"epoch": "count", "batch": "count", "history": list}  # what a training checkpoint's meta holds
@@ -79,15 +79,15 @@ def restore(ckpt: Checkpointer | None, state, fp: str, resume: bool, extra_meta:
     return state, 0, 0, []
 
 
-def epochs(state, *, cfg, ckpt: Checkpointer | None, fp: str, resume: bool, total: int, batches_per_epoch: int,
-           batches: Callable[[int, int], Iterator], step: Callable, end_epoch: Callable, desc: str,
-           progress: bool, postfix: Callable | None = None, extra_meta: dict | None = None, history=None,
+def epochs(state, *, cfg, ckpt: Checkpointer | None, fp: str, resume: bool, total: int, split: data.Split,
+           batch_size: int, seed: int, step: Callable, end_epoch: Callable, desc: str, progress: bool,
+           postfix: Callable | None = None, extra_meta: dict | None = None, history=None,
            place: Callable = lambda state: state):
     """Trains ``total`` epochs from the latest checkpoint (``resume``) or from the start; returns (state, history).
 
-    ``batches(epoch, start)`` yields the epoch's batches from position ``start``; ``step(state, epoch, i, batch)
-    -> (state, metrics)``; ``end_epoch(state, epoch, metrics) -> dict`` is the epoch's history row (appended to
-    ``history``, the previous stage's rows, when the stage starts afresh); ``postfix(state, metrics) -> dict`` is
+    An epoch is the shuffled full batches of ``split`` (``data.epoch_batches`` with ``seed``); ``step(state, epoch, i,
+    batch) -> (state, metrics)``; ``end_epoch(state, epoch, metrics) -> dict`` is the epoch's history row (appended
+    to ``history``, the previous stage's rows, when the stage starts afresh); ``postfix(state, metrics) -> dict`` is
     shown on the bar every 5 batches. The state must have a ``step`` counter. ``ckpt`` None: no checkpoints.
     ``extra_meta`` (JSON data) is stored with every checkpoint and must match on resume (e.g. the retrained
     architecture). ``place(state)`` puts the (restored) host state on the devices (e.g. ``train.replicate``).
@@ -96,11 +96,12 @@ def epochs(state, *, cfg, ckpt: Checkpointer | None, fp: str, resume: bool, tota
     state, epoch, start, restored = restore(ckpt, state, fp, resume, extra)
     state = place(state)
     history = restored if _resuming(ckpt, resume) else list(history or [])
-    nb = batches_per_epoch
+    nb = data.num_batches(split, batch_size)
     progress_bar = bar(total * nb, epoch * nb + start, desc, "step", progress)
     saves, metrics = EpochSaves(cfg), {}
     while epoch < total:
-        for i, batch in enumerate(batches(epoch, start), start=start):
+        batches = data.epoch_batches(split, batch_size, seed=seed, epoch=epoch, start=start)
+        for i, batch in enumerate(batches, start=start):
             state, metrics = step(state, epoch, i, batch)
             progress_bar.update(1)
             saves.mid_epoch(ckpt, i + 1, nb, lambda: (int(state.step), state, {

@@ -259,9 +259,7 @@ def train_supernet(cfg, space, ds, init_mode: str, progress: bool = True, *, ckp
 
     return loop.epochs(
         init_state(jax.random.PRNGKey(cfg.seed), space, s.weight_lr, init_mode), cfg=cfg, ckpt=ckpt, fp=fp,
-        resume=resume, total=e.epochs, batches_per_epoch=data.num_batches(ds.train, s.batch_size),
-        batches=lambda epoch, start: data.epoch_batches(ds.train, s.batch_size, seed=cfg.seed, epoch=epoch,
-                                                        start=start),
+        resume=resume, total=e.epochs, split=ds.train, batch_size=s.batch_size, seed=cfg.seed,
         step=lambda st, epoch, i, batch: step(st, *train.shard_batch(batch, mesh)),
         place=lambda st: train.replicate(st, mesh), end_epoch=end_epoch, desc="supernet", progress=progress,
         postfix=lambda st, m: {"loss": f"{float(m['loss']):.3f}"})
@@ -342,10 +340,8 @@ def train_fixed(cfg, space, ds, params, genes, epochs: int, *, pos=None, module=
     st = N.recalibrate(lambda p, b, x, t: fwd(p, b, x, t), params, _zero_state(space, params), jnp.asarray(calib))
     evaluate = jax.jit(lambda p, st, x: jnp.argmax(fwd(p, st, x, False)[0], -1))
     fs, hist = loop.epochs(
-        train.RetrainState(params, st, tx.init(params), jnp.zeros((), jnp.int32)), cfg=cfg, ckpt=ckpt, fp=fp, resume=resume,
-        total=epochs, batches_per_epoch=data.num_batches(ds.train, s.batch_size),
-        batches=lambda epoch, start: data.epoch_batches(ds.train, s.batch_size, seed=cfg.seed + 2, epoch=epoch,
-                                                        start=start),
+        train.RetrainState(params, st, tx.init(params), jnp.zeros((), jnp.int32)), cfg=cfg, ckpt=ckpt, fp=fp,
+        resume=resume, total=epochs, split=ds.train, batch_size=s.batch_size, seed=cfg.seed + 2,
         step=lambda fs, epoch, i, batch: step(fs, *batch), desc=desc, progress=progress,
         end_epoch=lambda fs, epoch, m: {"epoch": epoch, "stage": "retrain", "train_loss": float(m["loss"]),
                                         "train_acc": None, "val_acc": accuracy(evaluate, fs.params, fs.bn, ds.val),
