@@ -90,6 +90,13 @@ _DIGITS_CLASSES = 10
 _MAX_IMAGE_SIZE = 4096
 
 
+def check_name(name) -> None:
+    """ConfigError (``runcheck``, one line) unless ``name`` is one of ``DATASETS``: a flow's check of its config."""
+    if name not in DATASETS:
+        from jmsnas.runcheck import ConfigError
+        raise ConfigError(f"unknown dataset {name!r}; expected one of {list(DATASETS)}")
+
+
 def _is_int(x) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 

@@ -39,8 +39,7 @@ def validate_config(cfg) -> None:
     t = cfg.t_const_ms
     if isinstance(t, bool) or not isinstance(t, (int, float)) or not np.isfinite(t) or t <= 0:
         raise ConfigError(f"t_const_ms must be a positive number of ms, got {t!r}")
-    if cfg.dataset not in data.DATASETS:
-        raise ConfigError(f"unknown dataset {cfg.dataset!r}; expected one of {list(data.DATASETS)}")
+    data.check_name(cfg.dataset)
     topo = resolve_topology(cfg)
     if topo.kind == "star":
         raise ConfigError(f"topology {cfg.topology!r} is a star of {len(topo.branches)} source devices (sensors); "

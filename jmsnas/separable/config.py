@@ -3,8 +3,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from jmsnas import data, runcheck
-from jmsnas.runcheck import ConfigError
+from jmsnas import data, runcheck, tensorboard as tb
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -74,10 +73,8 @@ BOUNDS = {**{f"search.{n}": dict(low=1, integer=True) for n in _POS_INT},
 
 def validate(cfg) -> None:
     """Checks the values that would fail deep inside a run, before anything is loaded or written."""
-    if not isinstance(cfg.get("tensorboard", True), bool):
-        raise SeparableConfigError(f"tensorboard must be true or false, got {cfg.tensorboard!r}")
-    if cfg.dataset not in data.DATASETS:
-        raise ConfigError(f"unknown dataset {cfg.dataset!r}; expected one of {list(data.DATASETS)}")
+    tb.enabled(cfg)  # a bool
+    data.check_name(cfg.dataset)
     optional = ("search.finetune_steps", "search.augment_shift", "search.baseline_decay")  # older configs lack them
     runcheck.check_bounds(cfg, {k: v for k, v in BOUNDS.items()
                                 if k not in optional or k.split(".")[1] in cfg.search})

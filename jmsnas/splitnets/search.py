@@ -93,8 +93,7 @@ def validate(cfg) -> None:
     s, v = cfg.splitnets, cfg.splitnets.views
     if s.init not in INITS:
         raise ConfigError(f"unknown splitnets.init {s.init!r}; expected one of {list(INITS)}")
-    if cfg.dataset not in data.DATASETS:
-        raise ConfigError(f"unknown dataset {cfg.dataset!r}; expected one of {list(data.DATASETS)}")
+    data.check_name(cfg.dataset)
     runcheck.check_bounds(cfg, {**BOUNDS, **EV.BOUNDS})
     try:
         hardware(cfg)
