@@ -14,6 +14,7 @@ import tinyrun
 from jmsnas import cli, tensorboard
 from jmsnas.separable import config as sconfig, cost, decisions as dec, network as net, search
 from jmsnas.separable.controller import ask_many, make_controller, make_random
+from jmsnas.separable.parts import read_parts
 from jmsnas.strategies.base import sample_valid
 from jmsnas.topology import DeviceProfile, LinkProfile, TopologyError, cluster
 
@@ -279,6 +280,10 @@ def test_cli_run_outputs_and_resume(tmp_path, capsys):
         assert c["latency_ms"] <= c["synchronous_ms"] and set(c["compute_ms"]) == {f"node{i}" for i in range(4)}
         assert 0 <= res[arm]["test_acc"] <= 1
     assert len(json.loads((wd / "history.json").read_text())) == 2
+    stored = read_parts(str(wd))  # the controller arm's fine-tuned network, per device, with its decisions
+    assert stored.perm_ids.tolist() == res["controller"]["decisions"]["perm_ids"]
+    assert stored.devices == [f"node{i}" for i in range(4)] and stored.spec.num_groups == 4
+    assert net.num_params(stored.params) == res["network"]["num_params"]
     # TensorBoard: per round and per controller step (2 rounds x 2 steps), the final costs and both figures
     scalars, images = tensorboard.read(str(wd))
     names = {f"{arm}/{k}" for arm in ("controller", "random") for k in ("reward", "train_loss", "best_accuracy",

@@ -32,6 +32,7 @@ from jmsnas.run import directory, loop
 from jmsnas.run import workdir as W
 from jmsnas.separable import config as sconfig, cost, decisions as dec, network as net, plots
 from jmsnas.separable.controller import ask_many, make_controller, make_random
+from jmsnas.separable.parts import write_parts
 from jmsnas.strategies.base import Strategy, sample_valid
 from jmsnas.topology import DeviceProfile, LinkProfile, TopologyError, cluster
 
@@ -257,9 +258,10 @@ class Run:
             state["ref"] = ref
         return state, entry
 
-    def finish(self, state: dict) -> dict:
-        """Fine-tune the best decision of each arm (and the reference) and measure test accuracy and costs."""
-        s, out = self.cfg.search, {}
+    def finish(self, state: dict) -> tuple:
+        """Fine-tune the best decision of each arm (and the reference) and measure test accuracy and costs;
+        returns (result entries, {arm: (fine-tuned params, perm_ids int[S], levels int[S])})."""
+        s, out, final = self.cfg.search, {}, {}
         first = s.rounds * s.net_steps
         for arm in ARMS:
             st = state["arms"][arm]
@@ -269,6 +271,7 @@ class Run:
                 x, y = _batch(self.ds, self.cfg, first + t)
                 params, opt_state, _, _ = self.step(params, opt_state, self.ft_lr, x, y, p, l)
             pid, lv = np.asarray(p[0]), np.asarray(l[0])
+            final[arm] = (params, pid, lv)
             table = dec.permutation_table(self.spec.num_groups)
             out[arm] = {
                 "decisions": {"perm_ids": pid.tolist(), "permutations": table[pid].tolist(), "levels": lv.tolist(),
@@ -296,7 +299,7 @@ class Run:
                 "test_acc": float(accuracy(self.ref_correct, ref, self.ds.test, self.cfg.eval_batch_size)[0]),
                 "val_acc": float(accuracy(self.ref_correct, ref, self.ds.val, self.cfg.eval_batch_size)[0]),
                 "bytes_per_image": self.ref_bytes, "num_params": net.num_params(ref)}
-        return out
+        return out, final
 
 
 def prepare(cfg, workdir: str, resume: bool):
@@ -344,7 +347,10 @@ def _search(cfg, run, workdir, resume, progress) -> dict:
                                     desc="separable rounds", progress=progress, unit="round")
     ckpt.close()
     history = carry["history"]
-    result = _result(cfg, run, run.finish(state), history)
+    out, final = run.finish(state)
+    result = _result(cfg, run, out, history)
+    # the controller arm's fine-tuned network, per device (what jmsnas export deploys: jmsnas.deploy.separable)
+    write_parts(workdir, run.spec, *final["controller"], run.topo, cfg.cluster.input_device)
     paths = []
     if directory.writes():
         with directory.output_errors(workdir):
