@@ -123,7 +123,7 @@ def run(args) -> int:
     try:
         if args.command == "export":
             platforms = tuple(p.strip() for p in args.platforms.split(",") if p.strip())
-            from jmsnas.deploy import autosplit, splitnets
+            from jmsnas.deploy import autosplit, separable, splitnets
             if args.model is not None:
                 m, out = _export_traced(args, platforms), os.path.join(args.workdir, "export")
             elif autosplit.is_autosplit(args.workdir):  # jmsnas autosplit --write-parts DIR
@@ -131,6 +131,9 @@ def run(args) -> int:
                 out = args.out or os.path.join(args.workdir, "export")
             elif splitnets.is_splitnets(args.workdir):  # jmsnas evolve with a splitnets block
                 m = splitnets.export_splitnets(args.workdir, args.out, platforms=platforms, batch=args.batch)
+                out = args.out or os.path.join(args.workdir, "export")
+            elif separable.is_separable(args.workdir):  # jmsnas separable: G staged parts
+                m = separable.export_separable(args.workdir, args.out, platforms=platforms, batch=args.batch)
                 out = args.out or os.path.join(args.workdir, "export")
             else:
                 m = export_run(args.workdir, args.out, platforms=platforms, batch=args.batch)
@@ -182,8 +185,9 @@ def _pipeline(args, export_run) -> int:
     if not args.connect_timeout > 0:
         raise DeployError(f"--connect-timeout must be > 0 seconds, got {args.connect_timeout!r}")
     export_dir = args.export_dir or os.path.join(args.workdir, "export")
-    from jmsnas.deploy import autosplit, splitnets
+    from jmsnas.deploy import autosplit, separable, splitnets
     split_parts, views = autosplit.is_autosplit(args.workdir), splitnets.is_splitnets(args.workdir)
+    groups = separable.is_separable(args.workdir)
     if traced.is_traced(args.workdir):  # your own model: its evaluation data and its own apply as the reference
         images, labels = traced.eval_images(args.workdir, args.images)
         whole = lambda: traced.whole_model(args.workdir)
@@ -193,6 +197,9 @@ def _pipeline(args, export_run) -> int:
     elif views:  # SplitNets: V views per image, the sensor and aggregator parts composed in one process
         images, labels = splitnets.test_images(args.workdir, args.images)
         whole = lambda: splitnets.whole_network(args.workdir)
+    elif groups:  # a separable network: G staged parts; network.apply on the stored params as the reference
+        images, labels = separable.test_images(args.workdir, args.images)
+        whole = lambda: separable.whole_network(args.workdir)
     else:
         images, labels = reference.test_images(args.workdir, args.images)
         whole = lambda: reference.whole_network(args.workdir)
@@ -207,6 +214,8 @@ def _pipeline(args, export_run) -> int:
             autosplit.export_autosplit(args.workdir, export_dir)
         elif views:
             splitnets.export_splitnets(args.workdir, export_dir)
+        elif groups:
+            separable.export_separable(args.workdir, export_dir)
         else:
             export_run(args.workdir, export_dir)
     manifest = load_manifest(export_dir)
@@ -216,7 +225,7 @@ def _pipeline(args, export_run) -> int:
                            timeout_s=args.timeout, base_port=args.base_port, window=args.window, hosts=hosts,
                            hosts_source=args.hosts or "the hosts", pacing=args.pacing,
                            connect_timeout_s=args.connect_timeout, predicted_compute_ms=predicted)
-        a = analyze(manifest, raw)
+        a = separable.summary(raw) if manifest.get("kind") == "separable" else analyze(manifest, raw)
         if labels is not None:
             a["accuracy"] = float(np.mean(np.argmax(raw["outputs"].reshape(len(labels), -1), -1) == labels))
         outputs = raw["outputs"]
@@ -229,14 +238,21 @@ def _pipeline(args, export_run) -> int:
         os.makedirs(out, exist_ok=True)
         with safeio.atomic_write(os.path.join(out, "pipeline.json"), encoding="utf-8") as f:
             json.dump(analyses, f, indent=2)
-        report.plot(analyses, manifest, os.path.join(out, "pipeline.png"))
+        if not groups:
+            report.plot(analyses, manifest, os.path.join(out, "pipeline.png"))
     if args.json:
         print(json.dumps(analyses, indent=2))
         return 0
-    print(report.format_table(analyses, manifest), end="")
+    if groups:  # no equation models the G-way exchange: the measured times only
+        for a in analyses:
+            print(f"bandwidth x{a['settings']['bandwidth_scale']:g}: end-to-end "
+                  + ", ".join(f"{ph} {v:.2f} ms" for ph, v in a["measured_total_ms"].items()) + "; device span "
+                  + ", ".join(f"{d} {v:.2f} ms" for d, v in a["device_span_ms"].items()))
+    else:
+        print(report.format_table(analyses, manifest), end="")
     for a in analyses:
         extra = f", max |pipeline - whole network| = {a['max_abs_diff']:.2e}" if "max_abs_diff" in a else ""
         acc = f"accuracy {a['accuracy']:.3f}" if "accuracy" in a else "no labels"
         print(f"bandwidth x{a['settings']['bandwidth_scale']:g}: {acc} on {args.images} test images{extra}")
-    print(f"wrote {os.path.join(out, 'pipeline.json')} and pipeline.png")
+    print(f"wrote {os.path.join(out, 'pipeline.json')}" + ("" if groups else " and pipeline.png"))
     return 0

@@ -179,6 +179,33 @@ def write_programs(out: str, programs: dict, parts: dict) -> None:
                           weights=f"{dev}.npz", weights_sha256=sha256(wfile))
 
 
+def program_with_weights(fn, weights: dict, in_specs, platforms) -> tuple:
+    """(Exported, flat weights {name: array}) of ``fn(params, state, *inputs)`` with the weights as arguments."""
+    flat = dict(directory.flat_arrays(weights.get("params", {}), "params"))
+    flat.update(directory.flat_arrays(weights.get("bn", {}), "bn"))
+    names = sorted(flat)
+
+    def call(*args):
+        t = directory.unflatten(dict(zip(names, args[:len(names)])))
+        return fn(t.get("params", {}), t.get("bn", {}), *args[len(names):])
+    specs = [jax.ShapeDtypeStruct(np.shape(flat[k]), np.asarray(flat[k]).dtype) for k in names] + list(in_specs)
+    return jax_export.export(jax.jit(call), platforms=platforms)(*specs), {k: np.asarray(flat[k]) for k in names}
+
+
+def write_export(out: str, programs: dict, parts: dict, manifest: dict) -> dict:
+    """The export folder ``out`` as one unit (``safeio.atomic_dir``): every program and weights file
+    (``write_programs``; ``parts``: the entries they are recorded in) and ``manifest``; returns the manifest read
+    back. Disk errors are one DeployError line."""
+    try:
+        with safeio.write_errors(f"the export to {out!r}"), safeio.atomic_dir(out) as tmp:
+            write_programs(tmp, programs, parts)
+            with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:
+                json.dump(manifest, f, indent=2)
+    except ValueError as e:
+        raise DeployError(str(e)) from None
+    return read_manifest(out)
+
+
 def check_export_args(platforms, batch) -> tuple:
     """``platforms`` as a tuple after checking it and ``batch`` (every export's shared arguments)."""
     platforms = tuple(platforms)

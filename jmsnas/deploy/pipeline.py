@@ -108,14 +108,14 @@ def image_shape(manifest: dict) -> list:
 def _verify_files(export_dir: str, manifest: dict) -> None:
     """Every part's files exist and have their recorded SHA-256 (before any process starts)."""
     for d in manifest["order"]:
-        entry = manifest["parts"][d]
-        for key in ("program", "weights"):
-            path = os.path.join(export_dir, str(entry.get(key)))
-            if not os.path.isfile(path):
-                raise DeployError(f"part {d!r}: file {path} is missing")
-            if sha256(path) != entry.get(key + "_sha256"):
-                raise DeployError(f"part {d!r}: file {path} is corrupt or does not match the manifest "
-                                  "(SHA-256 differs from the recorded one)")
+        for entry in manifest["parts"][d].get("stages", [manifest["parts"][d]]):  # a staged part: every stage
+            for key in ("program", "weights"):
+                path = os.path.join(export_dir, str(entry.get(key)))
+                if not os.path.isfile(path):
+                    raise DeployError(f"part {d!r}: file {path} is missing")
+                if sha256(path) != entry.get(key + "_sha256"):
+                    raise DeployError(f"part {d!r}: file {path} is corrupt or does not match the manifest "
+                                      "(SHA-256 differs from the recorded one)")
 
 
 def _ports(manifest: dict, base_port: int) -> tuple:
@@ -245,13 +245,14 @@ class _Cluster:
         return dev, fr
 
     def send_parts(self, export_dir: str) -> None:
-        """Step 2 of the control protocol: every worker gets the manifest and its part's two files."""
+        """Step 2 of the control protocol: every worker gets the manifest and its part's two files (a staged
+        part: two per stage, in order)."""
         for d in self.order:
-            entry = self.manifest["parts"][d]
             self.send(d, L.JSON, value={"part": d, "manifest": self.manifest})
-            for key in ("program", "weights"):
-                with open(os.path.join(export_dir, entry[key]), "rb") as f:
-                    self.send(d, L.ARRAY, value=np.frombuffer(f.read(), np.uint8))
+            for entry in self.manifest["parts"][d].get("stages", [self.manifest["parts"][d]]):
+                for key in ("program", "weights"):
+                    with open(os.path.join(export_dir, entry[key]), "rb") as f:
+                        self.send(d, L.ARRAY, value=np.frombuffer(f.read(), np.uint8))
 
     def check_alive(self) -> None:
         for d in self.procs:

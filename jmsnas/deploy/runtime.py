@@ -195,3 +195,20 @@ def load_part(directory: str, device: str, manifest: dict | None = None) -> Part
                           f"{platform!r} (export again with --platforms {platform})")
     fn = jax.jit(lambda w, *xs: exported.call(*w, *xs))
     return Part(device, list(entry["inputs"]), dict(entry["output"]), exported, weights, fn)
+
+
+class Stages(NamedTuple):
+    """A part that runs as a sequence of programs (a separable network's group, ``jmsnas.deploy.separable``):
+    ``stages`` holds (Part, its manifest entry) in order; ``inputs`` the part's remote inputs (one per source)."""
+
+    device: str
+    inputs: list
+    stages: tuple
+
+
+def load_stages(directory: str, device: str, manifest: dict) -> Stages:
+    """Loads every stage of ``device``'s part (``load_part`` on each: SHA-256, signature, versions, platform)."""
+    entry = manifest["parts"][device]
+    stages = tuple((load_part(directory, st["stage"], {**manifest, "parts": {st["stage"]: st}}), st)
+                   for st in entry["stages"])
+    return Stages(device, list(entry["inputs"]), stages)

@@ -25,7 +25,6 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import export as jax_export
 
 from jmsnas import ops as O
 from jmsnas.deploy.runtime import FORMAT, MANIFEST, DeployError, export_versions
@@ -98,27 +97,13 @@ def _tree(weights: dict) -> tuple:
     return weights.get("params", {}), weights.get("bn", {})
 
 
-def _program(fn, weights: dict, in_specs, platforms) -> tuple:
-    """(Exported, flat weights {name: array}) of ``fn(params, state, *inputs)`` with the weights as arguments."""
-    flat = dict(directory.flat_arrays(weights.get("params", {}), "params"))
-    flat.update(directory.flat_arrays(weights.get("bn", {}), "bn"))
-    names = sorted(flat)
-
-    def call(*args):
-        t = directory.unflatten(dict(zip(names, args[:len(names)])))
-        return fn(t.get("params", {}), t.get("bn", {}), *args[len(names):])
-    specs = [jax.ShapeDtypeStruct(np.shape(flat[k]), np.asarray(flat[k]).dtype) for k in names] + list(in_specs)
-    return jax_export.export(jax.jit(call), platforms=platforms)(*specs), {k: np.asarray(flat[k]) for k in names}
-
-
 def sensor_names(views: int) -> list:
     return [f"sensor{v}" for v in range(views)]
 
 
 def export_splitnets(run: str, out: str | None = None, *, platforms=("cpu",), batch: int = 1) -> dict:
     """Writes ``out`` (default ``RUN/export``) as the module docstring says; returns its manifest."""
-    from jmsnas.deploy.export import check_export_args, check_out, read_manifest, write_programs
-    from jmsnas import safeio
+    from jmsnas.deploy.export import check_export_args, check_out, program_with_weights, write_export
     platforms = check_export_args(platforms, batch)
     out = os.path.join(run, "export") if out is None else out
     check_out(run, out)
@@ -132,11 +117,11 @@ def export_splitnets(run: str, out: str | None = None, *, platforms=("cpu",), ba
     bus_mbps = float(pm.get("bus_mbps") or 0.0)
     sensors = sensor_names(V)
     view = jax.ShapeDtypeStruct((batch, s, s, space.in_channels), jnp.float32)
-    sen_exp, sen_w = _program(sensor_forward(space, pm["devices"]["sensor"]["layers"]), weights["sensor"], [view],
-                              platforms)
+    sen_exp, sen_w = program_with_weights(sensor_forward(space, pm["devices"]["sensor"]["layers"]),
+                                          weights["sensor"], [view], platforms)
     feat = jax.ShapeDtypeStruct(tuple(sen_exp.out_avals[0].shape), jnp.float32)
-    agg_exp, agg_w = _program(aggregator_forward(space, pm["devices"]["aggregator"]["layers"]), weights["aggregator"],
-                              [feat] * V, platforms)
+    agg_exp, agg_w = program_with_weights(aggregator_forward(space, pm["devices"]["aggregator"]["layers"]),
+                                          weights["aggregator"], [feat] * V, platforms)
     shape = lambda a: [int(d) for d in a.shape]
     lat = result.get("latency_ms", {})
     programs, parts = {}, {}
@@ -166,14 +151,7 @@ def export_splitnets(run: str, out: str | None = None, *, platforms=("cpu",), ba
                 "bus": {"bandwidth_mbps": bus_mbps, "senders": V, "split": pm["split"]},
                 "parts": parts, "links": links, "predicted_latency_ms": lat, "architecture": result.get("architecture"),
                 "splitnets": hw}
-    try:
-        with safeio.write_errors(f"the export to {out!r}"), safeio.atomic_dir(out) as tmp:
-            write_programs(tmp, programs, parts)
-            with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:
-                json.dump(manifest, f, indent=2)
-    except ValueError as e:
-        raise DeployError(str(e)) from None
-    return read_manifest(out)
+    return write_export(out, programs, parts, manifest)
 
 
 def whole_network(run: str):

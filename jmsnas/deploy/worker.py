@@ -53,7 +53,7 @@ import threading
 import numpy as np
 
 from jmsnas.deploy import links as L
-from jmsnas.deploy.runtime import DeployError, load_part, versions
+from jmsnas.deploy.runtime import DeployError, Stages, load_part, load_stages, versions
 
 _TMP: list = []  # the temporary directory holding this session's part files (removed on every way out)
 
@@ -85,13 +85,16 @@ def _calibrate(part, calls: int, warmup: int = 0) -> list:
     more untimed ones."""
     if not 0 <= calls <= 100000 or not 0 <= warmup <= 100000:
         raise ValueError(f"calibrate takes 0-100000 calls and 0-100000 warmup calls, got {calls}, {warmup}")
-    xs = [np.zeros(i["shape"], i["dtype"]) for i in part.inputs]
+    parts = [p for p, _ in part.stages] if isinstance(part, Stages) else [part]  # a staged part: every stage
+    xs = [[np.zeros(i["shape"], i["dtype"]) for i in p.inputs] for p in parts]
     for _ in range(1 + warmup):
-        part(*xs)
+        for p, x in zip(parts, xs):
+            p(*x)
     times = []
     for _ in range(calls):
         t0 = L.now()
-        part(*xs)
+        for p, x in zip(parts, xs):
+            p(*x)
         times.append((L.now() - t0) * 1e3)
     return times
 
@@ -156,14 +159,17 @@ def _receive_part(ctl: _Control, msg: dict):
     entry = manifest["parts"][device]
     folder = tempfile.mkdtemp(prefix=f"jmsnas_part_{device}_")
     _TMP.append(folder)
-    for key in ("program", "weights"):
-        blob = L.recv_frame(ctl.sock).value
-        name = os.path.basename(str(entry[key]))
-        with open(os.path.join(folder, name), "wb") as f:
-            f.write(np.asarray(blob, np.uint8).tobytes())
-        entry[key] = name
+    for stage in entry.get("stages", [entry]):  # a staged part: two files per stage, in order
+        for key in ("program", "weights"):
+            blob = L.recv_frame(ctl.sock).value
+            name = os.path.basename(str(stage[key]))
+            with open(os.path.join(folder, name), "wb") as f:
+                f.write(np.asarray(blob, np.uint8).tobytes())
+            stage[key] = name
     with open(os.path.join(folder, "manifest.json"), "w", encoding="utf-8") as f:
         json.dump(manifest, f)
+    if "stages" in entry:
+        return device, load_stages(folder, device, manifest)
     return device, load_part(folder, device, manifest)
 
 
@@ -224,7 +230,13 @@ def _serve(ctl: _Control, device, part, msg, outs, ins, framing) -> None:
     ctl.send(L.JSON, value={"ready": True, "framing": framing})
     order = [i["from"] for i in part.inputs]
     pending, stopped = {}, set()
+    staged = _StageRunner(ctl, part, senders, float(msg["stretch"])) if isinstance(part, Stages) else None
+    forwarded = False
     while len(stopped) < len(order):
+        if staged is not None and not forwarded and staged.finished(stopped):
+            for link in senders:  # the exchanges form cycles: stop the links once no image is left, not on STOP
+                link.put(None)   # from every input (which would wait on each other)
+            forwarded = True
         if not errors.empty():
             raise RuntimeError(errors.get()[1])
         for key, _ in sel.select(timeout=1.0):
@@ -243,19 +255,85 @@ def _serve(ctl: _Control, device, part, msg, outs, ins, framing) -> None:
                     stopped.add(src)
                     sel.unregister(key.fileobj)
                     break
+                if staged is not None:
+                    staged.feed(src, fr, L.release_time(fr, *msg["in"].get(src, (0.0, 0.0))))
+                    continue
                 slot = pending.setdefault(fr.image, {})
                 slot[src] = (fr, L.release_time(fr, *msg["in"].get(src, (0.0, 0.0))))
                 if len(slot) == len(order):
                     del pending[fr.image]
                     _compute(ctl, part, order, slot, fr.image, float(msg["stretch"]), senders,
                              "result" in msg["to"])
-    for link in senders:
+    for link in senders if not forwarded else []:
         link.put(None)
     for link in senders:
         link.thread.join()
     if not errors.empty():
         raise RuntimeError(errors.get()[1])
     ctl.send(L.JSON, value={"bye": True})
+
+
+class _StageRunner:
+    """Runs a staged part (``runtime.Stages``) image after image: stage k waits for what its remote inputs send
+    (frames from one source are used in the order they arrive: a sender sends in stage order), runs, sends F(y) of
+    its output to every ``send`` destination (the first ``channels`` channels, in the link's dtype), keeps y as the
+    next stage's carry and, on the output device, sends the last stage's output to the coordinator. One timing
+    record per image: c0 = its first stage's start, c1 = its last stage's end, ``in`` = each source's last frame."""
+
+    def __init__(self, ctl, part, senders, stretch: float):
+        self.ctl, self.part, self.stretch = ctl, part, stretch
+        self.links = {link.dst: link for link in senders}
+        self.frames, self.image, self.k, self.carry, self.c0, self.host, self.seen = {}, None, 0, None, 0.0, 0.0, {}
+
+    def finished(self, stopped: set) -> bool:
+        """No image left: the source of the first stage (the camera or the stem's device) stopped and every image
+        it sent has run all stages."""
+        first = next(i["from"] for i in self.part.stages[0][1]["inputs"] if i["from"] != "carry")
+        return first in stopped and self.image is None and not self.frames
+
+    def feed(self, src, fr, release) -> None:
+        self.frames.setdefault((fr.image, src), []).append((fr, release))
+        while self._step():
+            pass
+
+    def _step(self) -> bool:
+        if self.image is None:
+            waiting = [i for i, _ in self.frames]
+            if not waiting:
+                return False
+            self.image, self.k, self.host, self.seen = min(waiting), 0, 0.0, {}
+        prog, st = self.part.stages[self.k]
+        remote = [i["from"] for i in st["inputs"] if i["from"] != "carry"]
+        if any(not self.frames.get((self.image, s)) for s in remote):
+            return False
+        got = {s: self.frames[(self.image, s)].pop(0) for s in remote}
+        for s in remote:
+            if not self.frames[(self.image, s)]:
+                del self.frames[(self.image, s)]
+        self.seen.update(got)
+        L.sleep_until(max([r for _, r in got.values()], default=0.0))  # every input released (the links' latency)
+        xs = [self.carry if i["from"] == "carry" else got[i["from"]][0].value for i in st["inputs"]]
+        t0 = L.now()
+        if self.k == 0:
+            self.c0 = t0
+        y = prog(*xs)
+        host = L.now() - t0
+        self.host += host
+        if self.stretch > 1.0:
+            L.sleep_until(t0 + host * self.stretch)
+        for s in st["send"]:
+            part = y if s["channels"] is None else y[..., :s["channels"]]
+            self.links[s["to"]].put((self.image, np.ascontiguousarray(part.astype(s["dtype"]))))
+        if st["result"]:
+            self.ctl.send(L.ARRAY, self.image, y)
+        self.carry = y if st["carry"] else None
+        self.k += 1
+        if self.k == len(self.part.stages):
+            self.ctl.send(L.JSON, self.image, {
+                "done": self.image, "c0": self.c0, "c1": L.now(), "host_ms": self.host * 1e3,
+                "in": {s: [f.tx_start, f.tx_end, f.arrival, r, f.rx_mbps] for s, (f, r) in self.seen.items()}})
+            self.image = None
+        return True
 
 
 def _compute(ctl: _Control, part, order, slot, image: int, stretch: float, senders, to_result: bool) -> None:
