@@ -8,8 +8,9 @@ import jax
 import numpy as np
 import pytest
 
-from jmsnas import cli
+from jmsnas import cli, data
 from jmsnas.deploy.pipeline import run_pipeline
+from jmsnas.deploy import separable as DSEP
 from jmsnas.deploy.separable import export_separable, whole_network
 from jmsnas.separable import config as sconfig, decisions as dec, network as net
 from jmsnas.separable.parts import read_parts, write_parts
@@ -34,7 +35,7 @@ def run(tmp_path_factory):
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump({"command": "separable", "config": cfg.to_dict()}, f)
     x = rng.normal(0.0, 1.0, (3, 8, 8, 1)).astype(np.float32)
-    want = np.asarray(net.apply(spec, params, x, np.asarray(PERM_IDS), np.asarray(LEVELS)))
+    want = np.asarray(jax.jit(net.apply, static_argnums=0)(spec, params, x, np.asarray(PERM_IDS), np.asarray(LEVELS)))
     return d, spec, params, x, want
 
 
@@ -81,3 +82,10 @@ def test_a_missing_stage_file_one_line_exit_2(run, tmp_path, capsys):
     assert cli.main(["pipeline", "--workdir", d, "--export-dir", out, "--images", "2", "--check"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "part 'node3'" in err[0] and "node3.1.jaxexport is missing" in err[0], err
+
+
+def test_the_pipelines_images_are_the_runs_test_split(run):
+    """``jmsnas pipeline --workdir RUN`` streams the run's own test images (its stored config's digits split)."""
+    x, y = DSEP.test_images(run[0], 4)
+    ds = data.load("digits", seed=0, val_fraction=0.15, max_train=256)  # the tiny config's
+    assert np.array_equal(x, ds.test.images[:4]) and np.array_equal(y, ds.test.labels[:4])
