@@ -3,6 +3,7 @@ sequence of stages and exchanging sparse float16 features with the others; the o
 whole network (``separable.network.apply``)."""
 import json
 import os
+import shutil
 
 import jax
 import numpy as np
@@ -82,6 +83,13 @@ def test_a_missing_stage_file_one_line_exit_2(run, tmp_path, capsys):
     assert cli.main(["pipeline", "--workdir", d, "--export-dir", out, "--images", "2", "--check"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "part 'node3'" in err[0] and "node3.1.jaxexport is missing" in err[0], err
+    # a device's part missing from the run itself: the export refuses with one line and writes nothing
+    bad = tmp_path / "run"
+    shutil.copytree(d, bad, ignore=shutil.ignore_patterns("export"))
+    os.remove(bad / "parts" / "node0.npz")
+    assert cli.main(["export", "--workdir", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "node0.npz" in err[0] and not (bad / "export").exists(), err
 
 
 def test_the_pipelines_images_are_the_runs_test_split(run):

@@ -66,6 +66,33 @@ def _stage_blocks(spec: net.NetSpec, k: int) -> list:
         [str(spec.window(k)[0])] if k < spec.num_steps else [])
 
 
+def _part_entry(dev: str, g: int, seq: list, spec: net.NetSpec, inp: int) -> dict:
+    """The manifest entry of group g's staged part: its stages, its remote inputs (the first use of each source)
+    and the devices its output goes to."""
+    remote = {}
+    for st in seq:
+        for i in st["inputs"]:
+            if i["from"] != "carry":
+                remote.setdefault(i["from"], i)
+    return {"device": dev, "group": g, "layers": list(range(spec.num_blocks)), "stem": g == inp,
+            "head": g == spec.output_group, "stages": seq, "inputs": list(remote.values()),
+            "output": seq[-1]["output"], "predicted_compute_ms": None,
+            "to": sorted({s["to"] for st in seq for s in st["send"]}) + (["result"] if g == spec.output_group else [])}
+
+
+def _links(run: str, sent: dict, cluster: list) -> list:
+    """One link per (sender, receiver) that carries something, at the cluster's Mbit/s and latency; ``bytes``: all
+    it carries per call (every step's F(x), the stem's output)."""
+    topo = {(l["src"], l["dst"]): l for l in cluster}
+    links = []
+    for (a, b), nbytes in sorted(sent.items()):
+        if (a, b) not in topo:
+            raise DeployError(f"{run}/parts/manifest.json: the cluster has no link {a}->{b}")
+        links.append({"src": a, "dst": b, "bandwidth_mbps": float(topo[(a, b)]["bandwidth_mbps"]),
+                      "latency_ms": float(topo[(a, b)]["latency_ms"]), "bytes": nbytes, "predicted_ms": None})
+    return links
+
+
 def export_separable(run: str, out: str | None = None, *, platforms=("cpu",), batch: int = 1) -> dict:
     """Writes ``out`` (default ``RUN/export``) as the module docstring says; returns its manifest."""
     from jmsnas.deploy.export import check_export_args, check_out, program_with_weights, write_export
@@ -73,7 +100,6 @@ def export_separable(run: str, out: str | None = None, *, platforms=("cpu",), ba
     out = os.path.join(run, "export") if out is None else out
     check_out(run, out)
     spec, params, pids, lvls, devices, inp, cluster = load(run)
-    topo_links = {(l["src"], l["dst"]): l for l in cluster}
     G, S, wire = spec.num_groups, spec.num_steps, "float16" if spec.float16 else "float32"
     dest = dec.permutation_table(G)[pids]  # [S, G]: where node g sends at step s
     src = np.argsort(dest, axis=1)  # [S, G]: who sends to node g at step s
@@ -126,29 +152,12 @@ def export_separable(run: str, out: str | None = None, *, platforms=("cpu",), ba
                              "bytes": batch * c.size_out ** 2 * n * (2 if spec.float16 else 4)})
             st, shape = add(dev, f"{dev}.{k}", _stage_fn(spec, k, got, head), w, inputs, specs, send, k < S, head)
             seq.append(st)
-        remote = {}
-        for st in seq:
-            for i in st["inputs"]:
-                if i["from"] != "carry":
-                    remote.setdefault(i["from"], i)
-        parts[dev] = {"device": dev, "group": g, "layers": list(range(spec.num_blocks)), "stem": g == inp,
-                      "head": g == spec.output_group,
-                      "stages": seq, "inputs": list(remote.values()), "output": seq[-1]["output"],
-                      "to": sorted({s["to"] for st in seq for s in st["send"]}) + (
-                          ["result"] if g == spec.output_group else []),
-                      "predicted_compute_ms": None}
+        parts[dev] = _part_entry(dev, g, seq, spec, inp)
     order = [d for d in devices if d != devices[spec.output_group]] + [devices[spec.output_group]]
-    links = []
-    for (a, b), nbytes in sorted(sent.items()):
-        if (a, b) not in topo_links:
-            raise DeployError(f"{run}/parts/manifest.json: the cluster has no link {a}->{b}")
-        l = topo_links[(a, b)]
-        links.append({"src": a, "dst": b, "bandwidth_mbps": float(l["bandwidth_mbps"]),
-                      "latency_ms": float(l["latency_ms"]), "bytes": nbytes, "predicted_ms": None})
     manifest = {"format": FORMAT, "system": "separable", "run": os.path.abspath(run), "platforms": list(platforms),
                 "batch": batch, "versions": export_versions(max(conventions)), "kind": "separable",
                 "order": order, "root": None, "branches": [], "image_shape": list(x.shape[1:]),
-                "parts": {d: parts[d] for d in order}, "links": links,
+                "parts": {d: parts[d] for d in order}, "links": _links(run, sent, cluster),
                 "decisions": {"perm_ids": pids.tolist(), "levels": lvls.tolist(), "destinations": dest.tolist()}}
     return write_export(out, programs, stages, manifest)
 

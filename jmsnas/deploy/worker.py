@@ -28,7 +28,11 @@ The control protocol (frames of ``links``; JSON unless said; the worker's times 
    or sends the output to the coordinator (ARRAY frame, unthrottled) on the last device, and reports ``{"done":
    image, "c0", "c1", "host_ms", "in": {src: [tx_start (sender's clock), tx_end (sender's), arrival, release,
    payload Mbit/s seen by this receiver]}}``;
-6. on STOP from every input: forwards STOP, waits for its senders, sends ``{"bye": true}`` and exits 0.
+   A staged part (``runtime.Stages``, a separable network's group) runs its stages in order for every image
+   instead (``_StageRunner``): stage k waits for the frames its remote inputs send it, sends F(y) to its ``send``
+   destinations and keeps y for the next stage; one record per image.
+6. on STOP from every input: forwards STOP, waits for its senders, sends ``{"bye": true}`` and exits 0 (a staged
+   part forwards STOP once its first stage's source stopped and no image is left: its links form cycles).
 
 Errors are sent as ``{"error": one line, "cause": "own" | "upstream"}`` and end the process with exit code 2.
 The process dies with its parent (PR_SET_PDEATHSIG) and exits when the control connection closes.
