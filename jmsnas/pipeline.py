@@ -248,7 +248,9 @@ def _compile_retrain(ahead: A.Ahead, cfg, space, table, ds, mesh, st) -> None:
     r = cfg.retrain
 
     def build(key):
-        decision = decide(cfg, space, table, alpha, L.device_limits(space, cfg.cost.activation_bits))
+        # alpha placed as the state's (replicated on the mesh), so that its argmax is the per-epoch one's executable
+        decision = decide(cfg, space, table, train.replicate(alpha, mesh),
+                          L.device_limits(space, cfg.cost.activation_bits))
         ops = decision.ops
         train_step, eval_step = retrain_steps(space, ops, r.lr, cfg.search.lambda1, cfg.dw_impl)
         shapes = jax.eval_shape(lambda s: train.init_retrain_state(space, s, ops, r.lr), state)
