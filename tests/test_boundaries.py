@@ -14,6 +14,7 @@ import textwrap
 import numpy as np
 import pytest
 
+import procs
 import tinyrun
 from jmsnas import cli, safeio
 from jmsnas.run import workdir as W
@@ -363,12 +364,6 @@ def test_a_peer_probing_the_lock_at_the_same_moment_is_not_a_busy_workdir(tmp_pa
 
 # ----------------------------------------------------------------------------------- several processes
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("case", ["alone 1", "alone 0", "busy port"])
 def test_multiprocess_start_up_failures_are_one_line(capsys, tmp_path, monkeypatch, case):
     """Before JAX's runtime starts (in-process: the rendezvous needs no JAX): a peer without process 0, process 0
@@ -377,7 +372,7 @@ def test_multiprocess_start_up_failures_are_one_line(capsys, tmp_path, monkeypat
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen()
-    port = busy.getsockname()[1] if case == "busy port" else _free_port()
+    port = busy.getsockname()[1] if case == "busy port" else procs.free_port()
     pid = "1" if case == "alone 1" else "0"
     needle = {"alone 1": "nobody answered", "alone 0": "did not join within 2 s", "busy port": "cannot listen"}[case]
     try:
@@ -391,7 +386,7 @@ def test_multiprocess_start_up_failures_are_one_line(capsys, tmp_path, monkeypat
 def test_processes_given_other_configurations_each_end_with_one_line(tmp_path):
     """Two real processes (no C++ abort, no hang): the configuration fingerprints differ at the join."""
     env = dict(ENV, JMSNAS_JOIN_TIMEOUT_S="60")
-    port = _free_port()
+    port = procs.free_port()
     group = [subprocess.Popen([sys.executable, "-m", "jmsnas.cli", "search", "--workdir", str(tmp_path / "w"),
                                "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id",
                                str(i), f"--config.seed={i}"], env=env, stdout=subprocess.PIPE,

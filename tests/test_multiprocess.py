@@ -6,18 +6,16 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import textwrap
 import time
 
 import pytest
 
+import procs
 from jmsnas import distributed
 from jmsnas.run import workdir as W
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = textwrap.dedent("""
     from jmsnas.configs import default_config, tiny
     def get_config():
@@ -26,50 +24,23 @@ TINY = textwrap.dedent("""
         c.checkpoint_every = 2
         return c
 """)
-TIMEOUT = 600
-
-
-def _port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+TIMEOUT = procs.TIMEOUT
 
 
 @pytest.fixture
 def run_env(tmp_path):
     cfg = tmp_path / "tiny.py"
     cfg.write_text(TINY)
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO, XLA_FLAGS="")
-    env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "jax_cache")
-    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    procs = []
+    environ = procs.env(tmp_path / "jax_cache")
+    started = []
 
     def start(workdir, *extra, n=1, cmd="search"):
-        port = _port()
-        group = []
-        for i in range(n):
-            flags = ["--coordinator", f"127.0.0.1:{port}", "--num-processes", str(n), "--process-id", str(i)] \
-                if n > 1 else []
-            p = subprocess.Popen([sys.executable, "-m", "jmsnas.cli", cmd, "--config", str(cfg), "--workdir",
-                                  str(workdir), "--no-progress", *flags, *extra], env=env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True)
-            group.append(p)
-        procs.extend(group)
+        group = procs.start(environ, cmd, cfg, workdir, *extra, n=n)
+        started.extend(group)
         return group
 
     yield start
-    for p in procs:  # no process left behind, whatever the test did
-        if p.poll() is None:
-            p.kill()
-        p.wait()
-
-
-def _finish(group):
-    outs = [p.communicate(timeout=TIMEOUT) for p in group]
-    bad = [f"process {i} exit {p.returncode}: {err[-3000:]}" for i, (p, (out, err)) in enumerate(zip(group, outs))
-           if p.returncode != 0]
-    assert not bad, "\n".join(bad)
-    return outs
+    procs.stop(started)
 
 
 def _result(workdir):
@@ -92,7 +63,7 @@ def test_two_processes_give_the_one_process_result_and_resume(run_env, tmp_path)
     """One process, then two processes killed after their first checkpoint and resumed: the same losses, E[T]
     (a function of alpha) and architecture (an uninterrupted two-process run is the special case without kill)."""
     one, killed = tmp_path / "one", tmp_path / "killed"
-    _finish(run_env(one))
+    procs.finish(run_env(one))
     group = run_env(killed, n=2)
     ck = killed / "checkpoints" / "search"
     deadline = time.time() + TIMEOUT
@@ -104,7 +75,7 @@ def test_two_processes_give_the_one_process_result_and_resume(run_env, tmp_path)
         p.send_signal(signal.SIGKILL)
         p.wait()
     assert not (killed / "result.json").exists()
-    _finish(run_env(killed, "--resume", n=2))
+    procs.finish(run_env(killed, "--resume", n=2))
     _same(_result(killed), _result(one))
     assert json.loads((killed / "config.json").read_text())["command"] == "search"
     leftovers = [f for _, _, fs in os.walk(killed) for f in fs
@@ -152,11 +123,11 @@ def test_evolve_shares_the_population_out_and_gives_the_one_process_result(run_e
     run's checkpoint, resumed by two processes), so the evolution must be the one-process evolution exactly."""
     (tmp_path / "tiny.py").write_text(EVOLVE)
     one, two = tmp_path / "one", tmp_path / "two"
-    _finish(run_env(one, cmd="evolve"))
+    procs.finish(run_env(one, cmd="evolve"))
     (two / "checkpoints").mkdir(parents=True)
     shutil.copy(one / "config.json", two / "config.json")
     shutil.copytree(one / "checkpoints" / "supernet", two / "checkpoints" / "supernet")
-    _finish(run_env(two, "--resume", n=2, cmd="evolve"))
+    procs.finish(run_env(two, "--resume", n=2, cmd="evolve"))
     ea, eb = (json.loads((w / "evolution.json").read_text()) for w in (one, two))
     assert len(eb["generations"]) == 2 and ea["winner"] == eb["winner"] and ea["best"]["ops"] == eb["best"]["ops"]
     for ga, gb in zip(ea["generations"], eb["generations"], strict=True):  # the whole population's accuracies

@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -15,6 +14,7 @@ import time
 
 import pytest
 
+import procs
 import tinyrun
 from jmsnas.run import workdir as W
 
@@ -22,7 +22,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SINGLE = os.path.join(REPO, "experiments", "configs", "splitnets_single.py")
 MULTI = os.path.join(REPO, "experiments", "configs", "splitnets_multiview.py")
 SEPARABLE = os.path.join(REPO, "experiments", "configs", "separable.py")
-TIMEOUT = 600
+TIMEOUT = procs.TIMEOUT
 # SplitNets' tiny config with a checkpoint after every batch, two supernet epochs and three generations of 9, so
 # that a kill lands inside each stage (9 rows: 5 and 4 for two processes)
 SPLITNETS_FLAGS = ["--config.checkpoint_every=1", "--config.evolve.epochs=2", "--config.evolve.generations=3",
@@ -32,41 +32,16 @@ NAMES = ("result.json", "history.json", "evolution.json", "parts/manifest.json")
 
 @pytest.fixture(scope="module")
 def start(tmp_path_factory):
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO, XLA_FLAGS="")
-    env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path_factory.mktemp("jax_cache"))
-    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    procs = []
+    environ = procs.env(tmp_path_factory.mktemp("jax_cache"))
+    started = []
 
     def run(cmd, config, workdir, *extra, n=1):
-        port = _port()
-        group = []
-        for i in range(n):
-            flags = ["--coordinator", f"127.0.0.1:{port}", "--num-processes", str(n), "--process-id", str(i)] \
-                if n > 1 else []
-            group.append(subprocess.Popen(
-                [sys.executable, "-m", "jmsnas.cli", cmd, "--config", config, "--workdir", str(workdir),
-                 "--no-progress", *flags, *extra], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                text=True))
-        procs.extend(group)
+        group = procs.start(environ, cmd, config, workdir, *extra, n=n)
+        started.extend(group)
         return group
 
     yield run
-    for p in procs:  # no process left behind, whatever the test did
-        if p.poll() is None:
-            p.kill()
-        p.wait()
-
-
-def _port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _finish(group):
-    for p in group:
-        out, err = p.communicate(timeout=TIMEOUT)
-        assert p.returncode == 0, err[-3000:]
+    procs.stop(started)
 
 
 def _kill_when(group, ready):
@@ -153,7 +128,7 @@ def splitnets_ref(start, tmp_path_factory):
     def ref(config):
         if config not in made:
             made[config] = tmp_path_factory.mktemp("ref")
-            _finish(start("evolve", config + ":tiny", made[config], *SPLITNETS_FLAGS))
+            procs.finish(start("evolve", config + ":tiny", made[config], *SPLITNETS_FLAGS))
         return made[config]
     return ref
 
@@ -171,7 +146,7 @@ def test_splitnets_killed_in_supernet_and_evolution_resumes_to_the_same_result(s
     # resumed, then killed in the evolution
     gen = _kill_when(start(*args, run, *SPLITNETS_FLAGS, "--resume"), lambda: _steps(run, "evolution"))
     assert gen and max(gen) < 3 and not (run / "result.json").exists()
-    _finish(start(*args, run, *SPLITNETS_FLAGS, "--resume"))
+    procs.finish(start(*args, run, *SPLITNETS_FLAGS, "--resume"))
     assert _outputs(run, *NAMES) == _outputs(ref, *NAMES)
     _no_leftovers(run)
 
@@ -185,7 +160,7 @@ def test_splitnets_two_processes_give_the_one_process_result(start, splitnets_re
     (two / "checkpoints").mkdir(parents=True)
     shutil.copy(one / "config.json", two / "config.json")
     shutil.copytree(one / "checkpoints" / "supernet", two / "checkpoints" / "supernet")
-    _finish(start("evolve", SINGLE + ":tiny", two, *SPLITNETS_FLAGS, "--resume", n=2))
+    procs.finish(start("evolve", SINGLE + ":tiny", two, *SPLITNETS_FLAGS, "--resume", n=2))
     assert _outputs(two, *NAMES) == _outputs(one, *NAMES)
     _no_leftovers(two)
     assert sorted(os.listdir(two / "parts")) == ["aggregator.npz", "manifest.json", "sensor.npz"]
@@ -197,9 +172,9 @@ def test_splitnets_two_processes_give_the_one_process_result(start, splitnets_re
 def test_separable_killed_between_rounds_resumes_to_the_same_result(start, tmp_path):
     ref, run = tmp_path / "ref", tmp_path / "run"
     args = ("separable", SEPARABLE + ":g4a2k3f16:tiny")  # two rounds
-    _finish(start(*args, ref))
+    procs.finish(start(*args, ref))
     rounds = _kill_when(start(*args, run), lambda: _steps(run, "separable"))
     assert rounds and max(rounds) < 2 and not (run / "result.json").exists()
-    _finish(start(*args, run, "--resume"))
+    procs.finish(start(*args, run, "--resume"))
     assert _outputs(run, "result.json", "history.json") == _outputs(ref, "result.json", "history.json")
     _no_leftovers(run)

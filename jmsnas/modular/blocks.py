@@ -251,15 +251,13 @@ def from_run(run_dir: str, config=None) -> Network:
     """The derived network of the ``jmsnas search`` run in ``run_dir`` (stem, layers, head as blocks): its space
     and architecture from result.json, its weights from parts/ (``run.directory``)."""
     try:
-        space = directory.read_space(run_dir)
+        space, ops, params, state = directory.read_compact(run_dir)
         cfg = run_config(run_dir, config)
-        if space.topology.kind == "mesh":
-            raise ModularError(f"run {run_dir!r} has a mesh topology; modularizing needs a chain (one tensor "
-                               "between consecutive layers)")
-        ops = directory.read_ops(run_dir, space)
-        params, state = directory.read_weights(run_dir, num_layers=space.num_layers)
     except directory.RunDirError as e:
         raise ModularError(str(e)) from None
+    if space.topology.kind == "mesh":
+        raise ModularError(f"run {run_dir!r} has a mesh topology; modularizing needs a chain (one tensor "
+                           "between consecutive layers)")
     return from_compact(space, ops, params, state, f"jmsnas-run:{os.path.basename(os.path.abspath(run_dir))}",
                         cfg.get("dw_impl", "auto"))
 

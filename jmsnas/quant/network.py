@@ -108,14 +108,12 @@ def load_run(run: str) -> Run:
     try:
         result = RD.read_result(run)
         cfg = RD.read_config(run)
-        space = RD.read_space(run)
-        if space.topology.kind != "chain":
-            raise ValueError(f"run {run!r} searched a {space.topology.kind} topology; autosplit reads chain runs "
-                             "(a mesh's parallel branches have no single edge/cloud cut)")
-        ops = RD.read_ops(run, space)
-        params, state = RD.read_weights(run, num_layers=space.num_layers)
+        space, ops, params, state = RD.read_compact(run)
     except RD.RunDirError as e:
         raise ValueError(str(e)) from None
+    if space.topology.kind != "chain":
+        raise ValueError(f"run {run!r} searched a {space.topology.kind} topology; autosplit reads chain runs "
+                         "(a mesh's parallel branches have no single edge/cloud cut)")
     net = fold_compact(os.path.basename(os.path.normpath(run)), space, ops, params, state)
     ds = data.from_config(cfg)
     return Run(run, net, cfg, result, ds)

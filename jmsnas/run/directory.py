@@ -206,6 +206,13 @@ def read_ops(run: str, space) -> tuple:
     return tuple(ops)
 
 
+def read_compact(run: str) -> tuple:
+    """(space, ops, params, bn) of the run's compact network: the space and architecture from result.json, the
+    weights from parts/, every layer's tree in a tuple as ``supernet.compact_apply`` takes it."""
+    space = read_space(run)
+    return (space, read_ops(run, space), *read_weights(run, num_layers=space.num_layers))
+
+
 def read_manifest(run: str) -> dict:
     """parts/manifest.json of the run."""
     d = read_json(os.path.join(_run(run), PARTS, MANIFEST), "parts manifest")
