@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 from jmsnas import runcheck, topology
 from jmsnas.runcheck import path_flag
 from jmsnas.topology import TopologyError
+from jmsnas.commands import fail
 
 
 def add_parser(sub) -> None:
@@ -42,11 +42,6 @@ def add_parser(sub) -> None:
                    help="split on which a candidate's accuracy drop is checked against A (default val)")
     p.add_argument("--json", action="store_true", help="print a JSON object instead of text")
     p.add_argument("--write-parts", metavar="DIR", type=path_flag, help="write the chosen quantized parts (run directories only)")
-
-
-def _fail(message: str) -> int:
-    print(f"jmsnas autosplit: error: {' '.join(str(message).split())}", file=sys.stderr)
-    return 2
 
 
 def parse_bits(text: str) -> tuple:
@@ -112,6 +107,6 @@ def run(args) -> int:
             parts.write_parts(ctx["run"].net, ctx["ranges"], chosen, args.write_parts, topo, source=args.model)
             out["parts"] = args.write_parts
     except (ValueError, TopologyError) as e:
-        return _fail(str(e))
+        return fail("autosplit", str(e))
     print(json.dumps(out, indent=2) if args.json else text(out))
     return 0

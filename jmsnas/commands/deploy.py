@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 from jmsnas.runcheck import number_flag, path_flag
+from jmsnas.commands import fail
 
 MAX_PORT = 65535
 
@@ -107,11 +107,6 @@ def parse_compute(text: str):
                           f"got {text!r}") from None
 
 
-def _fail(command: str, e) -> int:
-    print(f"jmsnas {command}: error: {' '.join(str(e).split())}", file=sys.stderr)
-    return 2
-
-
 def run(args) -> int:
     from jmsnas.data import DatasetError
     from jmsnas.deploy.export import export_run
@@ -146,7 +141,7 @@ def run(args) -> int:
             return 0
         return _pipeline(args, export_run)
     except (DeployError, DatasetError, TopologyError, ValueError) as e:
-        return _fail(args.command, e)
+        return fail(args.command, e)
 
 
 def _export_traced(args, platforms) -> dict:

@@ -10,10 +10,10 @@ table, keys missing from the table) print one ``jmsnas latency: error: ...`` lin
 from __future__ import annotations
 
 import json
-import sys
 
 from jmsnas.cost import lut
 from jmsnas.runcheck import number_flag
+from jmsnas.commands import fail
 
 
 def add_parser(sub) -> None:
@@ -26,27 +26,22 @@ def add_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON object instead of a table")
 
 
-def _fail(message: str) -> int:
-    print(f"jmsnas latency: error: {' '.join(message.split())}", file=sys.stderr)
-    return 2
-
-
 def run(args) -> int:
     try:
         with open(args.arch, "r", encoding="utf-8") as f:
             arch = json.load(f)
     except OSError as e:
-        return _fail(f"cannot read arch file {args.arch!r}: {e.strerror}")
+        return fail("latency", f"cannot read arch file {args.arch!r}: {e.strerror}")
     except json.JSONDecodeError as e:
-        return _fail(f"arch file {args.arch!r} is not valid JSON: {e}")
+        return fail("latency", f"arch file {args.arch!r} is not valid JSON: {e}")
     try:
         table = lut.load_lut(args.table)
         result = lut.network_latency(table, lut.arch_layers(arch, args.resolution))
     except lut.MissingKeysError as e:
-        return _fail(f"{len(e.missing)} layer key(s) missing from {table.source}: "
+        return fail("latency", f"{len(e.missing)} layer key(s) missing from {table.source}: "
                      + "; ".join(f"{n}: {k}" for n, k in e.missing))
     except lut.LUTError as e:
-        return _fail(str(e))
+        return fail("latency", str(e))
     if args.json:
         print(json.dumps({"latency_ms": result.total_ms, "per_layer": result.per_layer, "keys": result.keys},
                          indent=2))

@@ -19,6 +19,7 @@ import json
 import sys
 
 from jmsnas.runcheck import number_flag, path_flag
+from jmsnas.commands import fail
 
 
 def add_parser(sub) -> None:
@@ -57,11 +58,6 @@ def add_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the JSON report")
 
 
-def _fail(cmd: str, message: str) -> int:
-    print(f"jmsnas {cmd}: error: {' '.join(str(message).split())}", file=sys.stderr)
-    return 2
-
-
 def _children_arg(value: str):
     if value == "auto":
         return "auto"
@@ -80,7 +76,7 @@ def run(args) -> int:
     try:
         return {"modularize": _modularize, "load": _load, "finetune": _finetune}[cmd](args)
     except (ModularError, ValueError) as e:
-        return _fail(cmd, str(e))
+        return fail(cmd, str(e))
 
 
 def _modularize(args) -> int:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import json
 import os
-import sys
+
+from jmsnas.commands import fail
 
 
 def add_parser(sub) -> None:
@@ -27,30 +28,25 @@ def add_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the figures' data as JSON")
 
 
-def _fail(message: str) -> int:
-    print(f"jmsnas plot: error: {' '.join(str(message).split())}", file=sys.stderr)
-    return 2
-
-
 def run(args) -> int:
     from jmsnas import runplot, safeio
     try:
         runs = runplot.load_runs(args.runs, args.labels)
         front = runplot.front_data(runs, args.group_by)
     except ValueError as e:
-        return _fail(safeio.clip(e, 600))
+        return fail("plot", safeio.clip(e, 600))
     out = args.out
     if os.path.exists(out) and not os.path.isdir(out):
-        return _fail(f"--out {out!r} exists and is not a directory")
+        return fail("plot", f"--out {out!r} exists and is not a directory")
     try:
         os.makedirs(out, exist_ok=True)
         if not os.access(out, os.W_OK | os.X_OK):
-            return _fail(f"--out {out!r} is not writable")
+            return fail("plot", f"--out {out!r} is not writable")
         paths = {"front": os.path.join(out, "front.png"), "bars": os.path.join(out, "latency_bars.png")}
         runplot.plot_front(front, paths["front"])
         runplot.plot_bars(runs, paths["bars"])
     except OSError as e:
-        return _fail(f"cannot write to --out {out!r}: {e.strerror or e}")
+        return fail("plot", f"cannot write to --out {out!r}: {e.strerror or e}")
     if args.json:
         print(json.dumps({"front": front, "bars": runplot.bar_data(runs), "files": paths}, indent=2))
         return 0

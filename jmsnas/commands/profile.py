@@ -15,11 +15,11 @@ The table (YAML, format and latency model in jmsnas/cost/measured.py) feeds
 from __future__ import annotations
 
 import os
-import sys
 
 from jmsnas import runcheck, safeio, topology
 from jmsnas.runcheck import number_flag, path_flag
 from jmsnas.space import adapt_schedule, build_space
+from jmsnas.commands import fail
 
 _FIELDS = ("topology", "layers_per_device", "image_size", "in_channels", "num_classes", "device_channels",
            "device_strides", "stem_channels", "stem_stride", "head_channels")
@@ -130,11 +130,6 @@ def space_from_arg(arg: str):
                        device_channels=channels, device_strides=strides, **kw)
 
 
-def _fail(message: str) -> int:
-    print(f"jmsnas profile: error: {' '.join(str(message).split())}", file=sys.stderr)
-    return 2
-
-
 def run(args) -> int:
     from jmsnas.cost import profile as P
 
@@ -143,16 +138,16 @@ def run(args) -> int:
         space = space_from_arg(args.space)
         runcheck.check_memory(space, args.batch, 1, f"--space {args.space!r}")
     except (ValueError, OSError) as e:
-        return _fail(e)
+        return fail("profile", e)
     out_dir = os.path.dirname(os.path.abspath(args.out))
     if not os.path.isdir(out_dir) or not os.access(out_dir, os.W_OK):
-        return _fail(f"cannot write --out {args.out!r}: directory {out_dir!r} does not exist or is not writable")
+        return fail("profile", f"cannot write --out {args.out!r}: directory {out_dir!r} does not exist or is not writable")
     table = P.measure_table(space, method=args.method, batch=args.batch, reps=args.reps, warmup=args.warmup,
                             quantile=args.quantile, calibrate=args.calibrate, seed=args.seed, dw_impl=args.dw_impl)
     try:
         P.write_table(table, args.out)
     except OSError as e:
-        return _fail(f"cannot write {args.out!r}: {e.strerror}")
+        return fail("profile", f"cannot write {args.out!r}: {e.strerror}")
     n_ops = sum(len(s["ops"]) for s in table.slots)
     print(f"wrote {args.out}: {n_ops} op entries over {len(table.slots)} slots on {table.device['backend']} "
           f"({table.device['cpu']}), space {table.fingerprint}; per network: call {table.call.median_ms:.4f} ms + "

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 
 from jmsnas.runcheck import path_flag
 
@@ -47,6 +46,7 @@ def summary(result) -> str:
 
 def run(args, extra=()) -> int:
     from jmsnas.checkpoint import CheckpointError
+    from jmsnas.commands import fail
     from jmsnas.commands.search import run_config
     from jmsnas.data import DatasetError
     from jmsnas.separable import config, search
@@ -55,8 +55,7 @@ def run(args, extra=()) -> int:
         cfg = run_config(args, extra, default=config.default_config)  # --resume alone: the stored config
         result = search.search(cfg, args.workdir, resume=args.resume, progress=not args.no_progress)
     except (ValueError, CheckpointError, DatasetError, TopologyError) as e:
-        print(f"jmsnas {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        return fail(args.command, e)
     print(summary(result))
     print(f"\nwrote {os.path.join(args.workdir, 'result.json')}, history.json, reward_curve.png, bytes_accuracy.png "
           "and checkpoints/ there")

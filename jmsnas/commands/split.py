@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 from jmsnas import topology
 from jmsnas.run import directory
 from jmsnas.runcheck import number_flag
 from jmsnas.split import compare
 from jmsnas.topology import TopologyError
+from jmsnas.commands import fail
 
 
 def add_parser(sub) -> None:
@@ -40,11 +40,6 @@ def add_parser(sub) -> None:
     p.add_argument("--methods", nargs="+", default=list(compare.METHODS), choices=compare.METHODS,
                    help="methods to run (default: all)")
     p.add_argument("--json", action="store_true", help="print a JSON object instead of text")
-
-
-def _fail(message: str) -> int:
-    print(f"jmsnas split: error: {' '.join(message.split())}", file=sys.stderr)
-    return 2
 
 
 def _text(setup, results) -> str:
@@ -81,7 +76,7 @@ def run(args) -> int:
         topo = topology.resolve(name, bandwidths_mbps=args.bandwidth)
         setup = compare.make_setup(net, topo, act_bits=args.act_bits, weight_bits=args.weight_bits)
     except (ValueError, TopologyError) as e:
-        return _fail(str(e))
+        return fail("split", str(e))
     results = compare.run_all(setup, args.methods)
     if args.json:
         print(json.dumps({"model": net.name, "topology": topo.name, "topology_spec": topology.to_dict(topo),

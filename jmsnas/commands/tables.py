@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import numpy as np
 
 from jmsnas import safeio
+from jmsnas.commands import fail
 
 
 def add_parser(sub) -> None:
@@ -60,11 +60,6 @@ def add_parser(sub) -> None:
 def _timing_flags(p) -> None:
     p.add_argument("--reps", type=int, default=20, help="timed calls per network (median kept; default 20)")
     p.add_argument("--batch", type=int, default=1, help="images per call (default 1)")
-
-
-def _fail(cmd: str, message) -> int:
-    print(f"jmsnas {cmd}: error: {safeio.clip(message, 600)}", file=sys.stderr)
-    return 2
 
 
 def _check_out(path: str) -> None:
@@ -111,7 +106,7 @@ def run(args) -> int:
             return _adapt(args)
         return _validate(args)
     except (LT.TableError, ValueError) as e:
-        return _fail(args.command, e)
+        return fail(args.command, safeio.clip(e, 600))
 
 
 def _measure(args) -> int:
