@@ -2,7 +2,7 @@
 # The GPU check: jmsnas on one GPU in under 8 minutes, one JSON out.
 #
 #   bash benchmarks/gpu_check.sh [OUT.json]            # on a machine with a CUDA GPU (jax[cuda], torch with CUDA)
-#   GPU_CHECK_CPU=1 bash benchmarks/gpu_check.sh OUT    # the same steps on the CPU, tiny (CI: tests/test_gpu_check.py)
+#   GPU_CHECK_CPU=1 bash benchmarks/gpu_check.sh OUT    # the same steps on the CPU, tiny (CI: tests/repo/test_gpu_check.py)
 #
 # Steps, each under its own time limit (a step that runs out is recorded as timed out, rc 124):
 #   tests        the tests of the paths a GPU takes (the XLA implementations "auto" picks off the CPU; no native
@@ -42,7 +42,7 @@ else
     export JAX_PLATFORMS=cuda
     TORCH_DEVICE=cuda
     TESTS=(tests/test_gates.py tests/test_objectives.py tests/test_supernet.py tests/test_evaluate.py
-           tests/test_dwconv.py)
+           tests/native/test_dwconv.py)
     CONFIG=experiments/configs/default.py
     VS_ARGS=()
     EVAL_ARGS=(--population 64 --reps 5 --chunks 1,4 --bn-batches 2)

@@ -1,7 +1,7 @@
 """MkDocs hook: links from docs/ to files of the repository outside docs/ (``../experiments/x.md``,
 ``../README.md``, ``../colab/x.ipynb``) point at the file in the repository on GitHub in the built site, where
 the relative path would lead nowhere. In the repository itself (GitHub, an editor) the relative links work as
-written; ``tests/test_docs.py`` checks that each one names a file that exists."""
+written; ``tests/repo/test_docs.py`` checks that each one names a file that exists."""
 from __future__ import annotations
 
 import os

@@ -5,7 +5,7 @@ import socket
 import subprocess
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from paths import REPO
 TIMEOUT = 600  # seconds any one process of a test may take
 
 

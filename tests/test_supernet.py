@@ -103,7 +103,7 @@ def net(space, shared):
 
 
 # XLA's depthwise convolution in the jitted supernet and compact network: the layouts and gates under test here do
-# not depend on the implementation (tests/test_dwconv.py compares them; the mixed-op and hand-wired mesh tests still
+# not depend on the implementation (tests/native/test_dwconv.py compares them; the mixed-op and hand-wired mesh tests still
 # run the default).
 DW = "xla"
 

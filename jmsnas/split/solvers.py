@@ -301,7 +301,7 @@ def neurosurgeon(compute_ms, out_bytes, input_bytes, topo, *, devices=None, edge
     As the bandwidth falls the bytes sent never increase (exchange argument: total(k) = compute(k) +
     bytes(k) * 8 / bandwidth + latency, so a split chosen at a lower bandwidth cannot send more). The split index
     moves back to an earlier layer with a smaller output only when device a runs some layer faster than b;
-    when b is faster on every layer the index never decreases either (tests/test_solvers.py shows both).
+    when b is faster on every layer the index never decreases either (tests/split/test_solvers.py shows both).
     """
     c, b, inb = check_costs(compute_ms, out_bytes, input_bytes, topo)
     n = c.shape[0]

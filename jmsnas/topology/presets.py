@@ -53,7 +53,7 @@ DEVICES: dict = {
 # (301 M / 125 G/s = 2.41 ms) and ResNet-152 at 11.5 G OPs and 92.1 ms (= 11.5 G / 125 G/s), so 125 GOP/s is
 # 250 GFLOP/s here, and the simulator runs at about its peak (efficiency 1.0). Memory bandwidths are not given;
 # our assumption (100 GB/s on-sensor SRAM, 1000 GB/s on the aggregator) keeps the roofline compute-bound as the
-# paper's latencies are (within 3% of Table 4's, see tests/test_roofline.py).
+# paper's latencies are (within 3% of Table 4's, see tests/cost/test_roofline.py).
 SPLITNETS_BUS_MBPS = 1200.0  # Fig. 6: shared 1.2 Gb/s sensor-aggregator bus
 
 # Auto-Split (paper 001), Table 1, platforms simulated with SCALE-SIM: Eyeriss (edge) 192 KB on-chip, 4 GB

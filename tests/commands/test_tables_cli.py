@@ -1,0 +1,100 @@
+"""``jmsnas adapt`` / ``validate`` / ``measure`` on HELP's data, and remote timing on a ``jmsnas worker``
+(jmsnas.deploy.timer)."""
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import export
+
+from jmsnas.cli import main
+from jmsnas.cost import layertable as LT
+from jmsnas.cost import networks as NW
+from jmsnas.deploy import timer
+from jmsnas.fbnet import help as H
+import paths
+
+DATA = os.path.join(paths.DATA, "help_fbnet")
+HELP_PIXEL3 = os.path.join(DATA, H.LUT_FILE) + ":pixel3"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("nets")
+    data = H.load(DATA)
+    NW.save(H.measured(data, "titan_rtx_32", data["reference"]), d / "ten.json")
+    NW.save(H.measured(data, "titan_rtx_32", range(4000, 4100)), d / "test.json")
+    return d
+
+
+def test_adapt_then_validate_records_the_report(files, capsys):
+    out = files / "titan.json"
+    assert main(["adapt", "--table", HELP_PIXEL3, "--measured", str(files / "ten.json"), "--out", str(out)]) == 0
+    assert "leave-one-out MAPE" in capsys.readouterr().out
+    t = LT.load(out)
+    assert t.device == "titan_rtx_32" and t.adaptation["networks"] == 10
+    assert main(["validate", "--table", str(out), "--measured", str(files / "test.json"), "--json",
+                 str(files / "v.json"), "--plot", str(files / "v.png")]) == 0
+    rep = json.loads((files / "v.json").read_text())
+    t = LT.load(out)
+    assert t.validation["n"] == rep["n"] == 100 and t.validation["mape_pct"] == pytest.approx(rep["mape_pct"])
+    pred = LT.predict_ms(t, NW.load(files / "test.json").archs)
+    np.testing.assert_allclose(rep["predicted_ms"], pred)
+    assert os.path.getsize(files / "v.png") > 1000
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["adapt", "--table", HELP_PIXEL3 + "x", "--measured", "ten.json", "--out", "o.json"], "no device 'pixel3x'"),
+    (["adapt", "--table", HELP_PIXEL3, "--measured", "missing.json", "--out", "o.json"], "cannot read measured"),
+    (["adapt", "--table", HELP_PIXEL3, "--measured", "ten.json", "--out", "no/dir/o.json"], "does not exist"),
+    (["validate", "--table", HELP_PIXEL3], "exactly one of --measured FILE or --networks N"),
+    (["validate", "--table", HELP_PIXEL3, "--networks", "1"], "--networks must be an integer >= 2, got 1"),
+    (["measure", "--space", "nope", "--networks", "2", "--out", "o.json"], "unknown search space 'nope'"),
+    (["measure", "--networks", "2", "--out", "o.json", "--remote", "host"], "must be HOST:PORT"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(files, monkeypatch, capsys, argv, message):
+    monkeypatch.chdir(files)
+    before = sorted(os.listdir(files))
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert sorted(os.listdir(files)) == before
+
+
+def test_remote_timing_is_the_workers_calibrate_message(monkeypatch):
+    """``jmsnas measure --remote`` times on a ``jmsnas worker`` (the pipeline's): every program one part of one
+    session, timed by the worker's {"calibrate"} message; a program the worker refuses and an address where no
+    worker listens are one-line errors."""
+    import socket
+    import subprocess
+    import sys
+    srv = socket.create_server(("127.0.0.1", 0))
+    port = srv.getsockname()[1]
+    srv.close()
+    repo = paths.REPO
+    env = {**os.environ, "PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen([sys.executable, "-m", "jmsnas.cli", "worker", "--listen", f"127.0.0.1:{port}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
+    try:
+        assert "listening on" in proc.stdout.readline()
+        from jmsnas.fbnet import measure, space as SP
+        prog = export.export(jax.jit(lambda x: jnp.tanh(x @ x)))(jax.ShapeDtypeStruct((16, 16), jnp.float32))
+        tiny = SP.scaled(SP.fbnet_c100(), width=0.125, image_size=8)  # an FBNet network as jmsnas measure sends it
+        fbnet = measure.export_network(tiny, [0, 1, 2, 3, 4, 5, 6, 7, 8] * 2 + [8] * 4)
+        ms = timer.time_programs(f"127.0.0.1:{port}", [bytes(prog.serialize()), fbnet], reps=3, warmup=0)
+        assert len(ms) == 2 and all(0 < m < 1000 for m in ms)
+        manifest, blob, _ = timer.program_part(bytes(prog.serialize()))
+        assert manifest["parts"]["program"]["inputs"] == [{"shape": [16, 16], "dtype": "float32", "from": "image"}]
+        real = timer.program_part  # a program from a newer jax: the worker's own version check answers, one line
+        newer = lambda m: {**m, "versions": {**m["versions"], "serialization_version": 999}}
+        monkeypatch.setattr(timer, "program_part", lambda b: (newer(real(b)[0]),) + real(b)[1:])
+        with pytest.raises(ValueError, match="the worker at .* failed: part 'program' was exported by") as e:
+            timer.time_programs(f"127.0.0.1:{port}", [bytes(prog.serialize())], reps=1)
+        assert "\n" not in str(e.value)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    with pytest.raises(ValueError, match="cannot reach the worker"):
+        timer.time_programs(f"127.0.0.1:{port}", [bytes(prog.serialize())], reps=1)
