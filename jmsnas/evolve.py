@@ -113,38 +113,47 @@ def init_sandwich_state(key, space: SearchSpace, lr: float, shared_weights: bool
     return train.SupernetState(params, bn, opt, k_run, train.zeros((), np.int32))
 
 
+def sandwich_update(tx, lambda1: float, apply):
+    """The update of a sandwich step, shared by every supernet trained with the sandwich rule (``jmsnas evolve``,
+    SplitNets): ``update(st, key, archs, x, y) -> (state, ce float32[K], acc float32[K])``. The K sub-networks of
+    ``archs`` (a pytree with a leading axis K, one ``apply(params, bn, arch, x) -> (logits, bn)`` each) run in turn
+    inside one ``lax.scan`` (one compiled body whatever they are); each updates the running statistics of the BN
+    it used, the next starts from those. The update is one step of ``tx`` on sum_k grad CE_k + lambda1
+    grad ||w||^2; ``key`` becomes the state's key."""
+    def loss_fn(p, bn, arch, x, y):
+        logits, bn = apply(p, bn, arch, x)
+        return cross_entropy(logits, y), (bn, jnp.mean((jnp.argmax(logits, -1) == y).astype(jnp.float32)))
+
+    def update(st: train.SupernetState, key, archs, x, y):
+        def body(carry, arch):
+            grads, bn = carry
+            (ce, (bn, acc)), g = jax.value_and_grad(loss_fn, has_aux=True)(st.params, bn, arch, x, y)
+            return (jax.tree_util.tree_map(jnp.add, grads, g), bn), (ce, acc)
+
+        zeros = jax.tree_util.tree_map(jnp.zeros_like, st.params)
+        (grads, bn), (ce, acc) = jax.lax.scan(body, (zeros, st.bn), archs)
+        grads = jax.tree_util.tree_map(jnp.add, grads, jax.grad(lambda p: lambda1 * l2_norm_sq(p))(st.params))
+        updates, opt = tx.update(grads, st.opt, st.params)
+        return train.SupernetState(optax.apply_updates(st.params, updates), bn, opt, key, st.step + 1), ce, acc
+
+    return update
+
+
 def sandwich_step(space: SearchSpace, lr: float, lambda1: float, num_random: int, dw_impl: str = "auto"):
     """The pure step ``(state, x, y) -> (state, metrics)`` of stage 1 (jit it; ``make_sandwich_step`` does).
 
-    x float32[B, H, W, C], y int32[B]. The sub-networks (``sandwich_archs`` with the step's key) run in turn
-    inside one ``lax.scan`` (one compiled body whatever they are); each updates the running statistics of the BN
-    it used, the next starts from those. The update is one Adam step on sum_k grad CE_k + lambda1 grad ||w||^2.
-    Metrics: ``loss``/``acc`` (mean CE / accuracy over the sub-networks), ``*_largest``, ``*_smallest``.
+    x float32[B, H, W, C], y int32[B]. The sub-networks are ``sandwich_archs`` with the step's key, trained by
+    ``sandwich_update`` with Adam. Metrics: ``loss``/``acc`` (mean CE / accuracy over the sub-networks),
+    ``*_largest``, ``*_smallest``.
     """
-    tx = optax.adam(lr)
     largest, smallest = sandwich_ops(space)
     mask = space.mask()
-
-    def one(params, x, y):
-        def loss_fn(p, bn, ops):
-            logits, bn = supernet.apply(space, p, bn, onehot_gates(ops, NUM_OPS), x, train=True, dw_impl=dw_impl)
-            return cross_entropy(logits, y), (bn, jnp.mean((jnp.argmax(logits, -1) == y).astype(jnp.float32)))
-
-        def body(carry, ops):
-            grads, bn = carry
-            (ce, (bn, acc)), g = jax.value_and_grad(loss_fn, has_aux=True)(params, bn, ops)
-            return (jax.tree_util.tree_map(jnp.add, grads, g), bn), (ce, acc)
-
-        return body
+    update = sandwich_update(optax.adam(lr), lambda1, lambda p, bn, ops, x: supernet.apply(
+        space, p, bn, onehot_gates(ops, NUM_OPS), x, train=True, dw_impl=dw_impl))
 
     def step(st: train.SupernetState, x, y):
         key, k = jax.random.split(st.key)
-        archs = sandwich_archs(k, mask, largest, smallest, num_random)
-        zeros = jax.tree_util.tree_map(jnp.zeros_like, st.params)
-        (grads, bn), (ce, acc) = jax.lax.scan(one(st.params, x, y), (zeros, st.bn), archs)
-        grads = jax.tree_util.tree_map(jnp.add, grads, jax.grad(lambda p: lambda1 * l2_norm_sq(p))(st.params))
-        updates, opt = tx.update(grads, st.opt, st.params)
-        st = train.SupernetState(optax.apply_updates(st.params, updates), bn, opt, key, st.step + 1)
+        st, ce, acc = update(st, key, sandwich_archs(k, mask, largest, smallest, num_random), x, y)
         return st, {"loss": jnp.mean(ce), "acc": jnp.mean(acc), "loss_largest": ce[0], "acc_largest": acc[0],
                     "loss_smallest": ce[1], "acc_smallest": acc[1]}
 

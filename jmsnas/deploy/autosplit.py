@@ -153,14 +153,12 @@ def export_autosplit(parts_dir: str, out: str | None = None, *, platforms=("cpu"
                      bandwidth_mbps: float | None = None, latency_ms: float = 0.0) -> dict:
     """Writes ``out`` (default ``PARTS/export``) as the module docstring says; returns its manifest. The link's
     bandwidth defaults to the ``autosplit`` preset's edge -> cloud link."""
-    from jmsnas.deploy.export import PLATFORMS, write_programs
-    platforms = tuple(platforms)
-    if not platforms or [p for p in platforms if p not in PLATFORMS]:
-        raise DeployError(f"platforms must be a non-empty subset of {list(PLATFORMS)}, got {list(platforms)}")
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise DeployError(f"batch must be a positive integer, got {batch!r}")
+    from jmsnas.deploy.export import check_export_args, check_out, write_export
+    platforms = check_export_args(platforms, batch)
+    out = os.path.join(parts_dir, "export") if out is None else out
     if not is_autosplit(parts_dir):
         raise DeployError(f"{parts_dir} holds no Auto-Split parts (manifest.json with {list(KEYS)})")
+    check_out(None, out)  # the export replaces the whole folder: only an earlier one
     m, edge_w, cloud_w = _read(parts_dir)
     e, c = m["edge"], m["cloud"]
     cloud_w = dict(cloud_w)
@@ -186,8 +184,6 @@ def export_autosplit(parts_dir: str, out: str | None = None, *, platforms=("cpu"
     if bandwidth_mbps is None:
         link = [l for l in presets.topology("autosplit").links][0]
         bandwidth_mbps = float(link.bandwidth_mbps)
-    out = os.path.join(parts_dir, "export") if out is None else out
-    write_programs(out, programs, parts)
     made = export_versions(max(conventions))
     manifest = {"format": FORMAT, "system": "autosplit", "run": os.path.abspath(parts_dir),
                 "platforms": list(platforms), "batch": batch, "versions": made, "kind": "chain", "order": [e, c],
@@ -197,9 +193,7 @@ def export_autosplit(parts_dir: str, out: str | None = None, *, platforms=("cpu"
                            "sent": [{"tensor": s["tensor"], "bits": s["bits"], "bytes_per_image": b}
                                     for s, b in zip(m["sent"], sent_bytes(m))]}],
                 "predicted_latency_ms": {}, "architecture": None}
-    with open(os.path.join(out, MANIFEST), "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=2)
-    return manifest
+    return write_export(out, programs, parts, manifest)
 
 
 def fake_quant_reference(parts_dir: str):

@@ -30,7 +30,7 @@ import numpy as np
 from jax import export as jax_export
 
 from jmsnas import ops as O
-from jmsnas.deploy.runtime import FORMAT, MANIFEST, DeployError, export_versions, sha256
+from jmsnas.deploy.runtime import FORMAT, MANIFEST, DeployError, export_versions, load_manifest, sha256
 from jmsnas import runcheck, safeio, topology
 from jmsnas import space as S
 from jmsnas.run import directory
@@ -60,19 +60,6 @@ def part_forward(space: SearchSpace, layers, ops, *, stem: bool, head: bool, dw_
             h, _ = O.head_apply(params["head"], state["head"], h, False)
         return h
     return f
-
-
-def read_json(path: str) -> dict:
-    """A JSON object file of an export (its manifest.json); DeployError when missing or not one."""
-    if not os.path.isfile(path):
-        raise DeployError(f"{path} is missing")
-    try:
-        d = safeio.read_json(path, "file")
-    except ValueError as e:
-        raise DeployError(str(e)) from None
-    if not isinstance(d, dict):
-        raise DeployError(f"{path} is not a JSON object")
-    return d
 
 
 def device_graph(topo) -> tuple:
@@ -105,11 +92,13 @@ def load_weights(run: str, device: str, entry: dict) -> dict:
         raise DeployError(str(e)) from None
 
 
-def check_out(run: str, out: str) -> None:
-    """DeployError unless ``out`` may receive an export: not inside a run's own files (``RUN/parts``, ...), and
-    new, empty or an earlier export (its manifest.json), since the export replaces the whole folder."""
+def check_out(run: str | None, out: str) -> None:
+    """DeployError unless ``out`` may receive an export: not inside a run's own files (``RUN/parts``, ...; no
+    check for ``run`` None, a folder of Auto-Split parts that may be named ``parts``), and new, empty or an earlier
+    export (its manifest.json), since the export replaces the whole folder."""
     try:
-        runcheck.check_out_dir(out, "--out", own=run)
+        if run is not None:
+            runcheck.check_out_dir(out, "--out", own=run)
     except ValueError as e:
         raise DeployError(str(e)) from None
     if os.path.exists(out) and (not os.path.isdir(out) or (
@@ -203,7 +192,7 @@ def write_export(out: str, programs: dict, parts: dict, manifest: dict) -> dict:
                 json.dump(manifest, f, indent=2)
     except ValueError as e:
         raise DeployError(str(e)) from None
-    return read_manifest(out)
+    return load_manifest(out)
 
 
 def check_export_args(platforms, batch) -> tuple:
@@ -232,47 +221,23 @@ def export_run(run: str, out: str | None = None, *, platforms=("cpu",), batch: i
         entry = pm["devices"][dev]
         stem, head = dev == order[0], dev == order[-1]
         _check_weights(dev, flats[dev], entry, space, stem, head)
-        names = sorted(flats[dev])
         fwd = part_forward(space, entry["layers"], [op_index(o) for o in entry["ops"]], stem=stem, head=head)
-
-        def call(*args, names=names, fwd=fwd):
-            t = directory.unflatten(dict(zip(names, args[:len(names)])))
-            return fwd(t.get("params", {}), t.get("bn", {}), *args[len(names):])
         in_shapes = [shapes[s] for s in srcs[dev]]
-        specs = [jax.ShapeDtypeStruct(flats[dev][k].shape, flats[dev][k].dtype) for k in names]
-        specs += [jax.ShapeDtypeStruct(tuple(s), jnp.float32) for s in in_shapes]
-        exp = jax_export.export(jax.jit(call), platforms=platforms)(*specs)
+        exp, weights = program_with_weights(fwd, directory.unflatten(flats[dev]),
+                                            [jax.ShapeDtypeStruct(tuple(s), jnp.float32) for s in in_shapes],
+                                            platforms)
         conventions.add(int(exp.calling_convention_version))
         out_shape = [int(d) for d in exp.out_avals[0].shape]
         shapes[dev] = out_shape
-        programs[dev] = (exp.serialize(), {k: flats[dev][k] for k in names})
+        programs[dev] = (exp.serialize(), weights)
         pd = predicted.get("per_device", {})
         manifest_parts[dev] = {
             "device": dev, "layers": [int(n) for n in entry["layers"]], "ops": list(entry["ops"]),
-            "stem": stem, "head": head, "weight_names": names,
+            "stem": stem, "head": head, "weight_names": sorted(weights),
             "inputs": [{"from": s, "shape": shp, "dtype": "float32"} for s, shp in zip(srcs[dev], in_shapes)],
             "output": {"shape": out_shape, "dtype": "float32"}, "to": dsts[dev],
             "predicted_compute_ms": pd.get(dev),
         }
-    try:
-        with safeio.write_errors(f"the export to {out!r}"), safeio.atomic_dir(out) as tmp:
-            _write(tmp, programs, manifest_parts, space, shapes, predicted, run, platforms, batch, result,
-                   max(conventions))
-    except ValueError as e:
-        raise DeployError(str(e)) from None
-    return read_manifest(out)
-
-
-def read_manifest(out: str) -> dict:
-    """The manifest.json of the export in ``out``."""
-    return read_json(os.path.join(out, MANIFEST))
-
-
-def _write(out, programs, manifest_parts, space, shapes, predicted, run, platforms, batch, result,
-           convention: int) -> None:
-    """The export's files into the (temporary) folder ``out`` (``convention``: the programs' calling convention)."""
-    order = [d for d in manifest_parts]
-    write_programs(out, programs, manifest_parts)
     topo = space.topology
     links = []
     for l in topo.links:
@@ -280,13 +245,11 @@ def _write(out, programs, manifest_parts, space, shapes, predicted, run, platfor
         links.append({"src": l.src, "dst": l.dst, "bandwidth_mbps": float(l.bandwidth_mbps),
                       "latency_ms": float(l.latency_ms), "bytes": nbytes,
                       "predicted_ms": predicted.get("per_link", {}).get(f"{l.src}->{l.dst}")})
-    made = export_versions(convention)
     manifest = {"format": FORMAT, "run": os.path.abspath(run), "platforms": list(platforms), "batch": batch,
-                "versions": made,
+                "versions": export_versions(max(conventions)),
                 "kind": topo.kind, "topology": topology.to_dict(topo), "order": order,
                 "root": topo.device_names[topo.root] if topo.kind == "mesh" else None,
                 "branches": [topo.device_names[b] for b in topo.branches],
                 "parts": manifest_parts, "links": links, "predicted_latency_ms": predicted,
                 "architecture": result.get("architecture")}
-    with open(os.path.join(out, MANIFEST), "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=2)
+    return write_export(out, programs, manifest_parts, manifest)

@@ -42,7 +42,7 @@ from jmsnas.deploy import clock
 from jmsnas.deploy.hosts import check_hosts
 from jmsnas.deploy import links as L
 from jmsnas.deploy.predict import cameras, predicted_links
-from jmsnas.deploy.runtime import DeployError, load_manifest, sha256
+from jmsnas.deploy.runtime import DeployError, check_file, load_manifest
 
 PHASES = ("latency", "stream", "both")
 PACING = ("user", "network")  # user: the sender paces every link; network: the kernel's shaper does
@@ -110,12 +110,7 @@ def _verify_files(export_dir: str, manifest: dict) -> None:
     for d in manifest["order"]:
         for entry in manifest["parts"][d].get("stages", [manifest["parts"][d]]):  # a staged part: every stage
             for key in ("program", "weights"):
-                path = os.path.join(export_dir, str(entry.get(key)))
-                if not os.path.isfile(path):
-                    raise DeployError(f"part {d!r}: file {path} is missing")
-                if sha256(path) != entry.get(key + "_sha256"):
-                    raise DeployError(f"part {d!r}: file {path} is corrupt or does not match the manifest "
-                                      "(SHA-256 differs from the recorded one)")
+                check_file(export_dir, d, entry, key)
 
 
 def _ports(manifest: dict, base_port: int) -> tuple:

@@ -131,7 +131,9 @@ class Part(NamedTuple):
         return np.asarray(self.fn(self.weights, *xs))
 
 
-def _check_file(directory: str, device: str, entry: dict, key: str) -> str:
+def check_file(directory: str, device: str, entry: dict, key: str) -> str:
+    """The path of ``entry``'s ``key`` file (program or weights); DeployError when it is missing or its SHA-256
+    differs from the recorded one."""
     name = entry.get(key)
     if not isinstance(name, str):
         raise DeployError(f"manifest part {device!r} has no {key!r} file")
@@ -155,8 +157,8 @@ def load_part(directory: str, device: str, manifest: dict | None = None) -> Part
     if device not in manifest["parts"]:
         raise DeployError(f"no part for device {device!r} in {directory}; parts: {sorted(manifest['parts'])}")
     entry = manifest["parts"][device]
-    prog_path = _check_file(directory, device, entry, "program")
-    w_path = _check_file(directory, device, entry, "weights")
+    prog_path = check_file(directory, device, entry, "program")
+    w_path = check_file(directory, device, entry, "weights")
     check_versions(manifest, device, directory)
     try:
         with open(prog_path, "rb") as f:

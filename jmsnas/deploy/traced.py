@@ -30,8 +30,8 @@ from jax import export as jax_export
 
 from jmsnas import safeio
 from jmsnas import topology as topo_mod
-from jmsnas.deploy.export import check_export_args, device_graph
-from jmsnas.deploy.runtime import FORMAT, MANIFEST, DeployError, export_versions, sha256
+from jmsnas.deploy.export import check_export_args, device_graph, write_programs
+from jmsnas.deploy.runtime import FORMAT, MANIFEST, DeployError, export_versions
 
 RECORD = "traced.json"
 
@@ -205,13 +205,7 @@ def export_traced(model, topology, workdir: str, *, method: str = "chain_dp", cu
                 _write(os.path.join(tmp, "whole.jaxexport"), reference[0])
                 np.savez(os.path.join(tmp, "whole.npz"), **reference[1])
             with safeio.atomic_dir(os.path.join(workdir, "export")) as tmp:
-                for dev, (blob, weights) in programs.items():
-                    prog = safeio.child_path(tmp, dev, ".jaxexport", "device name")
-                    wfile = safeio.child_path(tmp, dev, ".npz", "device name")
-                    _write(prog, blob)
-                    np.savez(wfile, **weights)
-                    parts[dev].update(program=f"{dev}.jaxexport", program_sha256=sha256(prog),
-                                      weights=f"{dev}.npz", weights_sha256=sha256(wfile))
+                write_programs(tmp, programs, parts)
                 with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:
                     json.dump(manifest, f, indent=2)
             with safeio.atomic_write(os.path.join(workdir, RECORD), encoding="utf-8") as f:

@@ -34,6 +34,7 @@ import orbax.checkpoint as ocp
 
 from jmsnas import runcheck, safeio
 from jmsnas.checkpoint import CheckpointError, file_digests, leaf_specs, verify_digests
+from jmsnas.run.directory import unflatten
 from jmsnas.modular.blocks import Block, ModularError, Network, block_arrays, block_bytes, fingerprint, forward
 
 FORMAT = "jmsnas-modular/1"
@@ -93,14 +94,7 @@ def write_child(path: str, tree, meta: dict) -> None:
 
 def template(leaves: dict) -> dict:
     """Nested dict of empty numpy arrays from ``{"a/b": [shape, dtype]}`` (the restore template)."""
-    out = {}
-    for name, (shape, dtype) in leaves.items():
-        node = out
-        *parents, leaf = name.split("/")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = np.empty(tuple(shape), np.dtype(dtype))
-    return out
+    return unflatten({name: np.empty(tuple(shape), np.dtype(dtype)) for name, (shape, dtype) in leaves.items()})
 
 
 def read_child(path: str, leaves: dict, expect_meta: dict, where: str) -> dict:

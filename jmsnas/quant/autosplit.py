@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 import os
 
-import jax.numpy as jnp
 import numpy as np
 
 from jmsnas.quant import network, solver

@@ -36,13 +36,12 @@ Algorithm 1, with the choices this implementation makes:
 from __future__ import annotations
 
 import functools
-import math
 from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
 from jmsnas.cost import roofline
-from jmsnas.graph import LayerSpec, NetSpec
+from jmsnas.graph import NetSpec
 from jmsnas.quant.packing import transmitted_bytes
 from jmsnas.quant.quantizers import check_bit_set
 from jmsnas.split.solvers import chain_path, check_edges, cut_bytes, path_links
@@ -153,10 +152,6 @@ def _consumers_of(edges: tuple, n: int) -> dict:
     for u, v in check_edges(edges, n):
         out.setdefault(u, []).append(v)
     return out
-
-
-def _consumers(p: Problem) -> dict:
-    return _consumers_of(tuple(p.edges), p.n)
 
 
 def crossing(p: Problem, n: int) -> list:

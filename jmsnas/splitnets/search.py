@@ -171,32 +171,19 @@ class CostCache:
 
 def sandwich_step(space: SplitSpace, lr: float, lambda1: float, num_random: int, extra_prob: float):
     """Pure ``(state, x, y) -> (state, metrics)``: largest + smallest + ``num_random`` random networks, summed
-    gradients, one Adam step. x float32[B, V, H, W, C], y int32[B]."""
-    tx = optax.adam(lr)
+    gradients, one Adam step (``evolve.sandwich_update``). x float32[B, V, H, W, C], y int32[B]."""
     mask = jnp.asarray(space.mask())
     big, small = jnp.asarray(space.extreme(True)), jnp.asarray(space.extreme(False))
     P = space.num_phases
-
-    def loss_fn(p, bn, genes, extras, x, y):
-        logits, bn = N.apply(space, p, bn, genes, x, train=True, extras=extras)
-        return cross_entropy(logits, y), (bn, jnp.mean((jnp.argmax(logits, -1) == y).astype(jnp.float32)))
+    update = EV.sandwich_update(optax.adam(lr), lambda1, lambda p, bn, arch, x: N.apply(
+        space, p, bn, arch[0], x, train=True, extras=arch[1]))
 
     def step(st: train.SupernetState, x, y):
         key, k1, k2 = jax.random.split(st.key, 3)
         genes = jnp.concatenate([big[None], small[None], sample_valid(k1, mask, num_random)]).astype(jnp.int32)
         extras = jax.random.bernoulli(k2, extra_prob, (genes.shape[0], P)).astype(jnp.float32)
         extras = extras.at[:2].set(0.0)
-
-        def body(carry, ge):
-            grads, bn = carry
-            (ce, (bn, acc)), g = jax.value_and_grad(loss_fn, has_aux=True)(st.params, bn, ge[0], ge[1], x, y)
-            return (jax.tree_util.tree_map(jnp.add, grads, g), bn), (ce, acc)
-
-        zeros = jax.tree_util.tree_map(jnp.zeros_like, st.params)
-        (grads, bn), (ce, acc) = jax.lax.scan(body, (zeros, st.bn), (genes, extras))
-        grads = jax.tree_util.tree_map(jnp.add, grads, jax.grad(lambda p: lambda1 * l2_norm_sq(p))(st.params))
-        updates, opt = tx.update(grads, st.opt, st.params)
-        st = train.SupernetState(optax.apply_updates(st.params, updates), bn, opt, key, st.step + 1)
+        st, ce, acc = update(st, key, (genes, extras), x, y)
         return st, {"loss": jnp.mean(ce), "acc": jnp.mean(acc), "loss_largest": ce[0], "loss_smallest": ce[1]}
 
     return step
