@@ -200,8 +200,9 @@ def load_part(directory: str, device: str, manifest: dict | None = None) -> Part
 
 
 class Stages(NamedTuple):
-    """A part that runs as a sequence of programs (a separable network's group, ``jmsnas.deploy.separable``):
-    ``stages`` holds (Part, its manifest entry) in order; ``inputs`` the part's remote inputs (one per source)."""
+    """A part as the worker runs it: a sequence of programs (a separable network's group,
+    ``jmsnas.deploy.separable``; any other part is one stage): ``stages`` holds (Part, its manifest entry) in order;
+    ``inputs`` the part's remote inputs (one per source)."""
 
     device: str
     inputs: list
@@ -209,8 +210,14 @@ class Stages(NamedTuple):
 
 
 def load_stages(directory: str, device: str, manifest: dict) -> Stages:
-    """Loads every stage of ``device``'s part (``load_part`` on each: SHA-256, signature, versions, platform)."""
+    """Loads every stage of ``device``'s part (``load_part`` on each: SHA-256, signature, versions, platform). A
+    part of one program is one stage: it takes every input, sends its output to every device it goes to and, on
+    the last device, to the result."""
     entry = manifest["parts"][device]
+    if "stages" not in entry:
+        st = {"inputs": entry["inputs"], "send": [{"to": d, "channels": None} for d in entry["to"] if d != "result"],
+              "carry": False, "result": "result" in entry["to"]}
+        return Stages(device, list(entry["inputs"]), ((load_part(directory, device, manifest), st),))
     stages = tuple((load_part(directory, st["stage"], {**manifest, "parts": {st["stage"]: st}}), st)
                    for st in entry["stages"])
     return Stages(device, list(entry["inputs"]), stages)

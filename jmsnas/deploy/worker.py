@@ -28,9 +28,9 @@ The control protocol (frames of ``links``; JSON unless said; the worker's times 
    or sends the output to the coordinator (ARRAY frame, unthrottled) on the last device, and reports ``{"done":
    image, "c0", "c1", "host_ms", "in": {src: [tx_start (sender's clock), tx_end (sender's), arrival, release,
    payload Mbit/s seen by this receiver]}}``;
-   A staged part (``runtime.Stages``, a separable network's group) runs its stages in order for every image
-   instead (``_StageRunner``): stage k waits for the frames its remote inputs send it, sends F(y) to its ``send``
-   destinations and keeps y for the next stage; one record per image.
+   A staged part (``runtime.Stages``, a separable network's group; any other part is one stage) runs its stages in
+   order for every image (``_StageRunner``): stage k waits for the frames its remote inputs send it, sends F(y) to
+   its ``send`` destinations and keeps y for the next stage; one record per image.
 6. on STOP from every input: forwards STOP, waits for its senders, sends ``{"bye": true}`` and exits 0 (a staged
    part forwards STOP once its first stage's source stopped and no image is left: its links form cycles).
 
@@ -57,7 +57,7 @@ import threading
 import numpy as np
 
 from jmsnas.deploy import links as L
-from jmsnas.deploy.runtime import DeployError, Stages, load_part, load_stages, versions
+from jmsnas.deploy.runtime import DeployError, load_stages, versions
 
 _TMP: list = []  # the temporary directory holding this session's part files (removed on every way out)
 
@@ -89,7 +89,7 @@ def _calibrate(part, calls: int, warmup: int = 0) -> list:
     more untimed ones."""
     if not 0 <= calls <= 100000 or not 0 <= warmup <= 100000:
         raise ValueError(f"calibrate takes 0-100000 calls and 0-100000 warmup calls, got {calls}, {warmup}")
-    parts = [p for p, _ in part.stages] if isinstance(part, Stages) else [part]  # a staged part: every stage
+    parts = [p for p, _ in part.stages]  # every stage
     xs = [[np.zeros(i["shape"], i["dtype"]) for i in p.inputs] for p in parts]
     for _ in range(1 + warmup):
         for p, x in zip(parts, xs):
@@ -158,7 +158,7 @@ def _watch_control(sock) -> None:
 
 def _receive_part(ctl: _Control, msg: dict):
     """Step 2 (``msg``: the ``{"part", "manifest"}`` message): the part's files from the coordinator, stored and
-    loaded (``runtime.load_part``)."""
+    loaded (``runtime.load_stages``)."""
     device, manifest = msg["part"], msg["manifest"]
     entry = manifest["parts"][device]
     folder = tempfile.mkdtemp(prefix=f"jmsnas_part_{device}_")
@@ -172,9 +172,7 @@ def _receive_part(ctl: _Control, msg: dict):
             stage[key] = name
     with open(os.path.join(folder, "manifest.json"), "w", encoding="utf-8") as f:
         json.dump(manifest, f)
-    if "stages" in entry:
-        return device, load_stages(folder, device, manifest)
-    return device, load_part(folder, device, manifest)
+    return device, load_stages(folder, device, manifest)
 
 
 def _setup(args, ctl: _Control):
@@ -233,13 +231,13 @@ def _serve(ctl: _Control, device, part, msg, outs, ins, framing) -> None:
     threading.Thread(target=_watch_control, args=(ctl.sock,), daemon=True).start()
     ctl.send(L.JSON, value={"ready": True, "framing": framing})
     order = [i["from"] for i in part.inputs]
-    pending, stopped = {}, set()
-    staged = _StageRunner(ctl, part, senders, float(msg["stretch"])) if isinstance(part, Stages) else None
+    stopped = set()
+    staged = _StageRunner(ctl, part, senders, float(msg["stretch"]))
     forwarded = False
     while len(stopped) < len(order):
-        if staged is not None and not forwarded and staged.finished(stopped):
-            for link in senders:  # the exchanges form cycles: stop the links once no image is left, not on STOP
-                link.put(None)   # from every input (which would wait on each other)
+        if not forwarded and staged.finished(stopped):
+            for link in senders:  # a staged part's exchanges form cycles: stop the links once no image is left,
+                link.put(None)   # not on STOP from every input (which would wait on each other)
             forwarded = True
         if not errors.empty():
             raise RuntimeError(errors.get()[1])
@@ -259,15 +257,7 @@ def _serve(ctl: _Control, device, part, msg, outs, ins, framing) -> None:
                     stopped.add(src)
                     sel.unregister(key.fileobj)
                     break
-                if staged is not None:
-                    staged.feed(src, fr, L.release_time(fr, *msg["in"].get(src, (0.0, 0.0))))
-                    continue
-                slot = pending.setdefault(fr.image, {})
-                slot[src] = (fr, L.release_time(fr, *msg["in"].get(src, (0.0, 0.0))))
-                if len(slot) == len(order):
-                    del pending[fr.image]
-                    _compute(ctl, part, order, slot, fr.image, float(msg["stretch"]), senders,
-                             "result" in msg["to"])
+                staged.feed(src, fr, L.release_time(fr, *msg["in"].get(src, (0.0, 0.0))))
     for link in senders if not forwarded else []:
         link.put(None)
     for link in senders:
@@ -278,11 +268,13 @@ def _serve(ctl: _Control, device, part, msg, outs, ins, framing) -> None:
 
 
 class _StageRunner:
-    """Runs a staged part (``runtime.Stages``) image after image: stage k waits for what its remote inputs send
-    (frames from one source are used in the order they arrive: a sender sends in stage order), runs, sends F(y) of
-    its output to every ``send`` destination (the first ``channels`` channels, in the link's dtype), keeps y as the
-    next stage's carry and, on the output device, sends the last stage's output to the coordinator. One timing
-    record per image: c0 = its first stage's start, c1 = its last stage's end, ``in`` = each source's last frame."""
+    """Runs a part (``runtime.Stages``: a plain part is one stage) image after image: stage k waits for what its
+    remote inputs send (frames from one source are used in the order they arrive: a sender sends in stage order)
+    and until they are released (the links' latency), runs, sleeps ``(stretch - 1) x`` its call time when the
+    device is to play a slower one, sends F(y) of its output to every ``send`` destination (the first ``channels``
+    channels, in the link's dtype; all of y for ``channels`` None), keeps y as the next stage's carry and, on the
+    output device, sends the last stage's output to the coordinator. One timing record per image: c0 = its first
+    stage's start, c1 = its last stage's end of compute, ``in`` = each source's last frame."""
 
     def __init__(self, ctl, part, senders, stretch: float):
         self.ctl, self.part, self.stretch = ctl, part, stretch
@@ -290,10 +282,10 @@ class _StageRunner:
         self.frames, self.image, self.k, self.carry, self.c0, self.host, self.seen = {}, None, 0, None, 0.0, 0.0, {}
 
     def finished(self, stopped: set) -> bool:
-        """No image left: the source of the first stage (the camera or the stem's device) stopped and every image
-        it sent has run all stages."""
-        first = next(i["from"] for i in self.part.stages[0][1]["inputs"] if i["from"] != "carry")
-        return first in stopped and self.image is None and not self.frames
+        """No image left: the sources of the first stage (the camera or the stem's device; a plain part's inputs)
+        stopped and every image they sent has run all stages."""
+        first = [i["from"] for i in self.part.stages[0][1]["inputs"] if i["from"] != "carry"]
+        return all(s in stopped for s in first) and self.image is None and not self.frames
 
     def feed(self, src, fr, release) -> None:
         self.frames.setdefault((fr.image, src), []).append((fr, release))
@@ -325,38 +317,20 @@ class _StageRunner:
         self.host += host
         if self.stretch > 1.0:
             L.sleep_until(t0 + host * self.stretch)
+        c1 = L.now()
         for s in st["send"]:
-            part = y if s["channels"] is None else y[..., :s["channels"]]
-            self.links[s["to"]].put((self.image, np.ascontiguousarray(part.astype(s["dtype"]))))
+            self.links[s["to"]].put((self.image, y if s["channels"] is None else
+                                     np.ascontiguousarray(y[..., :s["channels"]].astype(s["dtype"]))))
         if st["result"]:
             self.ctl.send(L.ARRAY, self.image, y)
         self.carry = y if st["carry"] else None
         self.k += 1
         if self.k == len(self.part.stages):
             self.ctl.send(L.JSON, self.image, {
-                "done": self.image, "c0": self.c0, "c1": L.now(), "host_ms": self.host * 1e3,
+                "done": self.image, "c0": self.c0, "c1": c1, "host_ms": self.host * 1e3,
                 "in": {s: [f.tx_start, f.tx_end, f.arrival, r, f.rx_mbps] for s, (f, r) in self.seen.items()}})
             self.image = None
         return True
-
-
-def _compute(ctl: _Control, part, order, slot, image: int, stretch: float, senders, to_result: bool) -> None:
-    """Runs the part on the released inputs of ``image``, stretched to ``stretch`` x its time, passes it on and
-    reports the timing record."""
-    L.sleep_until(max(r for _, r in slot.values()))  # every input released (the links' latency)
-    xs = [slot[s][0].value for s in order]
-    c0 = L.now()
-    y = part(*xs)
-    host = L.now() - c0
-    if stretch > 1.0:
-        L.sleep_until(c0 + host * stretch)
-    c1 = L.now()
-    for link in senders:
-        link.put((image, y))
-    if to_result:
-        ctl.send(L.ARRAY, image, y)
-    ctl.send(L.JSON, image, {"done": image, "c0": c0, "c1": c1, "host_ms": host * 1e3,
-                             "in": {s: [f.tx_start, f.tx_end, f.arrival, r, f.rx_mbps] for s, (f, r) in slot.items()}})
 
 
 def _control(args) -> _Control:
