@@ -28,10 +28,10 @@ TIMEOUT = procs.TIMEOUT
 
 
 @pytest.fixture
-def run_env(tmp_path):
+def run_env(tmp_path, tiny_compile_cache):
     cfg = tmp_path / "tiny.py"
     cfg.write_text(TINY)
-    environ = procs.env(tmp_path / "jax_cache")
+    environ = procs.env(tiny_compile_cache)  # the compile cache conftest's trained_run filled
     started = []
 
     def start(workdir, *extra, n=1, cmd="search"):
@@ -59,11 +59,12 @@ def _same(a, b):
 
 
 @pytest.mark.slow
-def test_two_processes_give_the_one_process_result_and_resume(run_env, tmp_path):
+def test_two_processes_give_the_one_process_result_and_resume(run_env, trained_run, tmp_path):
     """One process, then two processes killed after their first checkpoint and resumed: the same losses, E[T]
-    (a function of alpha) and architecture (an uninterrupted two-process run is the special case without kill)."""
-    one, killed = tmp_path / "one", tmp_path / "killed"
-    procs.finish(run_env(one))
+    (a function of alpha) and architecture (an uninterrupted two-process run is the special case without kill).
+    The one-process run is conftest's trained_run: the same tiny config apart from the checkpoint cadence, which
+    only decides when a checkpoint is written."""
+    one, killed = trained_run, tmp_path / "killed"
     group = run_env(killed, n=2)
     ck = killed / "checkpoints" / "search"
     deadline = time.time() + TIMEOUT

@@ -14,20 +14,6 @@ from jmsnas import cli
 from jmsnas.checkpoint import Checkpointer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = textwrap.dedent("""
-    from jmsnas.configs import default_config, mesh_config, tiny
-    def get_config(arg=None):
-        c = tiny(mesh_config() if arg == "mesh" else default_config())
-        c.dw_impl = "xla"  # compiles fastest; the shifted path has its own tests
-        return c
-""")
-
-
-@pytest.fixture(scope="module")
-def tiny_config(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cfg") / "tiny.py"
-    path.write_text(TINY)
-    return str(path)
 
 
 def _env(tmp_path):
@@ -45,15 +31,15 @@ def _search(cfg, workdir, env, *extra):
 
 
 @pytest.mark.slow
-def test_kill_mid_epoch_and_resume_gives_the_same_architecture(tiny_config, tmp_path):
-    env = _env(tmp_path)
-    ref = _search(tiny_config, tmp_path / "ref", env)
-    out, err = ref.communicate(timeout=900)
-    assert ref.returncode == 0, err
-    expected = json.loads((tmp_path / "ref" / "result.json").read_text())
+def test_kill_mid_epoch_and_resume_gives_the_same_architecture(tiny_config_file, trained_run, tiny_compile_cache,
+                                                               tmp_path):
+    # the uninterrupted run: conftest's trained_run, `jmsnas search` of the same tiny config; its compile cache
+    # makes the killed run's steps start at once
+    env = dict(_env(tmp_path), JAX_COMPILATION_CACHE_DIR=str(tiny_compile_cache))
+    expected = json.loads((trained_run / "result.json").read_text())
 
     run = tmp_path / "killed"
-    proc = _search(tiny_config, run, env)
+    proc = _search(str(tiny_config_file), run, env)
     ckpt_dir = run / "checkpoints" / "search"
     deadline = time.time() + 900
     killed_at = None
@@ -71,7 +57,7 @@ def test_kill_mid_epoch_and_resume_gives_the_same_architecture(tiny_config, tmp_
     assert meta["batch"] > 0, "the kill should land in the middle of an epoch"
     assert not (run / "result.json").exists()
 
-    resumed = _search(tiny_config, run, env, "--resume")
+    resumed = _search(str(tiny_config_file), run, env, "--resume")
     out, err = resumed.communicate(timeout=900)
     assert resumed.returncode == 0, err
     got = json.loads((run / "result.json").read_text())
@@ -182,7 +168,7 @@ def test_existing_run_is_not_overwritten_without_resume(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["mismatched", "garbage"])
-def test_corrupt_checkpoint_is_reported_and_kept(capsys, tmp_path, tiny_config, damage):
+def test_corrupt_checkpoint_is_reported_and_kept(capsys, tmp_path, tiny_config_file, damage):
     ckdir = tmp_path / "checkpoints" / "search"
     with Checkpointer(str(ckdir)) as c:
         c.save(3, {"alpha": np.zeros((2, 13), np.float32)}, {"epoch": 0, "batch": 3, "history": [],
@@ -193,7 +179,7 @@ def test_corrupt_checkpoint_is_reported_and_kept(capsys, tmp_path, tiny_config, 
                 with open(os.path.join(root, f), "wb") as fh:
                     fh.write(b"\x00garbage")
     before = _tree_digest(tmp_path)
-    err = _cli_error(capsys, ["search", "--config", tiny_config, "--workdir", str(tmp_path), "--resume"])
+    err = _cli_error(capsys, ["search", "--config", str(tiny_config_file), "--workdir", str(tmp_path), "--resume"])
     assert "checkpoint" in err
     assert _tree_digest(tmp_path) == before
 

@@ -71,9 +71,8 @@ def test_a_tensorboard_setting_that_is_not_a_bool_is_refused(value):
         pipeline.validate_config(cfg)
 
 
-def test_tiny_search_logs_every_scalar(tmp_path):
-    cfg = configs.tiny(configs.default_config())
-    cfg.dw_impl = "xla"
+def test_tiny_search_logs_every_scalar(tmp_path, tiny_config):
+    cfg = tiny_config
     cfg.search.gate_mode = "gumbel_soft"  # a mode that samples with a temperature
     cfg.max_train, cfg.max_eval, cfg.search.warmup_epochs = 64, 64, 0
     result = pipeline.search(cfg, str(tmp_path), progress=False)

@@ -36,10 +36,10 @@ def fails(capsys, argv, *needles, code=2):
     return err
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """A finished tiny run (parts/, result.json, config.json), shared read-only by the tests of this module."""
-    return tinyrun.make(str(tmp_path_factory.mktemp("run") / "run"))
+@pytest.fixture
+def run(tiny_run):
+    """A finished tiny run (parts/, result.json, config.json): this test's own copy of conftest's tiny_run."""
+    return str(tiny_run)
 
 
 def _topology(path, names, dup=False):
