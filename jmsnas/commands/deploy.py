@@ -118,20 +118,11 @@ def run(args) -> int:
     try:
         if args.command == "export":
             platforms = tuple(p.strip() for p in args.platforms.split(",") if p.strip())
-            from jmsnas.deploy import autosplit, separable, splitnets
             if args.model is not None:
                 m, out = _export_traced(args, platforms), os.path.join(args.workdir, "export")
-            elif autosplit.is_autosplit(args.workdir):  # jmsnas autosplit --write-parts DIR
-                m = autosplit.export_autosplit(args.workdir, args.out, platforms=platforms, batch=args.batch)
-                out = args.out or os.path.join(args.workdir, "export")
-            elif splitnets.is_splitnets(args.workdir):  # jmsnas evolve with a splitnets block
-                m = splitnets.export_splitnets(args.workdir, args.out, platforms=platforms, batch=args.batch)
-                out = args.out or os.path.join(args.workdir, "export")
-            elif separable.is_separable(args.workdir):  # jmsnas separable: G staged parts
-                m = separable.export_separable(args.workdir, args.out, platforms=platforms, batch=args.batch)
-                out = args.out or os.path.join(args.workdir, "export")
             else:
-                m = export_run(args.workdir, args.out, platforms=platforms, batch=args.batch)
+                export = system(args.workdir)[0] or export_run  # a traced workdir: export_run names what is missing
+                m = export(args.workdir, args.out, platforms=platforms, batch=args.batch)
                 out = args.out or os.path.join(args.workdir, "export")
             for d in m["order"]:
                 part = m["parts"][d]
@@ -139,9 +130,28 @@ def run(args) -> int:
                       f"{[i['from'] for i in part['inputs']]}  out {part['output']['shape']} to {part['to']}")
             print(f"wrote {out} ({', '.join(m['platforms'])})")
             return 0
-        return _pipeline(args, export_run)
+        return _pipeline(args)
     except (DeployError, DatasetError, TopologyError, ValueError) as e:
         return fail(args.command, e)
+
+
+def system(workdir: str) -> tuple:
+    """(export(workdir, out, platforms=, batch=), images(workdir, n) -> (images, labels or None), whole(workdir) ->
+    the reference f(images)) of the parts in ``workdir``, by what wrote them: ``jmsnas export --model`` (your own
+    model: no export from the workdir, its evaluation data and its own apply), ``jmsnas autosplit --write-parts``
+    (its run's test images, its fake-quantized network), ``jmsnas evolve`` with a ``splitnets`` block (V views per
+    image, the sensor and aggregator parts composed in one process), ``jmsnas separable`` (G staged parts,
+    ``network.apply`` on the stored params) or a search run (its compact network)."""
+    from jmsnas.deploy import autosplit, export, reference, separable, splitnets, traced
+    if traced.is_traced(workdir):
+        return None, traced.eval_images, traced.whole_model
+    if autosplit.is_autosplit(workdir):
+        return autosplit.export_autosplit, autosplit.eval_images, autosplit.fake_quant_reference
+    if splitnets.is_splitnets(workdir):
+        return splitnets.export_splitnets, splitnets.test_images, splitnets.whole_network
+    if separable.is_separable(workdir):
+        return separable.export_separable, separable.test_images, separable.whole_network
+    return export.export_run, reference.test_images, reference.whole_network
 
 
 def _export_traced(args, platforms) -> dict:
@@ -162,14 +172,13 @@ def _export_traced(args, platforms) -> dict:
                          data_dir=args.data_dir)
 
 
-def _pipeline(args, export_run) -> int:
+def _pipeline(args) -> int:
     import numpy as np
 
-    from jmsnas.deploy import reference, report
+    from jmsnas.deploy import report, separable
     from jmsnas.deploy.analysis import analyze
     from jmsnas.deploy.hosts import read_hosts
     from jmsnas.deploy.pipeline import run_pipeline
-    from jmsnas.deploy import traced
     from jmsnas.deploy.runtime import DeployError, load_manifest
     compute = parse_compute(args.compute_scale)
     hosts = read_hosts(args.hosts) if args.hosts else None
@@ -180,39 +189,18 @@ def _pipeline(args, export_run) -> int:
     if not args.connect_timeout > 0:
         raise DeployError(f"--connect-timeout must be > 0 seconds, got {args.connect_timeout!r}")
     export_dir = args.export_dir or os.path.join(args.workdir, "export")
-    from jmsnas.deploy import autosplit, separable, splitnets
-    split_parts, views = autosplit.is_autosplit(args.workdir), splitnets.is_splitnets(args.workdir)
+    export, images_of, whole_of = system(args.workdir)
     groups = separable.is_separable(args.workdir)
-    if traced.is_traced(args.workdir):  # your own model: its evaluation data and its own apply as the reference
-        images, labels = traced.eval_images(args.workdir, args.images)
-        whole = lambda: traced.whole_model(args.workdir)
-    elif split_parts:  # Auto-Split's parts: its run's test images, its fake-quantized network as the reference
-        images, labels = autosplit.eval_images(args.workdir, args.images)
-        whole = lambda: autosplit.fake_quant_reference(args.workdir)
-    elif views:  # SplitNets: V views per image, the sensor and aggregator parts composed in one process
-        images, labels = splitnets.test_images(args.workdir, args.images)
-        whole = lambda: splitnets.whole_network(args.workdir)
-    elif groups:  # a separable network: G staged parts; network.apply on the stored params as the reference
-        images, labels = separable.test_images(args.workdir, args.images)
-        whole = lambda: separable.whole_network(args.workdir)
-    else:
-        images, labels = reference.test_images(args.workdir, args.images)
-        whole = lambda: reference.whole_network(args.workdir)
+    images, labels = images_of(args.workdir, args.images)
+    whole = lambda: whole_of(args.workdir)
     for s in args.bandwidth_scale:
         if not s > 0:
             raise DeployError(f"--bandwidth-scale values must be > 0, got {s!r}")
     if not os.path.isfile(os.path.join(export_dir, "manifest.json")):
-        if traced.is_traced(args.workdir):
+        if export is None:  # your own model: exported by jmsnas export --model only
             raise DeployError(f"{export_dir} has no manifest.json; export the model again (jmsnas export --model "
                               f"... --workdir {args.workdir})")
-        if split_parts:
-            autosplit.export_autosplit(args.workdir, export_dir)
-        elif views:
-            splitnets.export_splitnets(args.workdir, export_dir)
-        elif groups:
-            separable.export_separable(args.workdir, export_dir)
-        else:
-            export_run(args.workdir, export_dir)
+        export(args.workdir, export_dir)
     manifest = load_manifest(export_dir)
     analyses, outputs = [], None
     for s in args.bandwidth_scale:

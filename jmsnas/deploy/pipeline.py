@@ -249,12 +249,14 @@ class _Cluster:
                     with open(os.path.join(export_dir, entry[key]), "rb") as f:
                         self.send(d, L.ARRAY, value=np.frombuffer(f.read(), np.uint8))
 
-    def check_alive(self) -> None:
+    def check_alive(self, raise_: bool = True) -> None:
+        """Records every process that exited without its bye as an error; _Failure when there is one (with
+        ``raise_``)."""
         for d in self.procs:
             rc = self.procs[d].poll()
             if rc is not None and d not in self.bye:
                 self.errors.setdefault(d, ("exit", rc))
-        if self.errors:
+        if self.errors and raise_:
             raise _Failure()
 
     def send(self, dev, kind, image=-1, value=None):
@@ -306,10 +308,7 @@ def _diagnose(cl: _Cluster, done: dict, in_flight, timeout_s: float | None) -> s
     time.sleep(0.3)  # let the exits and error messages of the others settle
     while not cl.events.empty():
         cl.handle(cl.events.get())
-    for d in cl.procs:
-        rc = cl.procs[d].poll()
-        if rc is not None and d not in cl.bye:
-            cl.errors.setdefault(d, ("exit", rc))
+    cl.check_alive(raise_=False)
     img = f" while image {in_flight} was in flight" if in_flight is not None else " before the stream began"
     rc = {d: cl.procs[d].poll() if d in cl.procs else None for d in cl.order}
     kind = lambda d: cl.errors.get(d, ("",))[0]

@@ -9,6 +9,8 @@ aggregator path, max_b (tau^r + eps_{r,b} + tau^b + eps_{b,agg}); as in ``jmsnas
 """
 from __future__ import annotations
 
+from jmsnas.topology import transfer_ms
+
 
 def cameras(manifest: dict) -> list:
     """(device, view or None) of every part that takes the image (the camera feeds each over its own unthrottled
@@ -21,9 +23,7 @@ def link_name(src: str, dst: str) -> str:
     return f"{src}->{dst}"
 
 
-def link_ms(nbytes: float, bandwidth_mbps: float, latency_ms: float = 0.0) -> float:
-    """eps = bytes * 8 / bandwidth + latency (ms; bandwidth in Mbit/s)."""
-    return nbytes * 8.0 / (bandwidth_mbps * 1e3) + latency_ms
+link_ms = transfer_ms  # eps = bytes * 8 / bandwidth + latency (ms; bandwidth in Mbit/s): the topology's own formula
 
 
 def total_ms(manifest: dict, device_ms: dict, link_terms: dict) -> float:

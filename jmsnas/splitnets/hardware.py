@@ -22,7 +22,7 @@ from jmsnas.cost import roofline
 from jmsnas.cost.memory import peak_memory_bytes
 from jmsnas.graph import LayerSpec, NetSpec
 from jmsnas.splitnets.space import SplitArch, SplitSpace
-from jmsnas.topology import DeviceProfile, TopologyError, presets
+from jmsnas.topology import DeviceProfile, TopologyError, presets, transfer_ms
 
 MB = 1e6  # the paper's MB are decimal (Table 4)
 
@@ -75,7 +75,7 @@ def from_topology(topo) -> HMD:
 def comm_ms(bytes_per_sensor: float, bus_mbps: float, senders: int) -> float:
     """Time in ms until all ``senders`` sensors have sent ``bytes_per_sensor`` each over a bus of ``bus_mbps``
     Mbit/s divided equally among them (each at bus_mbps / senders, all at once)."""
-    return bytes_per_sensor * 8.0 / (bus_mbps / senders * 1e3)
+    return transfer_ms(bytes_per_sensor, bus_mbps / senders)
 
 
 class _Builder:

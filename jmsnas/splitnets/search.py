@@ -24,7 +24,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from jmsnas import data, evolve as EV, strategies, tensorboard as tb, timing, train
+from jmsnas import data, evolve as EV, tensorboard as tb, timing, train
 from jmsnas.checkpoint import Checkpointer
 from jmsnas.objectives import cross_entropy, l2_norm_sq
 from jmsnas.run import directory, loop, processes
@@ -68,8 +68,6 @@ def hardware(cfg) -> H.HMD:
     s = cfg.splitnets
     if s.topology:
         from jmsnas import topology as T
-        if not hasattr(T, "load"):
-            raise ConfigError("splitnets.topology needs topology files (jmsnas.topology.load)")
         hw = H.from_topology(T.load(s.topology))
         if hw.num_sensors != s.views:
             raise ConfigError(f"splitnets.views={s.views} does not match topology {s.topology!r}, whose bus has "
@@ -274,8 +272,7 @@ def evolution(cfg, space, params, costs: CostCache, calib, xv, yv, progress=True
     """Stage 2 on the run layer's evolution loop (``jmsnas.run.evolution``: checkpoints in ``ckpt``, the population
     shared out among the processes). Returns (winner genes int32[G], per-generation log, best record)."""
     e, t_const, mem = cfg.evolve, float(cfg.t_const_ms), costs.hw.sensor_memory_bytes
-    strat = strategies.make("evolution", mask=space.mask(), population=e.population, parent_ratio=e.parent_ratio,
-                            mutation_prob=e.mutation_prob, mutation_ratio=e.mutation_ratio)
+    strat = EV.make_strategy(space.mask(), e)
     key = jax.random.PRNGKey(cfg.seed + 4)
     k0, kp = jax.random.split(key)
     es = strat.init(k0)
