@@ -62,8 +62,6 @@ def validate_config(cfg) -> None:
         if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "warmup_epochs" else 1):
             raise ConfigError(f"search.{name} must be a {'non-negative' if name == 'warmup_epochs' else 'positive'}"
                               f" integer, got {v!r}")
-    if cfg.retrain.epochs < 0:
-        raise ConfigError(f"retrain.epochs must be >= 0, got {cfg.retrain.epochs!r}")
     n_dev = jax.device_count()
     for name, bs in (("search.batch_size", s.batch_size), ("eval_batch_size", cfg.eval_batch_size)):
         if bs % n_dev:

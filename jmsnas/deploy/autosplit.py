@@ -63,15 +63,6 @@ def _units(m: dict) -> tuple:
                  for u in m["units"])
 
 
-def _apply(u, w, b, outs):
-    y = network._unit_apply(u, {"w": w, "b": b}, outs[u.inputs[0]], "xla")  # no custom calls in a program
-    if u.relu6:
-        y = jax.nn.relu6(y)
-    for j in u.inputs[1:]:
-        y = y + outs[j]
-    return y
-
-
 def _encode(y, lo, hi, bits: int):
     """uint8[B, bytes]: tensor y float32[B, ...] as sent at ``bits`` (1..8 packed codes, 16 float16, else float32)."""
     flat = y.reshape(y.shape[0], -1)
@@ -115,7 +106,7 @@ def edge_forward(m: dict):
             else:
                 weight = w[f"{i}/w_f16"].astype(jnp.float32)
             lo, hi = w[f"{i}/act_range"][0], w[f"{i}/act_range"][1]
-            pre[i] = _apply(u, weight, w[f"{i}/b"], outs)
+            pre[i] = network.unit_output(u, {"w": weight, "b": w[f"{i}/b"]}, outs, "xla")  # no custom calls
             outs[i] = fake_quant_act(pre[i], lo, hi, int(spec["act_bits"]))
         rows = [_encode(pre[s["tensor"]], w[f"{s['tensor']}/act_range"][0], w[f"{s['tensor']}/act_range"][1],
                         int(s["bits"])) for s in m["sent"]]
@@ -135,7 +126,7 @@ def cloud_forward(m: dict):
             outs[j] = _decode(packed[:, at:at + nbytes], r[0], r[1], int(s["bits"]), units[j].out_shape)
             at += nbytes
         for i in range(n, len(units)):
-            outs[i] = _apply(units[i], w[f"{i}/w"], w[f"{i}/b"], outs)
+            outs[i] = network.unit_output(units[i], {"w": w[f"{i}/w"], "b": w[f"{i}/b"]}, outs, "xla")
         return outs[len(units) - 1]
     return f
 

@@ -259,6 +259,16 @@ class _Cluster:
         if self.errors and raise_:
             raise _Failure()
 
+    def next_event(self):
+        """The next event's (device, frame) (``handle``; None when none came within 50 ms or it was no frame),
+        after which every process must still be alive (``check_alive``)."""
+        try:
+            ev = self.handle(self.events.get(timeout=0.05))
+        except queue.Empty:
+            ev = None
+        self.check_alive()
+        return ev
+
     def send(self, dev, kind, image=-1, value=None):
         L.send_frame(self.ctl[dev], kind, image, value)
 
@@ -458,11 +468,7 @@ def run_pipeline(export_dir: str, images: np.ndarray, *, bandwidth_scale: float 
                 L.send_frame(sock, L.STOP)
             deadline = time.time() + hang_s
             while len(cl.bye) < len(order):
-                try:
-                    cl.handle(cl.events.get(timeout=0.05))
-                except queue.Empty:
-                    pass
-                cl.check_alive()
+                cl.next_event()
                 if time.time() > deadline:
                     late = [d for d in order if d not in cl.bye]
                     raise DeployError(f"devices {late} did not stop within {hang_s:.3g} s after the stream ended")
@@ -502,13 +508,9 @@ def _collect(cl: _Cluster, key: str, deadline: float, devices=None, frames: bool
     devices = cl.order if devices is None else devices
     got = {}
     while len(got) < len(devices):
-        try:
-            ev = cl.handle(cl.events.get(timeout=0.05))
-        except queue.Empty:
-            ev = None
+        ev = cl.next_event()
         if ev is not None and ev[0] in devices and ev[1].kind == L.JSON and key in ev[1].value:
             got[ev[0]] = ev[1] if frames else ev[1].value
-        cl.check_alive()
         if time.time() > deadline:
             missing = [d for d in devices if d not in got]
             raise DeployError(f"devices {missing} did not report {key!r} within the startup timeout")
@@ -529,11 +531,7 @@ def _stream(cl: _Cluster, src, batches, ids, window: int, done: dict, timeout_s:
             cl.sent.append(ids[sent])
             sent += 1
             progress = time.time()
-        try:
-            ev = cl.handle(cl.events.get(timeout=0.05))
-        except queue.Empty:
-            ev = None
-        cl.check_alive()
+        ev = cl.next_event()
         if ev is not None:
             dev, fr = ev
             progress = time.time()

@@ -111,7 +111,7 @@ def export_traced(model, topology, workdir: str, *, method: str = "chain_dp", cu
     split's points given instead of ``method`` (``assignment_of_cuts``)."""
     from jmsnas.split import compare, solvers
     from jmsnas.traced import evaldata, run
-    from jmsnas.traced.ref import UserModel, resolve
+    from jmsnas.traced.ref import resolve
     from jmsnas.traced.trace import trace
     platforms = check_export_args(platforms, batch)
     if os.path.exists(workdir) and not os.path.isdir(workdir):

@@ -52,12 +52,6 @@ def shape_distortion(net, bit_set, seed: int = 0, max_channels: int = 64, max_el
     return dw, da
 
 
-def _bit_arrays(units: int, s: solver.Solution):
-    wb, ab = np.zeros(units, np.int32), np.zeros(units, np.int32)
-    wb[: s.split], ab[: s.split] = s.wbits, s.abits
-    return wb, ab
-
-
 def _solution_json(p: solver.Solution, prob: solver.Problem) -> dict:
     return {
         "split": p.split,
@@ -119,7 +113,7 @@ def prepare(model: str, topo: Topology, memory_bytes: float, bits, select_on: st
                                input_bits=8)
     u = len(fn.units)
     val, test = run.dataset.val, run.dataset.test
-    acc = lambda split, s: network.accuracy(fn, split.images, split.labels, *_bit_arrays(u, s), ranges)
+    acc = lambda split, s: network.accuracy(fn, split.images, split.labels, *s.bit_arrays(u), ranges)
     ref_val = network.accuracy(fn, val.images, val.labels, *network.float_bits(fn))
     ref_test = network.accuracy(fn, test.images, test.labels, *network.float_bits(fn))
     cache = {}

@@ -121,15 +121,23 @@ def load_run(run: str) -> Run:
 
 # ----------------------------------------------------------------------------------------------- forward
 
-def _unit_apply(u: Unit, p, h, impl: str = "auto"):
-    """One folded unit; ``impl`` "xla" keeps the program free of custom calls (an exported part)."""
+def unit_output(u: Unit, p, outs: dict, impl: str = "auto"):
+    """One folded unit (``outs``: {unit index: output, -1: the image}): layer, ReLU6 if any, plus its second
+    input; ``impl`` "xla" keeps the program free of custom calls (an exported part)."""
+    h = outs[u.inputs[0]]
     if u.kind == "conv":
-        return full_conv(h, p["w"], u.stride, impl) + p["b"]
-    if u.kind == "dw":
-        return depthwise_conv(h, p["w"], u.stride, impl) + p["b"]
-    if u.kind == "pw":
-        return jnp.einsum("bhwc,cd->bhwd", h, p["w"]) + p["b"]
-    return jnp.mean(h, axis=(1, 2)) @ p["w"] + p["b"]  # fc
+        y = full_conv(h, p["w"], u.stride, impl) + p["b"]
+    elif u.kind == "dw":
+        y = depthwise_conv(h, p["w"], u.stride, impl) + p["b"]
+    elif u.kind == "pw":
+        y = jnp.einsum("bhwc,cd->bhwd", h, p["w"]) + p["b"]
+    else:  # fc
+        y = jnp.mean(h, axis=(1, 2)) @ p["w"] + p["b"]
+    if u.relu6:
+        y = jax.nn.relu6(y)
+    for j in u.inputs[1:]:
+        y = y + outs[j]
+    return y
 
 
 def forward_all(units: tuple, params, x, wbits, abits, ranges):
@@ -138,12 +146,7 @@ def forward_all(units: tuple, params, x, wbits, abits, ranges):
     outs = {-1: x}
     for i, u in enumerate(units):
         p = {"w": fake_quant_weight(params[i]["w"], wbits[i]), "b": params[i]["b"]}
-        y = _unit_apply(u, p, outs[u.inputs[0]])
-        if u.relu6:
-            y = jax.nn.relu6(y)
-        for j in u.inputs[1:]:
-            y = y + outs[j]
-        outs[i] = fake_quant_act(y, ranges[i, 0], ranges[i, 1], abits[i])
+        outs[i] = fake_quant_act(unit_output(u, p, outs), ranges[i, 0], ranges[i, 1], abits[i])
     return [outs[i] for i in range(len(units))]
 
 

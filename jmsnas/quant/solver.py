@@ -108,6 +108,12 @@ class Solution(NamedTuple):
     def key(self) -> tuple:
         return self.split, self.wbits, self.abits
 
+    def bit_arrays(self, units: int) -> tuple:
+        """(wbits, abits) int32[units]: the edge layers' bits, 0 (float) from the split on."""
+        wb, ab = np.zeros(units, np.int32), np.zeros(units, np.int32)
+        wb[: self.split], ab[: self.split] = self.wbits, self.abits
+        return wb, ab
+
 
 def folded_weight_elems(net: NetSpec) -> np.ndarray:
     """s^w of a zoo network after batch-norm folding: a convolution's BN scale and bias become one bias per output

@@ -66,12 +66,6 @@ def accuracy(fq, leaves, split, wbits, abits, ranges) -> float:
     return correct / max(1, len(split.images))
 
 
-def bit_arrays(n: int, s: solver.Solution):
-    wb, ab = np.zeros(n, np.int32), np.zeros(n, np.int32)
-    wb[: s.split], ab[: s.split] = s.wbits, s.abits
-    return wb, ab
-
-
 def prepare(model, topo, memory_bytes: float, bits, select_on: str, data, data_dir=None, check_fits=None):
     """(problem, drop function, context) for Auto-Split on a model reference with evaluation data."""
     if data is None:
@@ -94,7 +88,7 @@ def prepare(model, topo, memory_bytes: float, bits, select_on: str, data, data_d
                                input_bits=8)
     fq = run.quant_forward(t)
     n = len(net.layers)
-    acc = lambda split, s: accuracy(fq, leaves, split, *bit_arrays(n, s), ranges)
+    acc = lambda split, s: accuracy(fq, leaves, split, *s.bit_arrays(n), ranges)
     fb = run.float_bits(t)
     ref = {"val": accuracy(fq, leaves, val, *fb), "test": accuracy(fq, leaves, test, *fb)}
     chosen = val if select_on == "val" else test

@@ -27,7 +27,6 @@ import math
 from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jcore
 
