@@ -342,6 +342,17 @@ def write_errors(what: str):
         raise ValueError(f"cannot write {what}: {why}; nothing partial was left") from None
 
 
+def npz_folder(path, arrays: dict, manifest: dict) -> None:
+    """``path`` as one folder (``atomic_dir``): ``<name>.npz`` of every {name: {key: array}} of ``arrays`` (a name
+    inside the folder only, ``child_path``) and ``manifest.json`` (indented JSON): a run's parts/, Auto-Split's."""
+    import numpy as np
+    with atomic_dir(path) as tmp:
+        for name, flat in arrays.items():
+            np.savez(child_path(tmp, name, ".npz", "device name"), **flat)
+        with open(os.path.join(tmp, "manifest.json"), "w", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=2)
+
+
 @contextlib.contextmanager
 def atomic_dir(path):
     """Yield a new temporary folder next to ``path``; on success it replaces ``path`` (an existing ``path`` is

@@ -48,16 +48,6 @@ def is_autosplit(directory: str) -> bool:
     return isinstance(m, dict) and all(k in m for k in KEYS)
 
 
-def _read(directory: str) -> tuple:
-    with open(os.path.join(directory, MANIFEST), encoding="utf-8") as f:
-        m = json.load(f)
-    with np.load(os.path.join(directory, m["files"][m["edge"]]), allow_pickle=False) as z:
-        edge = {k: np.asarray(z[k]) for k in z.files}
-    with np.load(os.path.join(directory, m["files"][m["cloud"]]), allow_pickle=False) as z:
-        cloud = {k: np.asarray(z[k]) for k in z.files}
-    return m, edge, cloud
-
-
 def _units(m: dict) -> tuple:
     return tuple(network.Unit(u["name"], u["kind"], u["stride"], u["relu6"], tuple(u["inputs"]), tuple(u["out_shape"]))
                  for u in m["units"])
@@ -150,7 +140,7 @@ def export_autosplit(parts_dir: str, out: str | None = None, *, platforms=("cpu"
     if not is_autosplit(parts_dir):
         raise DeployError(f"{parts_dir} holds no Auto-Split parts (manifest.json with {list(KEYS)})")
     check_out(None, out)  # the export replaces the whole folder: only an earlier one
-    m, edge_w, cloud_w = _read(parts_dir)
+    m, edge_w, cloud_w = qparts.read_parts(parts_dir)
     e, c = m["edge"], m["cloud"]
     cloud_w = dict(cloud_w)
     for s in m["sent"]:
@@ -201,7 +191,7 @@ def eval_images(parts_dir: str, n: int) -> tuple:
     cut from (the manifest's ``source``, the data Auto-Split measured its accuracy on), or, for parts that record
     no source, n standard normal images (seed 0) without labels. DeployError (one line) when the recorded run
     cannot be read or has fewer test images."""
-    m, _, _ = _read(parts_dir)
+    m, _, _ = qparts.read_parts(parts_dir)
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise DeployError(f"images must be a positive number, got {n!r}")
     source = m.get("source")

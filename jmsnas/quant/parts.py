@@ -14,7 +14,6 @@ with the activation bits and ranges to run it by (``network.forward`` with weigh
 """
 from __future__ import annotations
 
-import json
 import os
 
 import jax.numpy as jnp
@@ -75,19 +74,22 @@ def write_parts(net: network.FoldedNet, ranges, sol: solver.Solution, directory:
     manifest = {"model": net.name, "split": n, "edge": edge, "cloud": cloud, "input_shape": list(net.input_shape),
                 "units": units, "sent": sent, "files": {edge: f"{edge}.npz", cloud: f"{cloud}.npz"},
                 "source": None if source is None else os.path.abspath(source)}
-    with safeio.write_errors(f"the parts to {directory!r}"), safeio.atomic_dir(directory) as tmp:
-        np.savez(safeio.child_path(tmp, edge, ".npz", "device name"), **e)
-        np.savez(safeio.child_path(tmp, cloud, ".npz", "device name"), **c)
-        with open(os.path.join(tmp, "manifest.json"), "w", encoding="utf-8") as f:
-            json.dump(manifest, f, indent=2)
+    with safeio.write_errors(f"the parts to {directory!r}"):
+        safeio.npz_folder(directory, {edge: e, cloud: c}, manifest)
     return manifest
+
+
+def read_parts(directory: str) -> tuple:
+    """(manifest, edge arrays, cloud arrays) as ``write_parts`` wrote them (``safeio``: size caps, files inside the
+    folder only); ValueError (one line) for a missing or damaged file."""
+    m = safeio.read_json(os.path.join(directory, "manifest.json"), "parts manifest")
+    return m, *(safeio.load_npz(safeio.child_path(directory, m["files"][m[d]][:-4], ".npz", "part file"),
+                                "part file") for d in ("edge", "cloud"))
 
 
 def load_parts(directory: str):
     """(FoldedNet with dequantized edge weights, abits int32[U], ranges float32[U, 2]) from ``write_parts``."""
-    m = safeio.read_json(os.path.join(directory, "manifest.json"), "parts manifest")
-    e = safeio.load_npz(safeio.child_path(directory, m["files"][m["edge"]][:-4], ".npz", "part file"), "part file")
-    c = safeio.load_npz(safeio.child_path(directory, m["files"][m["cloud"]][:-4], ".npz", "part file"), "part file")
+    m, e, c = read_parts(directory)
     units, params = [], []
     abits = np.zeros(len(m["units"]), np.int32)
     ranges = np.zeros((len(m["units"]), 2), np.float32)

@@ -101,13 +101,9 @@ def write_parts(workdir: str, parts: dict, manifest: dict) -> dict:
         return manifest
     with output_errors(workdir):
         os.makedirs(workdir, exist_ok=True)
-        with safeio.atomic_dir(os.path.join(workdir, PARTS)) as tmp:
-            for dev, part in parts.items():
-                flat = {**flat_arrays(part["params"], "params"), **flat_arrays(part["bn"], "bn")}
-                with open(safeio.child_path(tmp, dev, ".npz", "device name"), "wb") as f:
-                    np.savez(f, **flat)
-            with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:
-                json.dump(manifest, f, indent=2)
+        safeio.npz_folder(os.path.join(workdir, PARTS), {
+            dev: {**flat_arrays(part["params"], "params"), **flat_arrays(part["bn"], "bn")}
+            for dev, part in parts.items()}, manifest)
     return manifest
 
 
