@@ -75,6 +75,7 @@ def _done(proc):
     return json.loads(out.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_second_process_loads_the_executable_and_concurrent_writers_are_safe(tmp_path):
     env = _env(tmp_path)
     first = [_probe(env), _probe(env)]  # two processes compile and write the same entry at once
@@ -94,6 +95,7 @@ def test_second_process_loads_the_executable_and_concurrent_writers_are_safe(tmp
     assert off["dir"] is None and off["time"]["cache_hits"] == 0
 
 
+@pytest.mark.slow
 def test_cli_flag_turns_the_cache_off(tmp_path):
     env = _env(tmp_path)
     args = [sys.executable, "-m", "jmsnas.cli", "split", "--model", "mobilenet_v2", "--topology", "chain",

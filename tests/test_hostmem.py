@@ -45,6 +45,7 @@ def _faults_per_call(setting, call: bool = False) -> tuple:
     return float(faults), int(pages)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(hostmem._glibc() is None, reason="glibc malloc settings only")
 def test_kept_memory_is_not_faulted_in_again():
     # JMSNAS_KEEP_FREED_MEMORY=0 (glibc and JAX's dispatch left alone): every call maps its temporaries afresh,
@@ -77,6 +78,7 @@ def _run(code, env) -> str:
                           check=True).stdout.strip()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(hostmem._glibc() is None, reason="glibc malloc settings only")
 def test_command_default_is_synchronous_dispatch_and_a_kept_heap():
     env = {k: v for k, v in os.environ.items() if k not in (hostmem.ENV, "GLIBC_TUNABLES")}
@@ -112,6 +114,7 @@ print(jax.config.read("jax_cpu_enable_async_dispatch"), faults >= n // 4096, fau
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(hostmem._glibc() is None, reason="glibc malloc settings only")
 def test_import_changes_nothing_global():
     env = {k: v for k, v in os.environ.items() if k not in (hostmem.ENV, "GLIBC_TUNABLES")}

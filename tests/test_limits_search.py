@@ -45,6 +45,7 @@ def _ue_bounds(tmp_path):
     return L.least_need(space, table, lim, 0)[0], L.upper_bounds(space, table, lim)[0][0], space, table
 
 
+@pytest.mark.slow
 def test_search_keeps_every_device_within_its_memory(tmp_path):
     least, most, space, table = _ue_bounds(tmp_path)
     limit = least + 0.15 * (most - least)  # most of the UE's candidates do not fit

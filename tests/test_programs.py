@@ -204,6 +204,7 @@ def _run_probe(tmp_path, arg):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_next_process_skips_the_trace(tmp_path):
     first, second = _run_probe(tmp_path, "3"), _run_probe(tmp_path, "3")
     assert first["traces"] == 1 and second["traces"] == 0

@@ -71,6 +71,7 @@ def _totals(sp, table, archs):
 
 # ------------------------------------------------------------------------------------------ eq. (1) and (2)
 
+@pytest.mark.slow
 @JAX_SETTINGS
 @given(data=st.data(), sp=chain_spaces(max_layers=2))
 def test_eq1_expected_latency_is_the_mean_over_all_architectures(data, sp):
@@ -84,6 +85,7 @@ def test_eq1_expected_latency_is_the_mean_over_all_architectures(data, sp):
     assert expected == pytest.approx(float(weight @ _totals(sp, table, archs)), rel=1e-4)
 
 
+@pytest.mark.slow
 @JAX_SETTINGS
 @given(data=st.data(), sp=st.one_of(chain_spaces(), mesh_spaces()))
 def test_latency_of_any_architecture_lies_between_the_fastest_and_the_slowest(data, sp):

@@ -71,6 +71,7 @@ def test_a_tensorboard_setting_that_is_not_a_bool_is_refused(value):
         pipeline.validate_config(cfg)
 
 
+@pytest.mark.slow
 def test_tiny_search_logs_every_scalar(tmp_path, tiny_config):
     cfg = tiny_config
     cfg.search.gate_mode = "gumbel_soft"  # a mode that samples with a temperature

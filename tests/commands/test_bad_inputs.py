@@ -358,6 +358,7 @@ TFDS = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_tfds_folder_errors_are_one_line_without_tensorflow_logs(tmp_path):  # D01-D06
     pytest.importorskip("tensorflow_datasets")
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO)

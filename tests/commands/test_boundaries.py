@@ -317,6 +317,7 @@ HOLD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_second_command_on_a_busy_workdir_is_refused_naming_the_first(capsys, tmp_path):
     w = tmp_path / "w"
     w.mkdir()
@@ -383,6 +384,7 @@ def test_multiprocess_start_up_failures_are_one_line(capsys, tmp_path, monkeypat
     assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.slow
 def test_processes_given_other_configurations_each_end_with_one_line(tmp_path):
     """Two real processes (no C++ abort, no hang): the configuration fingerprints differ at the join."""
     env = dict(ENV, JMSNAS_JOIN_TIMEOUT_S="60")

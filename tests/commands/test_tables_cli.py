@@ -63,6 +63,7 @@ def test_bad_input_is_one_line_and_writes_nothing(files, monkeypatch, capsys, ar
     assert sorted(os.listdir(files)) == before
 
 
+@pytest.mark.slow
 def test_remote_timing_is_the_workers_calibrate_message(monkeypatch):
     """``jmsnas measure --remote`` times on a ``jmsnas worker`` (the pipeline's): every program one part of one
     session, timed by the worker's {"calibrate"} message; a program the worker refuses and an address where no

@@ -4,6 +4,7 @@ import itertools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from jmsnas import budget, limits as L
@@ -44,6 +45,7 @@ def _all_splits(space):
             yield np.concatenate([a, dev[seg.prefix:seg.suffix_start], b]).astype(np.int32)
 
 
+@pytest.mark.slow
 @settings(max_examples=5, deadline=None)
 @given(st.integers(0, 1), st.integers(2, 3), st.integers(1, 2), st.lists(st.integers(1, 2), min_size=8, max_size=8),
        st.lists(st.floats(1.0, 200.0), min_size=12, max_size=12), st.integers(0, 2 ** 31 - 1))

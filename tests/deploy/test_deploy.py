@@ -342,6 +342,7 @@ def test_frames_round_trip_and_latency_release():
 
 # --------------------------------------------------------------------------------------- the pipeline
 
+@pytest.mark.slow
 def test_chain_pipeline_equals_the_whole_network_on_100_test_images(runs, capsys):
     """The CLI end to end: 4 processes, outputs == the whole compact network (<= 1e-5), table and plot."""
     r = runs["chain"]
@@ -357,6 +358,7 @@ def test_chain_pipeline_equals_the_whole_network_on_100_test_images(runs, capsys
     assert _workers_of(r["export"]) == []
 
 
+@pytest.mark.slow
 def test_mesh_pipeline_equals_the_whole_network_on_100_test_images(runs):
     """Root -> three branches -> aggregator as 6 processes: outputs == the whole network, every term measured."""
     r = runs["mesh"]
@@ -392,6 +394,7 @@ def _fault(export_dir, action, device, timeout_s):
     return str(e.value), time.time() - hit[0], pids
 
 
+@pytest.mark.slow
 def test_kill_a_device_stops_the_pipeline_naming_it(runs):
     r = runs["chain"]
     msg, elapsed, pids = _fault(r["export"], signal.SIGKILL, "sbs", timeout_s=30.0)
@@ -400,6 +403,7 @@ def test_kill_a_device_stops_the_pipeline_naming_it(runs):
     _no_process_left(r["export"], pids.values())
 
 
+@pytest.mark.slow
 def test_a_hung_device_stops_the_pipeline_within_the_timeout(runs):
     r = runs["chain"]
     msg, elapsed, pids = _fault(r["export"], signal.SIGSTOP, "mbs", timeout_s=2.0)

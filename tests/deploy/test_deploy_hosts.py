@@ -169,6 +169,7 @@ def test_refused_unresolvable_and_malformed_hosts_are_one_line(tiny, tmp_path, c
     _no_session_left()
 
 
+@pytest.mark.slow
 def test_a_part_from_an_incompatible_jax_is_one_line(tiny, tmp_path, capsys):
     """The manifest says the programs were made by a jax whose calling convention this one cannot run: loading
     names both versions and the command that exports again; through the pipeline: one line, exit 2, no process."""
@@ -300,6 +301,7 @@ def chain3(tmp_path_factory):
         assert not [ns for ns in lab.namespaces.values() if ns in listed]
 
 
+@pytest.mark.slow
 def test_namespace_chain_with_kernel_shaped_links(chain3, tmp_path, capsys):
     """jmsnas pipeline --hosts --pacing network --check over three addresses: outputs == the whole network, each
     link's measured wire Mbit/s within 5% of its tbf rate, every clock offset reported with its uncertainty."""
@@ -317,6 +319,7 @@ def test_namespace_chain_with_kernel_shaped_links(chain3, tmp_path, capsys):
     _no_session_left()
 
 
+@pytest.mark.slow
 def test_a_dead_worker_at_another_address_is_one_line(chain3):
     """The session of 'sbs' (at its own address) is killed mid-stream: one line naming the device, its address and
     pid; every other session ends too."""

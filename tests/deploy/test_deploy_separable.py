@@ -40,6 +40,7 @@ def run(tmp_path_factory):
     return d, spec, params, x, want
 
 
+@pytest.mark.slow
 def test_four_groups_through_the_pipeline_equal_the_whole_network(run):
     """Four worker processes, links per (sender, receiver): outputs == network.apply within 1e-5; the stored parts
     read back as the params written; every link carries the sender's first N_send channels in float16."""

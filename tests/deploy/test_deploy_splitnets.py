@@ -50,6 +50,7 @@ def run(tmp_path_factory):
     return d, space, x, want
 
 
+@pytest.mark.slow
 def test_multiview_parts_through_the_pipeline_equal_the_whole_network(run):
     """Four sensor processes (one view each) and the aggregator, the bus shared as the cost model shares it:
     outputs == the training code's forward (``net.apply_fixed``) within 1e-5; so does the in-process composition."""

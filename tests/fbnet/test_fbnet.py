@@ -111,6 +111,7 @@ def test_chain_of_two_devices_adds_the_link_and_both_tables():
         S.plan(SP.fbnet_c100(), T.chain("c", devs, [10.0], [5, 16]), {"ue": tabs["raspi4"], "edge": tabs["pixel3"]})
 
 
+@pytest.mark.slow
 def test_search_command_in_the_fbnet_space_on_the_raspi4(tmp_path, capsys):
     """``jmsnas search`` with the shipped FBNet config (FLOPs fitness: no training) meets T_const, and its
     result's latency is the data's relative form summed by hand for the architecture it names."""
@@ -133,6 +134,7 @@ def test_search_command_in_the_fbnet_space_on_the_raspi4(tmp_path, capsys):
     assert "below the fastest network's latency 7.7982 ms" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_fbnet_flow_resumes_from_its_evolution_checkpoint(tmp_path, capsys):
     """The FBNet flow on the run layer: a run stopped after its second generation (the third's checkpoint and the
     result gone) continues with --resume to the uninterrupted result.json apart from time; a refused resume (other

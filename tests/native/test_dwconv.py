@@ -161,6 +161,7 @@ def test_auto_falls_back_to_shifted_with_a_warning_when_native_cannot_build(monk
         dwconv.resolve_impl("native")
 
 
+@pytest.mark.slow
 def test_native_build_writes_a_loadable_library_and_reports_compiler_errors(tmp_path):
     import ctypes
 

@@ -53,6 +53,7 @@ def run_dir(tmp_path_factory):
     return str(d), space, ops, cp, cs, ds
 
 
+@pytest.mark.slow
 def test_folded_network_computes_what_the_compact_network_computes(run_dir):
     d, space, ops, cp, cs, ds = run_dir
     run = network.load_run(d)
@@ -65,6 +66,7 @@ def test_folded_network_computes_what_the_compact_network_computes(run_dir):
     assert run.net.units[3].inputs == (2, 0)  # the shortcut: the project unit also reads the layer input
 
 
+@pytest.mark.slow
 def test_written_parts_are_packed_and_reproduce_the_quantized_network(run_dir, tmp_path):
     d = run_dir[0]
     run = network.load_run(d)
@@ -90,6 +92,7 @@ def test_written_parts_are_packed_and_reproduce_the_quantized_network(run_dir, t
     assert np.allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_cli_on_a_run_directory(run_dir, capsys, tmp_path):
     d = run_dir[0]
     argv = ["autosplit", "--model", d, "--topology", "autosplit", "--bandwidth", "0.2", "--memory-mb", "0.05",
@@ -207,6 +210,7 @@ def autosplit_parts(run_dir, tmp_path_factory):
     return d, run, m
 
 
+@pytest.mark.slow
 def test_autosplit_edge_sends_packed_codes_and_the_parts_equal_the_fake_quantized_network(autosplit_parts):
     d, run, m = autosplit_parts
     em = export_autosplit(d, batch=4)
@@ -247,6 +251,7 @@ def test_autosplit_export_for_the_pipeline(autosplit_parts, tmp_path):
                                            for s in m["sent"])
 
 
+@pytest.mark.slow
 def test_pipeline_command_on_autosplit_parts_streams_the_runs_test_images(autosplit_parts, tmp_path, capsys):
     """``jmsnas pipeline --workdir PARTS`` exports the parts, streams the test images of the run they were cut from
     (the manifest's source) and --check holds the outputs against the fake-quantized network."""

@@ -24,7 +24,7 @@ def _reference_pack(codes, bits):
 
 
 @pytest.mark.parametrize("bits", range(1, 9))
-@pytest.mark.parametrize("n", [13, 61])
+@pytest.mark.parametrize("n", [13, pytest.param(61, marks=pytest.mark.slow)])  # 13: odd lengths in the quick loop
 def test_pack_unpack_round_trip_every_width_and_odd_lengths(bits, n):
     rng = np.random.default_rng(bits * 100 + n)
     codes = rng.integers(0, 2 ** bits, size=(3, n), dtype=np.uint8)
@@ -54,6 +54,7 @@ def test_pack_rejects_bad_widths_and_codes(bits, codes, needle):
 
 # ----------------------------------------------------------------------------------------------- quantizers
 
+@pytest.mark.slow
 def test_distortion_falls_as_bits_rise():
     rng = np.random.default_rng(0)
     bits = (2, 3, 4, 5, 6, 7, 8, 16)
@@ -78,6 +79,7 @@ def test_weight_quantizer_is_symmetric_per_output_channel():
     assert np.array_equal(Q.fake_quant_weight(w, 0), w)
 
 
+@pytest.mark.slow
 def test_activation_fake_quant_is_what_the_receiver_reconstructs():
     x = jnp.asarray(np.random.default_rng(2).normal(size=(4, 6, 6, 3)) * 3, jnp.float32)
     for b in (1, 3, 8):
@@ -238,6 +240,7 @@ def test_edge_memory_matches_a_simulation_and_cost_memory():
             assert solver.edge_memory_bytes(p8, n, (8,) * n, (8,) * n) == peak_memory_bytes(net, list(range(n)), 8, 8)
 
 
+@pytest.mark.slow
 def test_no_returned_solution_exceeds_the_memory_limit():
     rng = np.random.default_rng(7)
     found = 0

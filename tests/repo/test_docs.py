@@ -6,6 +6,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from paths import REPO as ROOT
 DOCS = os.path.join(ROOT, "docs")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
@@ -15,6 +17,7 @@ def _pages():
     return sorted(f for f in os.listdir(DOCS) if f.endswith(".md"))
 
 
+@pytest.mark.slow
 def test_docs_build_strict(tmp_path):
     out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)

@@ -194,6 +194,7 @@ def test_all_identity_equals_independent_group_networks():
     assert not np.allclose(other[0], feats[0])  # an exchange does change the features
 
 
+@pytest.mark.slow
 def test_exchange_adds_stale_sparse_float16_features_of_the_sender():
     s = spec(alpha=2, num_levels=9, float16=True)
     params = net.init(jax.random.PRNGKey(0), s)
@@ -261,6 +262,7 @@ def test_cli_bad_input_one_line_exit_2_and_no_workdir(tmp_path, capsys, override
 
 # ------------------------------------------------------------------------------------------------------ run
 
+@pytest.mark.slow
 def test_cli_run_outputs_and_resume(tmp_path, capsys):
     """The tiny config end to end through the CLI; then a run resumed from its first round ends the same."""
     cfg_file = os.path.join(paths.REPO, "experiments", "configs", "separable.py")
@@ -341,6 +343,7 @@ def test_cluster_from_a_topology_file_equals_the_config_numbers():
         sorted((l.src, l.dst, l.bandwidth_mbps, l.latency_ms) for l in from_numbers.links)
 
 
+@pytest.mark.slow
 def test_control_group_is_uniform_decisions_judged_on_the_controller_arms_weights(tmp_path):
     """Section 4.5's control group: at every controller step, population-many uniform decisions evaluated on the
     controller arm's network (trained this round, fixed during the controller steps) and the validation data."""

@@ -113,6 +113,7 @@ def _grad_fn(sp, cache={}):
     return cache[sp]
 
 
+@pytest.mark.slow
 def test_split_module_gating_single_view():
     """Exactly one module at search (only the split phase's phi and phi' get gradients, both of them); with
     training-time extras the other phase's module is active too, again phi with phi'."""
@@ -215,6 +216,7 @@ def test_views_are_partial_and_cover_the_image():
         VW.view_origins(8, 9, 2)
 
 
+@pytest.mark.slow
 def test_views_over_tfds(tmp_path):
     import tensorflow_datasets as tfds
 
@@ -248,6 +250,7 @@ def test_bad_inputs_are_one_line_and_write_nothing(tmp_path, capsys, override, e
     assert not work.exists()
 
 
+@pytest.mark.slow
 def test_evolve_cli_single_view_meets_both_limits(tmp_path, capsys):
     work = tmp_path / "run"
     # limits that cut the space: about half of the random networks break the memory or the latency limit

@@ -68,7 +68,8 @@ def test_registry_covers_all_strategies():
         make("nope", mask=MASK)
 
 
-@pytest.mark.parametrize("name", sorted(SMALL))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "reinforce_lstm" else n  # LSTM: slowest
+                                  for n in sorted(SMALL)])
 def test_loop_scan_and_jit_agree(name):
     """3 steps as a Python loop (eager and jitted step) and inside lax.scan (eager and jitted) give the same
     architectures (exactly), states and metrics (to 1e-4, 1% of one step at learning rate 0.01) for the same

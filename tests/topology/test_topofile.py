@@ -256,6 +256,7 @@ def own_run(tmp_path_factory):
     return work
 
 
+@pytest.mark.slow
 def test_search_on_own_file_records_its_devices_links_and_topology(own_run):
     result = json.loads((own_run / "result.json").read_text())
     t = topology.load(OWN)
@@ -272,6 +273,7 @@ def test_search_on_own_file_records_its_devices_links_and_topology(own_run):
     assert topology.load(own_run / "result.json") == t
 
 
+@pytest.mark.slow
 def test_split_model_result_json_splits_the_derived_network(own_run, capsys):
     from jmsnas.split import derived
     path = str(own_run / "result.json")

@@ -125,6 +125,7 @@ def digits_cnn(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_split_and_autosplit_on_a_trained_flax_cnn(digits_cnn, monkeypatch, capsys):
     monkeypatch.setenv("DIGITS_CNN_PARAMS", str(digits_cnn / "params.npz"))
     assert cli.main(["split", "--model", DIGITS_REF, "--topology", "chain", "--json"]) == 0
@@ -225,6 +226,7 @@ SMALL_TOPOLOGIES = {  # few devices: one process each in the pipeline
     """}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,cuts", [("chain", "3,4"), ("mesh", "2,4")])
 def test_parts_of_a_traced_model_through_pipeline_check(tmp_path, capsys, kind, cuts):
     """The parts (cuts 3 and 4 cross the residual block's skip: two tensors packed) composed by one process per
