@@ -209,9 +209,7 @@ class _Cluster:
             try:
                 conn = L.accept(self.server)
                 threading.Thread(target=self._reader, args=(conn,), daemon=True).start()
-            except TimeoutError:
-                pass
-            except OSError:
+            except OSError:  # TimeoutError (no worker this 0.2 s) is one
                 pass
             self.check_alive()
             while not self.events.empty():  # names arrive through the readers
