@@ -16,8 +16,9 @@ directory of ``jmsnas autosplit --write-parts``: the quantized edge part and the
 aggregator, see ``jmsnas.deploy.splitnets``). ``pipeline``
 exports first when RUN/export/manifest.json is missing, then, for every bandwidth scale, starts one process per
 device connected over 127.0.0.1 in the topology's shape with every link paced to its (scaled) bandwidth and
-latency, streams the run's test images through, prints eq. (1)/(2)'s prediction beside the measurement (per
-device, per link, total, throughput) and writes RUN/deploy/pipeline.json and pipeline.png. ``--check`` also
+latency, streams the run's test images through, prints eq. (1)/(2)'s prediction (a separable run: its search's
+cost model, ``separable.cost``) beside the measurement (per device, per link, total, throughput) and writes
+RUN/deploy/pipeline.json and pipeline.png. ``--check`` also
 compares the outputs with the whole compact network's (max abs difference). With ``--model`` (your own JAX
 model, docs/your_model.md) ``export`` traces it, splits it with ``--method`` and writes DIR/export/ in the same
 format plus DIR/reference/ (the model's own apply, what ``pipeline --check`` compares with) and DIR/traced.json
@@ -182,15 +183,18 @@ def _pipeline(args) -> int:
     from jmsnas.deploy.runtime import DeployError, load_manifest
     compute = parse_compute(args.compute_scale)
     hosts = read_hosts(args.hosts) if args.hosts else None
+    groups = separable.is_separable(args.workdir)
     predicted = None
     if args.predict_table:
+        if groups:
+            raise DeployError(f"--predict-table {args.predict_table}: a latency table times the JMSNAS search space; "
+                              "a separable run is predicted by its own cost model (separable.cost), without it")
         from jmsnas.deploy.predict import table_compute_ms
         predicted = table_compute_ms(args.workdir, args.predict_table)
     if not args.connect_timeout > 0:
         raise DeployError(f"--connect-timeout must be > 0 seconds, got {args.connect_timeout!r}")
     export_dir = args.export_dir or os.path.join(args.workdir, "export")
     export, images_of, whole_of = system(args.workdir)
-    groups = separable.is_separable(args.workdir)
     images, labels = images_of(args.workdir, args.images)
     whole = lambda: whole_of(args.workdir)
     for s in args.bandwidth_scale:
@@ -208,7 +212,7 @@ def _pipeline(args) -> int:
                            timeout_s=args.timeout, base_port=args.base_port, window=args.window, hosts=hosts,
                            hosts_source=args.hosts or "the hosts", pacing=args.pacing,
                            connect_timeout_s=args.connect_timeout, predicted_compute_ms=predicted)
-        a = separable.summary(raw) if manifest.get("kind") == "separable" else analyze(manifest, raw)
+        a = separable.analyze(args.workdir, manifest, raw) if groups else analyze(manifest, raw)
         if labels is not None:
             a["accuracy"] = float(np.mean(np.argmax(raw["outputs"].reshape(len(labels), -1), -1) == labels))
         outputs = raw["outputs"]
@@ -221,21 +225,14 @@ def _pipeline(args) -> int:
         os.makedirs(out, exist_ok=True)
         with safeio.atomic_write(os.path.join(out, "pipeline.json"), encoding="utf-8") as f:
             json.dump(analyses, f, indent=2)
-        if not groups:
-            report.plot(analyses, manifest, os.path.join(out, "pipeline.png"))
+        report.plot(analyses, manifest, os.path.join(out, "pipeline.png"))
     if args.json:
         print(json.dumps(analyses, indent=2))
         return 0
-    if groups:  # no equation models the G-way exchange: the measured times only
-        for a in analyses:
-            print(f"bandwidth x{a['settings']['bandwidth_scale']:g}: end-to-end "
-                  + ", ".join(f"{ph} {v:.2f} ms" for ph, v in a["measured_total_ms"].items()) + "; device span "
-                  + ", ".join(f"{d} {v:.2f} ms" for d, v in a["device_span_ms"].items()))
-    else:
-        print(report.format_table(analyses, manifest), end="")
+    print(report.format_table(analyses, manifest), end="")
     for a in analyses:
         extra = f", max |pipeline - whole network| = {a['max_abs_diff']:.2e}" if "max_abs_diff" in a else ""
         acc = f"accuracy {a['accuracy']:.3f}" if "accuracy" in a else "no labels"
         print(f"bandwidth x{a['settings']['bandwidth_scale']:g}: {acc} on {args.images} test images{extra}")
-    print(f"wrote {os.path.join(out, 'pipeline.json')}" + ("" if groups else " and pipeline.png"))
+    print(f"wrote {os.path.join(out, 'pipeline.json')} and pipeline.png")
     return 0

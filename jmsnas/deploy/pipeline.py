@@ -364,8 +364,9 @@ def _to_coordinator(records: dict, offsets: dict, order: list) -> dict:
         out[d] = {}
         for i, rec in records[d].items():
             r = dict(rec, c0=rec["c0"] - theta[d], c1=rec["c1"] - theta[d])
-            r["in"] = {s: [v[0] - theta[s], v[1] - theta[s], v[2] - theta[d], v[3] - theta[d], *v[4:]]
-                       for s, v in rec["in"].items()}
+            at = lambda s, v: [v[0] - theta[s], v[1] - theta[s], v[2] - theta[d], v[3] - theta[d], *v[4:]]
+            r["in"] = {s: at(s, v) for s, v in rec["in"].items()}
+            r["frames"] = {s: [at(s, v) for v in vs] for s, vs in rec.get("frames", {}).items()}
             out[d][i] = r
     return out
 

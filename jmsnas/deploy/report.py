@@ -33,8 +33,9 @@ def format_table(analyses: list, manifest: dict) -> str:
         for name, pv, mv in rows:
             diff = "" if mv is None else f"{mv - pv:+9.3f}"
             lines.append(f"  {name:<24}{pv:11.3f}{'' if mv is None else f'{mv:11.3f}'}{diff}")
-        if "total" in m:
+        if "overhead_ms" in m:
             lines.append(f"  {'hand-offs (no term)':<24}{'':>11}{m['overhead_ms']:11.3f}")
+        if "total" in m:
             lines.append(f"  {'total, ' + eq + ' ms':<24}{p['total']:11.3f}{m['total']:11.3f}"
                          f"{a['error_pct']:+8.1f}%   (end to end at the coordinator; p10 {m['total_p10']:.3f}, "
                          f"p90 {m['total_p90']:.3f})")
@@ -59,7 +60,8 @@ def format_table(analyses: list, manifest: dict) -> str:
 
 def equation(manifest: dict) -> str:
     """The name of the latency equation of the manifest's topology (``predict.total_ms``)."""
-    return {"chain": "eq. (1)", "mesh": "eq. (2)"}.get(manifest["kind"], "bus: max(sensor + link) + aggregator")
+    return {"chain": "eq. (1)", "mesh": "eq. (2)", "separable": "separable.cost"}.get(
+        manifest["kind"], "bus: max(sensor + link) + aggregator")
 
 
 def plot(analyses: list, manifest: dict, path: str) -> Figure:
@@ -75,8 +77,8 @@ def plot(analyses: list, manifest: dict, path: str) -> Figure:
             if "per_device" not in src:
                 continue
             vals = {**src["per_device"], **src["per_link"]}
-            names = terms + (["hand-offs"] if what == "measured" else [])
-            if what == "measured":
+            names = terms + (["hand-offs"] if what == "measured" and "overhead_ms" in src else [])
+            if "hand-offs" in names:
                 vals["hand-offs"] = max(0.0, src["overhead_ms"])
             bottom = 0.0
             for t in names:

@@ -13,6 +13,12 @@ stage is a ``jax.export`` program of its own and the worker runs them in order (
 
 What crosses a link is exactly what the training code transmits (``network.transmit``), only without the unsent
 channels. ``whole_network(run)`` is ``network.apply`` on the stored params and decisions (the check's reference).
+
+The prediction is the search's own cost model, ``separable.cost.evaluate``, of the stored decisions on the run's
+cluster (``run_cluster``: the devices' profiles of the run's config, the links as the parts store them, every bandwidth
+times the pipeline's scale): per device its compute (stem, blocks, head), per link the sum of its transfers
+(bytes * 8 / bandwidth + latency, every frame), and the end-to-end latency of the overlapped exchange. ``analyze``
+sets the measured terms beside it in ``analysis.analyze``'s shape (``report.format_table`` prints both).
 """
 from __future__ import annotations
 
@@ -22,10 +28,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jmsnas.deploy.predict import link_name
 from jmsnas.deploy.runtime import FORMAT, DeployError, export_versions
 from jmsnas.run import directory
-from jmsnas.separable import decisions as dec, network as net
+from jmsnas.separable import cost, decisions as dec, network as net
 from jmsnas.separable.parts import read_parts
+from jmsnas.topology import LinkProfile, TopologyError
+from jmsnas.topology import cluster as make_cluster
 
 
 def is_separable(run: str) -> bool:
@@ -66,9 +75,9 @@ def _stage_blocks(spec: net.NetSpec, k: int) -> list:
         [str(spec.window(k)[0])] if k < spec.num_steps else [])
 
 
-def _part_entry(dev: str, g: int, seq: list, spec: net.NetSpec, inp: int) -> dict:
-    """The manifest entry of group g's staged part: its stages, its remote inputs (the first use of each source)
-    and the devices its output goes to."""
+def _part_entry(dev: str, g: int, seq: list, spec: net.NetSpec, inp: int, compute_ms: float) -> dict:
+    """The manifest entry of group g's staged part: its stages, its remote inputs (the first use of each source),
+    the devices its output goes to and the cost model's compute ms per image (``--compute-scale profile``)."""
     remote = {}
     for st in seq:
         for i in st["inputs"]:
@@ -76,20 +85,21 @@ def _part_entry(dev: str, g: int, seq: list, spec: net.NetSpec, inp: int) -> dic
                 remote.setdefault(i["from"], i)
     return {"device": dev, "group": g, "layers": list(range(spec.num_blocks)), "stem": g == inp,
             "head": g == spec.output_group, "stages": seq, "inputs": list(remote.values()),
-            "output": seq[-1]["output"], "predicted_compute_ms": None,
+            "output": seq[-1]["output"], "predicted_compute_ms": compute_ms,
             "to": sorted({s["to"] for st in seq for s in st["send"]}) + (["result"] if g == spec.output_group else [])}
 
 
-def _links(run: str, sent: dict, cluster: list) -> list:
+def _links(run: str, sent: dict, cluster: list, predicted_ms: dict) -> list:
     """One link per (sender, receiver) that carries something, at the cluster's Mbit/s and latency; ``bytes``: all
-    it carries per call (every step's F(x), the stem's output)."""
+    it carries per call (every step's F(x), the stem's output); ``predicted_ms``: the cost model's time of them."""
     topo = {(l["src"], l["dst"]): l for l in cluster}
     links = []
     for (a, b), nbytes in sorted(sent.items()):
         if (a, b) not in topo:
             raise DeployError(f"{run}/parts/manifest.json: the cluster has no link {a}->{b}")
         links.append({"src": a, "dst": b, "bandwidth_mbps": float(topo[(a, b)]["bandwidth_mbps"]),
-                      "latency_ms": float(topo[(a, b)]["latency_ms"]), "bytes": nbytes, "predicted_ms": None})
+                      "latency_ms": float(topo[(a, b)]["latency_ms"]), "bytes": nbytes,
+                      "predicted_ms": predicted_ms.get(f"{a}->{b}")})
     return links
 
 
@@ -100,6 +110,7 @@ def export_separable(run: str, out: str | None = None, *, platforms=("cpu",), ba
     out = os.path.join(run, "export") if out is None else out
     check_out(run, out)
     spec, params, pids, lvls, devices, inp, cluster = load(run)
+    predicted = evaluate(run)
     G, S, wire = spec.num_groups, spec.num_steps, "float16" if spec.float16 else "float32"
     dest = dec.permutation_table(G)[pids]  # [S, G]: where node g sends at step s
     src = np.argsort(dest, axis=1)  # [S, G]: who sends to node g at step s
@@ -152,12 +163,12 @@ def export_separable(run: str, out: str | None = None, *, platforms=("cpu",), ba
                              "bytes": batch * c.size_out ** 2 * n * (2 if spec.float16 else 4)})
             st, shape = add(dev, f"{dev}.{k}", _stage_fn(spec, k, got, head), w, inputs, specs, send, k < S, head)
             seq.append(st)
-        parts[dev] = _part_entry(dev, g, seq, spec, inp)
+        parts[dev] = _part_entry(dev, g, seq, spec, inp, predicted["compute_ms"][dev])
     order = [d for d in devices if d != devices[spec.output_group]] + [devices[spec.output_group]]
     manifest = {"format": FORMAT, "system": "separable", "run": os.path.abspath(run), "platforms": list(platforms),
                 "batch": batch, "versions": export_versions(max(conventions)), "kind": "separable",
                 "order": order, "root": None, "branches": [], "image_shape": list(x.shape[1:]),
-                "parts": {d: parts[d] for d in order}, "links": _links(run, sent, cluster),
+                "parts": {d: parts[d] for d in order}, "links": _links(run, sent, cluster, predicted["link_ms"]),
                 "decisions": {"perm_ids": pids.tolist(), "levels": lvls.tolist(), "destinations": dest.tolist()}}
     return write_export(out, programs, stages, manifest)
 
@@ -184,15 +195,62 @@ def test_images(run: str, n: int) -> tuple:
     return ds.test.images[:n], ds.test.labels[:n]
 
 
-def summary(raw: dict) -> dict:
-    """What a separable pipeline run measured (``pipeline.run_pipeline``'s raw record), ms: the end-to-end time
-    per image at the coordinator (median per phase) and each device's compute span (first stage start -> last
-    stage end, median, latency phase). The equations of ``predict`` model chains, meshes and buses, not the G-way
-    exchange, so no prediction stands beside it."""
+def run_cluster(run: str, bandwidth_scale: float = 1.0):
+    """The run's cluster ``Topology``: its devices' profiles from the run's config (``search.build_cluster``, the
+    search's own), its links as the parts store them with every bandwidth x ``bandwidth_scale``. DeployError (one
+    line) when the config's devices are not the parts' devices."""
+    import ml_collections
+
+    from jmsnas.separable.search import build_cluster
+    stored = load(run)
+    try:
+        topo = build_cluster(ml_collections.ConfigDict(directory.read_config(run)))
+        if list(topo.device_names) != list(stored.devices):
+            raise TopologyError(f"its config's cluster has devices {list(topo.device_names)}, its parts "
+                                f"{list(stored.devices)}")
+        links = [LinkProfile(l["src"], l["dst"], float(l["bandwidth_mbps"]) * bandwidth_scale,
+                             float(l["latency_ms"])) for l in stored.links]
+        return make_cluster(topo.name, topo.devices, links)
+    except (directory.RunDirError, TopologyError, KeyError, TypeError, AttributeError) as e:
+        raise DeployError(f"{run}: cannot rebuild the run's cluster: {' '.join(str(e).split())}") from None
+
+
+def evaluate(run: str, bandwidth_scale: float = 1.0) -> dict:
+    """``separable.cost.evaluate`` of the run's stored decisions on ``run_cluster(run, bandwidth_scale)`` (ms per
+    image): nothing in it comes from a measurement."""
+    stored = load(run)
+    return cost.evaluate(stored.spec, run_cluster(run, bandwidth_scale), stored.perm_ids, stored.levels,
+                         stored.input_device)
+
+
+def analyze(run: str, manifest: dict, raw: dict) -> dict:
+    """Predicted vs measured of a separable pipeline run (``pipeline.run_pipeline``'s raw record) in
+    ``analysis.analyze``'s shape, ms per image (batch 1; with a larger batch the measured terms are per call).
+
+    predicted: ``evaluate`` at the run's bandwidth scale -- "total" (the overlapped latency), "per_device"
+    (compute), "per_link" (every transfer on the link), "synchronous_ms". measured (latency phase, else stream;
+    medians over images): "total" (image sent -> logits received at the coordinator, one clock), "per_device" (the
+    device's stage calls, host time x its stretch), "per_link" (sum over the link's frames of release at the
+    receiver - start of transmission, on the coordinator's clock), "link_mbps" (median payload Mbit/s the
+    receivers saw, over the frames long enough to tell)."""
+    s = raw["settings"]
+    c = evaluate(run, s["bandwidth_scale"])
+    pred = {"total": c["latency_ms"], "synchronous_ms": c["synchronous_ms"], "per_device": c["compute_ms"],
+            "per_link": c["link_ms"]}
+    ph = "latency" if "latency" in raw["records"] else "stream"
+    recs, order = raw["records"][ph], manifest["order"]
     med = lambda xs: float(np.median(xs)) if len(xs) else float("nan")
-    e2e = {ph: med([(v[1] - v[0]) * 1e3 for v in recs.values() if len(v) == 2])
-           for ph, recs in raw["coordinator"].items()}
-    first = "latency" if "latency" in raw["records"] else "stream"
-    span = {d: med([(r["c1"] - r["c0"]) * 1e3 for r in recs.values()]) for d, recs in raw["records"][first].items()}
-    return {"settings": raw["settings"], "measured_total_ms": e2e, "device_span_ms": span,
-            "calib_ms": raw["calib_ms"]}
+    ids = sorted(recs[order[0]])
+    totals = [(v[1] - v[0]) * 1e3 for v in raw["coordinator"][ph].values() if len(v) == 2]
+    frames = lambda l, i: recs[l["dst"]][i].get("frames", {}).get(l["src"], [])
+    link = lambda l: link_name(l["src"], l["dst"])
+    m = {"total": med(totals), "total_p10": float(np.percentile(totals, 10)),
+         "total_p90": float(np.percentile(totals, 90)),
+         "per_device": {d: med([recs[d][i]["host_ms"] * raw["stretch"][d] for i in ids]) for d in order},
+         "per_link": {link(l): med([sum(f[3] - f[0] for f in frames(l, i)) * 1e3 for i in ids])
+                      for l in manifest["links"]},
+         "link_mbps": {link(l): med([f[4] for i in ids for f in frames(l, i) if f[4] is not None
+                                     and np.isfinite(f[4])]) for l in manifest["links"]}}
+    return {"settings": s, "predicted": pred, "measured": m, "error_pct": 100.0 * (m["total"] / pred["total"] - 1.0),
+            "calib_ms": raw["calib_ms"], "stretch": raw["stretch"], "clock": raw.get("clock", {}),
+            "where": raw.get("where", {})}

@@ -274,12 +274,14 @@ class _StageRunner:
     device is to play a slower one, sends F(y) of its output to every ``send`` destination (the first ``channels``
     channels, in the link's dtype; all of y for ``channels`` None), keeps y as the next stage's carry and, on the
     output device, sends the last stage's output to the coordinator. One timing record per image: c0 = its first
-    stage's start, c1 = its last stage's end of compute, ``in`` = each source's last frame."""
+    stage's start, c1 = its last stage's end of compute, ``in`` = each source's last frame, ``frames`` = every frame
+    of each source in arrival order (a staged part hears from one source several times per image)."""
 
     def __init__(self, ctl, part, senders, stretch: float):
         self.ctl, self.part, self.stretch = ctl, part, stretch
         self.links = {link.dst: link for link in senders}
         self.frames, self.image, self.k, self.carry, self.c0, self.host, self.seen = {}, None, 0, None, 0.0, 0.0, {}
+        self.heard = {}
 
     def finished(self, stopped: set) -> bool:
         """No image left: the sources of the first stage (the camera or the stem's device; a plain part's inputs)
@@ -297,7 +299,7 @@ class _StageRunner:
             waiting = [i for i, _ in self.frames]
             if not waiting:
                 return False
-            self.image, self.k, self.host, self.seen = min(waiting), 0, 0.0, {}
+            self.image, self.k, self.host, self.seen, self.heard = min(waiting), 0, 0.0, {}, {}
         prog, st = self.part.stages[self.k]
         remote = [i["from"] for i in st["inputs"] if i["from"] != "carry"]
         if any(not self.frames.get((self.image, s)) for s in remote):
@@ -307,6 +309,8 @@ class _StageRunner:
             if not self.frames[(self.image, s)]:
                 del self.frames[(self.image, s)]
         self.seen.update(got)
+        for s, (f, r) in got.items():
+            self.heard.setdefault(s, []).append([f.tx_start, f.tx_end, f.arrival, r, f.rx_mbps])
         L.sleep_until(max([r for _, r in got.values()], default=0.0))  # every input released (the links' latency)
         xs = [self.carry if i["from"] == "carry" else got[i["from"]][0].value for i in st["inputs"]]
         t0 = L.now()
@@ -328,7 +332,8 @@ class _StageRunner:
         if self.k == len(self.part.stages):
             self.ctl.send(L.JSON, self.image, {
                 "done": self.image, "c0": self.c0, "c1": c1, "host_ms": self.host * 1e3,
-                "in": {s: [f.tx_start, f.tx_end, f.arrival, r, f.rx_mbps] for s, (f, r) in self.seen.items()}})
+                "in": {s: [f.tx_start, f.tx_end, f.arrival, r, f.rx_mbps] for s, (f, r) in self.seen.items()},
+                "frames": self.heard})
             self.image = None
         return True
 
