@@ -18,7 +18,9 @@ each with an empty cache of its own, one right after the other (which goes first
 then this code's second run on its cache. It prints every run, the ratio of the first runs (this code / COMMIT)
 per pair and their median, this code's second / first, and whether every ``result.json`` (apart from "time")
 and ``history.json`` is identical across both codes and all runs. Exit status 1 when any differs.
-``--json FILE`` also writes the runs' times, the ratios and the checks.
+``--json FILE`` also writes the runs' times, the ratios and the checks. ``--xla-flags FLAGS`` sets ``XLA_FLAGS`` for
+this code's runs only (with ``--pair HEAD``: the same code with and without the XLA options, see
+``benchmarks/compile_flags.py``).
 """
 from __future__ import annotations
 
@@ -61,6 +63,11 @@ def base_env() -> dict:
     return env
 
 
+def with_xla_flags(env: dict, flags) -> dict:
+    """``env`` with ``XLA_FLAGS=flags`` (None: unchanged)."""
+    return env if flags is None else dict(env, XLA_FLAGS=flags)
+
+
 def fresh_cache(path: str) -> str:
     if os.path.exists(path) and os.listdir(path):
         raise SystemExit(f"{path} is not empty: a first run must start with an empty cache")
@@ -94,7 +101,7 @@ def checkout(commit: str, into: str) -> str:
 
 
 def twice(args, extra, root: str) -> int:
-    env = dict(base_env(), JMSNAS_CACHE_DIR=fresh_cache(os.path.join(root, "cache")))
+    env = dict(with_xla_flags(base_env(), args.xla_flags), JMSNAS_CACHE_DIR=fresh_cache(os.path.join(root, "cache")))
     load0 = os.getloadavg()
     runs = [run_once(args.config, os.path.join(root, f"run{i}"), env, extra) for i in (1, 2)]
     load1 = os.getloadavg()
@@ -130,6 +137,7 @@ def paired(args, extra, root: str) -> int:
         raise SystemExit(f"--pairs must be >= 1, got {args.pairs}")
     base = checkout(args.pair, os.path.join(root, "base-code"))
     env = base_env()
+    new_env = with_xla_flags(env, args.xla_flags)
     rows, ratios, seconds, runs = [], [], [], []
     load0 = os.getloadavg()
     for k in range(args.pairs):
@@ -138,10 +146,11 @@ def paired(args, extra, root: str) -> int:
         got = {}
         for who in order:
             cache = fresh_cache(os.path.join(d, f"{who}-cache"))
-            got[who] = run_once(args.config, os.path.join(d, f"{who}-run1"), dict(env, JMSNAS_CACHE_DIR=cache),
+            got[who] = run_once(args.config, os.path.join(d, f"{who}-run1"),
+                                dict(env if who == "base" else new_env, JMSNAS_CACHE_DIR=cache),
                                 extra, base if who == "base" else None)
         got["again"] = run_once(args.config, os.path.join(d, "new-run2"),
-                                dict(env, JMSNAS_CACHE_DIR=os.path.join(d, "new-cache")), extra)
+                                dict(new_env, JMSNAS_CACHE_DIR=os.path.join(d, "new-cache")), extra)
         ratios.append(got["new"]["wall_s"] / got["base"]["wall_s"])
         seconds.append(got["again"]["wall_s"] / got["new"]["wall_s"])
         for who, label in (("base", f"{k + 1}: {args.pair} first (empty cache)"),
@@ -163,7 +172,7 @@ def paired(args, extra, root: str) -> int:
     print(f"result: test accuracy {r['accuracy']['test']:.4f}, T = {r['latency_ms']['total']:.4f} ms, "
           f"{r['params']:,} parameters")
     print(f"load average before {load0}, after {load1}; runs under {root}")
-    write_json(args.json, {"pair": args.pair, "runs": [times(r) for r in runs], "first_ratio": ratios,
+    write_json(args.json, {"pair": args.pair, "xla_flags": args.xla_flags, "runs": [times(r) for r in runs], "first_ratio": ratios,
                            "second_over_first": seconds, "result_identical": same,
                            "history_identical": same_history, "load": [load0, load1]})
     return 0 if same and same_history else 1
@@ -177,6 +186,8 @@ def main(argv=None) -> int:
                     help="compare the first run with COMMIT's code, interleaved, on the same machine")
     ap.add_argument("--pairs", type=int, default=3, help="with --pair: how many pairs (default 3)")
     ap.add_argument("--json", default=None, help="also write the times, ratios and checks to this file")
+    ap.add_argument("--xla-flags", default=None, metavar="FLAGS",
+                    help="XLA_FLAGS for this code's runs only (COMMIT's runs keep the environment's)")
     args, extra = ap.parse_known_args(argv)
     args.config = os.path.abspath(args.config)
     root = os.path.abspath(args.keep or tempfile.mkdtemp(prefix="jmsnas-twice-"))
