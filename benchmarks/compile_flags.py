@@ -97,7 +97,6 @@ def child(programs: list[str], reps: int) -> dict:
     hostmem.apply()
     import jax
     import numpy as np
-    from jax import export
     jax.config.update("jax_enable_compilation_cache", False)
     from jmsnas import native
     native.load()
