@@ -12,6 +12,8 @@
 
 The run directories are built once per session (under ``pytest -n`` once per worker process) and every test gets
 its own copy (in a folder of its own beside its tmp_path), so nothing one test writes reaches another.
+
+Every test also ends with JAX's persistent compilation cache set as the session began (``_compile_cache_as_found``).
 """
 import shutil
 import textwrap
@@ -71,3 +73,29 @@ def _trained_run_once(tmp_path_factory, tiny_compile_cache):
 @pytest.fixture
 def trained_run(_trained_run_once, tmp_path_factory):
     return shutil.copytree(_trained_run_once, tmp_path_factory.mktemp("trained_run") / "run", symlinks=True)
+
+
+_CACHE_SETTINGS = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+                   "jax_compilation_cache_max_size")
+
+
+@pytest.fixture(scope="session")
+def _compile_cache_at_start():
+    import jax
+    return {name: getattr(jax.config, name) for name in _CACHE_SETTINGS}
+
+
+@pytest.fixture(autouse=True)
+def _compile_cache_as_found(_compile_cache_at_start):
+    """A command run in-process (``cli.main``) turns JAX's persistent compilation cache on for the rest of the
+    process, storing every executable (jmsnas.cache). Left on, each new executable of every later test in that
+    process, eager ops included, is written to the shared cache directory under its lock, after a scan of the
+    whole directory: test_conv_patches took 179 s instead of 12 s in a quick loop after such a test. So every test
+    ends with the settings the session began with."""
+    yield
+    import jax
+    if any(getattr(jax.config, name) != value for name, value in _compile_cache_at_start.items()):
+        from jax.experimental.compilation_cache import compilation_cache as cc
+        for name, value in _compile_cache_at_start.items():
+            jax.config.update(name, value)
+        cc.reset_cache()

@@ -139,6 +139,7 @@ def test_abstract_keeps_shape_dtype_weak_type_and_sharding():
     assert A.abstract(tree, train.replicated(mesh))["b"].sharding == train.replicated(mesh)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shared", [True, False])
 def test_the_search_state_has_the_shapes_of_its_initialisation_without_running_it(shared):
     space = build_space(presets.chain_preset((1, 1, 1, 1)), image_size=8, in_channels=1, num_classes=10,

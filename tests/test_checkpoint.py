@@ -53,6 +53,7 @@ def saved(tmp_path):
     return d, _state(2.0)
 
 
+@pytest.mark.slow
 def test_round_trip_nested_tree_and_meta(tmp_path):
     state = _state(1.5)
     meta = {"epoch": 4, "position": 128, "fingerprint": "abc", "lr": 0.002, "nested": {"xs": [1, 2]}}
@@ -72,6 +73,7 @@ def test_round_trip_nested_tree_and_meta(tmp_path):
                                   jax.random.uniform(jax.random.PRNGKey(42), (3,)))
 
 
+@pytest.mark.slow
 def test_numpy_leaves_restore_as_numpy(tmp_path):
     state = {"k": np.array([1, 2], np.uint32), "n": np.arange(3, dtype=np.int64)}
     with Checkpointer(str(tmp_path)) as ck:
@@ -82,6 +84,7 @@ def test_numpy_leaves_restore_as_numpy(tmp_path):
     np.testing.assert_array_equal(got["n"], state["n"])
 
 
+@pytest.mark.slow
 def test_latest_step_and_max_to_keep(tmp_path):
     d = str(tmp_path / "c")
     with Checkpointer(d, max_to_keep=2) as ck:
@@ -142,6 +145,7 @@ def _delete(rel):
 
 # tensorstore's reads of the garbage data fail inside orbax's event loop, which reports an "Event loop is
 # closed" on teardown; the error the caller sees is the CheckpointError checked below.
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize("corrupt", [_garbage_arrays, _truncate("state/_METADATA"), _delete("state/_METADATA"),
                                      _truncate("meta/metadata"), _delete("meta/metadata")],
@@ -162,6 +166,7 @@ def test_corrupt_checkpoint_is_reported_and_left_intact(saved, corrupt):
     assert _tree_hash(d) == before
 
 
+@pytest.mark.slow
 def test_shape_mismatch_names_leaf_and_shapes(saved):
     d, state = saved
     params = dict(state.params, alpha=[jnp.zeros((3, 13)), jnp.ones((1, 13))])
@@ -173,6 +178,7 @@ def test_shape_mismatch_names_leaf_and_shapes(saved):
     assert _tree_hash(d) == before
 
 
+@pytest.mark.slow
 def test_dtype_and_structure_mismatch(saved):
     d, state = saved
     with Checkpointer(d) as ck:
@@ -186,6 +192,7 @@ def test_dtype_and_structure_mismatch(saved):
             ck.restore(state._replace(params=fewer))
 
 
+@pytest.mark.slow
 def test_meta_mismatch_names_key(saved):
     d, state = saved
     before = _tree_hash(d)
@@ -255,6 +262,7 @@ _KILL_DURING_SAVE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_kill_during_save_keeps_previous_checkpoint(tmp_path):
     d = str(tmp_path / "c")
     proc = subprocess.run([sys.executable, "-c", _KILL_DURING_SAVE, d], capture_output=True, timeout=120)

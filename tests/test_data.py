@@ -290,6 +290,7 @@ def test_memory_guard_refuses_loads_larger_than_half_of_memory(monkeypatch):
 # ---------------------------------------------------------------- digits kept between runs
 
 
+@pytest.mark.slow
 def test_kept_digits_equal_a_fresh_split_and_need_no_sklearn(tmp_path):
     import json
     import os

@@ -86,6 +86,7 @@ def _assert_same(a, b):
         np.testing.assert_allclose(np.asarray(a[k]), np.asarray(b[k]), **TOL, err_msg=k)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recalibrate,chunk", [(False, None), (True, 4)])
 def test_batched_equals_loop(chain, recalibrate, chunk):
     """Default chunk (1 on CPU) without, and chunks of 4 (P = 7 padded to 8) with BN recalibration."""
@@ -125,6 +126,7 @@ def test_mesh_equals_loop():
                  E.evaluate_loop(space, table, params, state, ops, x, y, bn_batches=bn))
 
 
+@pytest.mark.slow
 def test_recalibration_on_one_batch_is_train_mode_batch_norm(chain):
     """With K copies of batch b, the recalibrated statistics are b's batch statistics, so evaluating b in eval mode
     must give what train-mode batch norm gives on b (an oracle independent of how statistics are collected)."""
@@ -139,6 +141,7 @@ def test_recalibration_on_one_batch_is_train_mode_batch_norm(chain):
         np.testing.assert_allclose(got["accuracy"][a], acc)
 
 
+@pytest.mark.slow
 def test_compiles_once_for_populations_of_one_size(chain, monkeypatch):
     """Two populations of one size: traced once (here without prefix sharing, chunks of 2, checked against the
     loop); a third of another size is traced again, which the counter reports."""

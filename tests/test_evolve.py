@@ -66,6 +66,7 @@ def test_largest_and_smallest_are_the_named_extremes(space):
     space.validate_arch(smallest)
 
 
+@pytest.mark.slow
 def test_sandwich_archs_rows():
     space = tiny_space()[0]
     largest, smallest = evolve.sandwich_ops(space)
@@ -100,6 +101,7 @@ def stepped():
     return space, st0, batches, states, metrics
 
 
+@pytest.mark.slow
 def test_sandwich_step_compiles_once_and_advances(stepped):
     _, st0, _, states, metrics = stepped  # a second trace would have raised inside the fixture
     assert [int(s.step) for s in states] == [1, 2, 3]
@@ -143,6 +145,7 @@ def test_sandwich_step_is_one_adam_update_of_the_summed_gradients(stepped):
 
 # ----------------------------------------------------------------------------------------------- fitness
 
+@pytest.mark.slow
 def test_population_latency_matches_arch_latency():
     space, table = tiny_space()
     ops = np.asarray(sample_valid(jax.random.PRNGKey(1), jnp.asarray(space.mask()), 6))
@@ -155,6 +158,7 @@ def test_population_latency_matches_arch_latency():
         assert s <= f * (1 + 1e-6)  # the best split is never worse than the fixed one
 
 
+@pytest.mark.slow
 def test_initial_population_is_feasible_where_possible():
     space, table = tiny_space()
     key = jax.random.PRNGKey(2)

@@ -202,6 +202,7 @@ def test_gumbel_hard_argmax_frequency_matches_p():
     np.testing.assert_allclose(np.asarray(w).mean(0), P, atol=0.015)
 
 
+@pytest.mark.slow
 def test_gumbel_soft_gradient_matches_finite_differences():
     key, mask = jax.random.PRNGKey(5), jnp.asarray(MASK)
     c = jnp.asarray(np.random.default_rng(6).normal(0, 1, (3, R)), jnp.float32)

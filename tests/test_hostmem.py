@@ -140,6 +140,7 @@ def test_environment_value_is_checked(monkeypatch):
     assert hostmem.requested() is False and hostmem.forbidden() is False  # unset: the default, keep_step_memory
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(hostmem._glibc() is None, reason="glibc malloc settings only")
 def test_late_call_warns():
     code = "import jax.numpy as jnp; jnp.ones(2).block_until_ready(); import jmsnas.hostmem; jmsnas.hostmem.apply()"

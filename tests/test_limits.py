@@ -46,6 +46,7 @@ def _brute(space, table, lim, alpha, t_const):
     return (cost[ok].min() if ok.any() else None), archs, cost, ok
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["chain", "mesh"])
 def test_repair_within_memory_and_energy_equals_enumeration(kind):
     space = _space(kind)

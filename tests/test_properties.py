@@ -105,6 +105,7 @@ def test_latency_of_any_architecture_lies_between_the_fastest_and_the_slowest(da
 
 # ------------------------------------------------------------------------------------------ budget repair
 
+@pytest.mark.slow
 @JAX_SETTINGS
 @given(data=st.data(), sp=chain_spaces(max_layers=2))
 def test_repair_is_feasible_and_optimal(data, sp):

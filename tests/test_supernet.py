@@ -312,6 +312,7 @@ def test_mixed_op_is_weighted_sum_of_candidates(shared, impl):
     np.testing.assert_array_equal(outs[IDENTITY], np.asarray(x))
 
 
+@pytest.mark.slow
 @LAYOUTS
 def test_own_size_and_padded_candidates_agree_in_train_mode(shared):
     """Training mode, layer 1 of the chain (stride 2, 6 MBConv classes) and layer 0 (13 candidates with identity
@@ -354,6 +355,7 @@ def test_candidate_impl_rule_and_bad_value():
         SN.candidate_impl("fast", (2, 8, 8, 4))
 
 
+@pytest.mark.slow
 def test_auto_computes_all_paths_at_own_size_and_small_sampled_paths_padded():
     """mixed_op's "auto" traces the same program as "own" for the full mixture and as "padded" for sampled paths
     on the chain's 7 x 7 x 4 layer (below OWN_SIZE_MIN_ELEMENTS)."""
@@ -371,6 +373,7 @@ def test_auto_computes_all_paths_at_own_size_and_small_sampled_paths_padded():
     assert program("auto", pair) == program("padded", pair) != program("own", pair)
 
 
+@pytest.mark.slow
 def test_mixed_op_train_accepts_numpy_leaves():
     """Eager, training mode, two computed paths, with NumPy state leaves (what a restored checkpoint or a host copy
     gives): the same output and BN state update as with jax arrays."""
@@ -392,6 +395,7 @@ def test_mixed_op_train_accepts_numpy_leaves():
 
 # ------------------------------------------------------------------------------------------------ compact net
 
+@pytest.mark.slow
 @SPACES
 @LAYOUTS
 def test_compact_network_equals_supernet_with_onehot_gates(space, shared):
@@ -525,6 +529,7 @@ def assert_grads_reach_only(space, n, i, g, shared):
         assert np.all(np.delete(g[name], row, axis=0) == 0), (n, name)
 
 
+@pytest.mark.slow
 @LAYOUTS
 def test_weight_step_compiles_once_and_trains_only_the_sampled_candidates(shared):
     """Four single-path steps with changing gates, one trace. Each step's gradient reaches only the sampled
@@ -560,6 +565,7 @@ def test_weight_step_compiles_once_and_trains_only_the_sampled_candidates(shared
         assert any((~used[n]["dw"][0]).any() and used[n]["dw"][0].any() for n in range(CHAIN.num_layers))
 
 
+@pytest.mark.slow
 def test_arch_gradient_through_two_path_gates_is_eq5_and_compiles_once():
     chex.clear_trace_counter()
     params, state, x, y = net(CHAIN, True)
@@ -579,6 +585,7 @@ def test_arch_gradient_through_two_path_gates_is_eq5_and_compiles_once():
 
 # ------------------------------------------------------------------------------------------------ ops
 
+@pytest.mark.slow
 def test_train_batch_norm_vjp_equals_autodiff_of_the_formula():
     """The custom VJP of training-mode batch norm against autodiff of the textbook formula, with cotangents on
     all three outputs (normalised x, batch mean, batch variance), and against central differences."""
@@ -655,6 +662,7 @@ def test_native_batch_norm_is_bitwise_repeatable():
         jax.tree_util.tree_map(np.testing.assert_array_equal, o, outs[0])
 
 
+@pytest.mark.slow
 def test_batch_norm_act_impls_agree_in_a_training_step_and_reject_bad_names():
     rng = np.random.default_rng(3)
     x = jnp.asarray(rng.standard_normal((8, 6, 6, 24)), jnp.float32)
@@ -671,6 +679,7 @@ def test_batch_norm_act_impls_agree_in_a_training_step_and_reject_bad_names():
         O.batch_norm_act(params, state, x, True, "gelu")
 
 
+@pytest.mark.slow
 def test_pointwise_is_the_one_by_one_convolution():
     rng = np.random.default_rng(8)
     x = jnp.asarray(rng.standard_normal((2, 3, 5, 4)), jnp.float32)
@@ -682,6 +691,7 @@ def test_pointwise_is_the_one_by_one_convolution():
     assert_trees_close(jax.grad(loss(O.pointwise), (0, 1))(x, w), jax.grad(loss(conv), (0, 1))(x, w))
 
 
+@pytest.mark.slow
 def test_initial_weights_are_the_normal_draws_times_the_he_scale_bit_for_bit():
     """The init takes the He-scale product in NumPy (no executable per shape): the same bits as jnp's multiply."""
     key = jax.random.PRNGKey(7)
@@ -701,6 +711,7 @@ def test_initial_weights_are_the_normal_draws_times_the_he_scale_bit_for_bit():
         [[1.0] * 5, [0.0] * 5, [0.0] * 5, [1.0] * 5]
 
 
+@pytest.mark.slow
 def test_one_draw_takes_every_draw_at_once_with_the_bits_of_each_own_draw():
     """``ops.one_draw``: draws of any size (cut from one batched draw per power-of-two length) equal
     ``jax.random.normal(key, shape)`` bit for bit, scaled as ``_scaled_normal`` scales them; the batched program
@@ -720,6 +731,7 @@ def test_one_draw_takes_every_draw_at_once_with_the_bits_of_each_own_draw():
     assert hlo.count("erf_inv") == len({O._bucket(int(np.prod(s))) for s in shapes})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("space, shared", [(MESH, True), (CHAIN, False)], ids=["mesh-shared", "chain-separate"])
 def test_the_search_state_is_one_executable_with_the_bits_of_the_eager_initialisation(space, shared):
     """``train.init_search_state`` (one jitted program, draws batched) equals the same initialisation run eagerly

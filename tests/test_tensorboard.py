@@ -50,6 +50,7 @@ def test_separable_steps_are_global_controller_steps():
     assert per_step[2][1] == {"controller/reward": 0.3, "random/reward": 0.3, "control_group/reward": 0.2}
 
 
+@pytest.mark.slow
 def test_outside_a_run_or_switched_off_nothing_is_written(tmp_path):
     tb.log(0, {"a": 1.0})  # no writer: nothing happens
     with tb.run(str(tmp_path), False) as w:

@@ -234,6 +234,7 @@ NOISE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_no_event_loop_tracebacks_after_a_failed_restore(tmp_path):  # K05, K11
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
     out = subprocess.run([sys.executable, "-c", NOISE, str(tmp_path / "ck")], capture_output=True, text=True,
@@ -333,6 +334,7 @@ def test_bad_network_files(capsys, tmp_path, net, needles):
     _fails(capsys, ["split", "--model", path, "--topology", "chain"], *needles)
 
 
+@pytest.mark.slow
 def test_closed_pipe_ends_quietly(tmp_path):  # S26: `jmsnas split ... | head -2`
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
     p = subprocess.Popen([sys.executable, "-m", "jmsnas.cli", "split", "--model", "resnet152", "--topology", "chain",

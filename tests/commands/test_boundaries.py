@@ -144,6 +144,7 @@ def test_a_killed_splitnets_run_is_told_to_resume(capsys, tmp_path):  # SplitNet
 
 # ----------------------------------------------------------------------------------- paths
 
+@pytest.mark.slow
 def test_export_out_inside_a_runs_own_files_is_refused(capsys, run, tmp_path):
     before = tinyrun.digest(run)
     for out in (os.path.join(run, "parts"), os.path.join(run, "parts", "sub"), os.path.join(run, "checkpoints", "x"),
@@ -215,6 +216,7 @@ DAMAGED_CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_damaged_child_is_one_line_without_event_loop_noise(run, tmp_path):
     lm = tmp_path / "lm.json"
     lm.write_text(json.dumps({"overhead_ms": 15.0, "per_array_ms": 0.3, "ms_per_mb": 6.0, "rmse_ms": 0.0,
@@ -248,6 +250,7 @@ def test_a_full_disk_in_export_leaves_nothing(capsys, run, tmp_path, monkeypatch
     assert os.listdir(tmp_path) == [] and not os.path.exists(os.path.join(run, "export"))
 
 
+@pytest.mark.slow
 def test_a_full_disk_in_autosplit_write_parts_leaves_nothing(capsys, run, tmp_path, monkeypatch):
     monkeypatch.setattr(np, "savez", _enospc_after(100))
     fails(capsys, ["autosplit", "--model", run, "--topology", "chain", "--memory-mb", "8", "--max-accuracy-drop",
@@ -408,6 +411,7 @@ def test_processes_given_other_configurations_each_end_with_one_line(tmp_path):
 
 # ----------------------------------------------------------------------------------- a damaged latest checkpoint
 
+@pytest.mark.slow
 def test_a_damaged_latest_checkpoint_names_the_older_intact_one(tmp_path):
     d = str(tmp_path / "ck")
     state = {"w": np.arange(4096, dtype=np.float32)}

@@ -42,6 +42,7 @@ def _enumerate(space, mem, table, probs, assignment=None):
     return weight @ per
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make", [_chain_space, _mesh_space])
 def test_expected_memory_equals_enumeration(make):
     space = make()
@@ -62,6 +63,7 @@ def test_expected_memory_under_an_assignment_equals_enumeration():
     np.testing.assert_allclose(got, _enumerate(space, mem, table, probs, a), rtol=2e-5)
 
 
+@pytest.mark.slow
 def test_expected_memory_is_differentiable():
     space = _chain_space()
     table, mem = analytic_table(space), M.space_memory(space)
@@ -75,6 +77,7 @@ def test_expected_memory_is_differentiable():
     assert np.isfinite(np.asarray(g)).all() and np.abs(np.asarray(g)).sum() > 0
 
 
+@pytest.mark.slow
 def test_hand_count():
     """ue runs the stem and layers 0, 1 (mbconv_k3_e3_res at 8x8x4->8, then identity / k5_e6_res at 8x8x8)."""
     space = _chain_space()
@@ -94,6 +97,7 @@ def test_hand_count():
     assert float(got.total[0]) == 4 * (52 + 380 + 2384) + 4 * 6656 + 64 + 2048
 
 
+@pytest.mark.slow
 def test_weights_equal_the_deployed_parts():
     """W_m = the bytes of every array a device's part stores (weights and BN statistics, float32)."""
     space = _chain_space()
@@ -132,6 +136,7 @@ def _xla_activation_bytes(fn, weights, x):
     return ma.temp_size_in_bytes + ma.argument_size_in_bytes - w + ma.output_size_in_bytes
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the tolerance was measured with XLA:CPU")
 @pytest.mark.parametrize("hw,cin,cout,stride", [(8, 8, 8, 1), (16, 16, 24, 2)])
 def test_working_set_within_tolerance_of_xla(hw, cin, cout, stride):

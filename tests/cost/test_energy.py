@@ -4,6 +4,7 @@ import itertools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jmsnas.topology import presets
 from jmsnas.cost.energy import energy, known
@@ -34,6 +35,7 @@ def test_hand_count():
     np.testing.assert_allclose(float(e.total), float(e.per_device.sum()), rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_expected_energy_equals_enumeration():
     space = _space()
     table = analytic_table(space)

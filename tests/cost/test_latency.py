@@ -73,6 +73,7 @@ def all_archs(space):
     return np.array(list(itertools.product(*valid)), np.int32)
 
 
+@pytest.mark.slow
 def test_chain_expected_latency_equals_enumeration():
     sp = chain_space()
     archs = all_archs(sp)

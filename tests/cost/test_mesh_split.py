@@ -111,6 +111,7 @@ def test_repair_under_a_mesh_split_equals_enumeration():
     np.testing.assert_allclose(got, cost[ok].min(), rtol=1e-9)
 
 
+@pytest.mark.slow
 def test_searched_step_latency_on_a_mesh_is_the_best_split_of_e_tau():
     from jmsnas import train
     space = _mesh(1, 2, 2, [1] * 6, [25, 50, 50, 200, 200, 100], [1e12] * 6)

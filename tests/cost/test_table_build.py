@@ -246,6 +246,7 @@ def test_bad_activation_bits_and_unreadable_files(tmp_path):
 # ---------------------------------------------------------------------------------------------- end to end
 
 
+@pytest.mark.slow
 def test_mix_measured_here_roofline_lut_regression_into_arch_latency(tmp_path):
     """UE measured on this backend, SBS roofline, MBS imported lookup table, cloud regression; arch_latency
     equals the hand sum of each device's own layers, the UE's stem, the cloud's head and the transfers."""

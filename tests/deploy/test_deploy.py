@@ -165,6 +165,7 @@ def test_mesh_equation_hand_computed():
     assert predict.link_ms(6144, 25.0) == pytest.approx(6144 * 8 / 25e3)
 
 
+@pytest.mark.slow
 def test_a_searched_split_with_a_relay_device(tmp_path):
     """A chain split that leaves the mbs without layers: its part relays the tensor, the parts compose to the whole
     network, and the prediction over the parts is eq. (1) of that assignment."""
@@ -188,6 +189,7 @@ def test_a_searched_split_with_a_relay_device(tmp_path):
 
 # --------------------------------------------------------------------------------------------- export
 
+@pytest.mark.slow
 def test_a_part_loads_and_runs_with_only_jax_and_numpy(runs, tmp_path):
     """runtime.py copied alone: the part runs, no jmsnas module is imported, the program is multi-platform and
     has no custom calls (so it runs on any backend it was exported for)."""

@@ -251,6 +251,7 @@ class _Probe:
             p.wait()
 
 
+@pytest.mark.slow
 def test_kernel_shaped_and_user_paced_links_agree_at_three_rates():
     """The same receiver-side measurement on a link shaped by tbf (no pacing in user space, from one namespace's
     address to another's) and a link paced in user space (loopback): each within 5% of the rate, and the two within
@@ -339,6 +340,7 @@ def test_a_dead_worker_at_another_address_is_one_line(chain3):
     _no_session_left()
 
 
+@pytest.mark.slow
 def test_an_unreachable_host_is_one_line(chain3, tmp_path, capsys):
     """A hosts file naming an address of the lab's subnet where no machine answers: one line, exit 2."""
     hosts = dict(chain3["hosts"], sbs=chain3["lab"].addresses["ue"].rsplit(".", 1)[0] + ".99:7000")

@@ -77,6 +77,7 @@ def test_four_groups_through_the_pipeline_equal_the_whole_network(run):
         assert set(raw["records"]["latency"][dev][0]["in"]) == srcs
 
 
+@pytest.mark.slow
 def test_a_missing_stage_file_one_line_exit_2(run, tmp_path, capsys):
     """A stage's program missing from the export: one line naming the part and the file, exit 2, no process."""
     d = run[0]

@@ -29,6 +29,7 @@ def test_layout_is_hw_nas_bench_cifar100():
     assert [l.keeps_shape for l in lay[:3]] == [True, False, True]
 
 
+@pytest.mark.slow
 def test_grouped_pointwise_is_a_grouped_convolution():
     x = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 3, 8))
     w = jax.random.normal(jax.random.PRNGKey(1), (2, 4, 6))
@@ -39,6 +40,7 @@ def test_grouped_pointwise_is_a_grouped_convolution():
     np.testing.assert_array_equal(s, [[0, 3, 1, 4, 2, 5]])
 
 
+@pytest.mark.slow
 def test_blocks_keep_the_layer_shapes_and_skip_is_the_identity():
     sp = SP.scaled(SP.fbnet_c100(), width=0.25, image_size=8, in_channels=1, num_classes=10)
     x = jax.random.normal(jax.random.PRNGKey(0), (2, 8, 8, sp.layers[1].in_ch))
@@ -52,6 +54,7 @@ def test_blocks_keep_the_layer_shapes_and_skip_is_the_identity():
     assert p == {} and net.block_apply(p, s, xs, skip, sp.layers[0], True)[0] is xs
 
 
+@pytest.mark.slow
 def test_network_forward_of_a_fixed_architecture():
     sp = SP.scaled(SP.fbnet_c100(), width=0.125, image_size=8, in_channels=1, num_classes=10)
     arch = (8, 1, 8, 8, 8, 0, 8, 8, 8, 4, 8, 8, 8, 8, 8, 8, 8, 5, 8, 8, 8, 8)
@@ -74,6 +77,7 @@ def _proxy(archs):
     return np.array([sum(b[i].expand * b[i].kernel for i in a) for a in archs], np.float64)
 
 
+@pytest.mark.slow
 def test_search_on_one_device_with_the_raspi4_table_meets_t_const(raspi4_plan):
     t_const = 25.0
     r = S.search(jax.random.PRNGKey(0), raspi4_plan, t_const, _proxy, population=16, generations=3)

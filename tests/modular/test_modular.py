@@ -87,6 +87,7 @@ def test_zoo_cut_points_leave_one_live_tensor():
     assert len(cuts) == 20 and len(net.layers) - 1 in cuts
 
 
+@pytest.mark.slow
 def test_run_blocks_equal_the_compact_network(tiny, run_dir):
     space, ops, cp, cs, ds, _ = tiny
     x = jnp.asarray(ds.test.images[:32])
@@ -124,6 +125,7 @@ def test_split_refuses_bad_k(k):
         P.exact(np.ones(34), k)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,k", [("resnet50", 4), ("mobilenet_v2", 3)])
 def test_qlearning_within_ten_percent_of_the_exact_optimum(name, k):
     costs = L.block_ms(MODEL, B.from_zoo(name).blocks)
@@ -174,6 +176,7 @@ def test_measurements_cover_every_configuration(tiny, tmp_path):
 
 # ------------------------------------------------------------------------------------------------ store + load
 
+@pytest.mark.slow
 def test_children_reassemble_bitwise_with_streaming_inference(tiny, tmp_path):
     space, ops, cp, cs, ds, _ = tiny
     net = B.from_compact(space, ops, cp, cs)
@@ -263,6 +266,7 @@ def _dir_digest(path):
     return h.hexdigest()
 
 
+@pytest.mark.slow
 def test_finetune_trains_only_the_last_child(tiny, tmp_path):
     space, ops, cp, cs, ds, _ = tiny
     net = B.from_compact(space, ops, cp, cs)
@@ -288,6 +292,7 @@ def test_finetune_trains_only_the_last_child(tiny, tmp_path):
 
 # ------------------------------------------------------------------------------------------------ commands
 
+@pytest.mark.slow
 def test_cli_modularize_load_and_finetune_a_run(run_dir, tmp_path, capsys):
     lm = _load_model_file(tmp_path)
     out = str(tmp_path / "kids")

@@ -112,6 +112,7 @@ def test_cli_on_a_run_directory(run_dir, capsys, tmp_path):
     assert json.loads((tmp_path / "p" / "manifest.json").read_text())["split"] == a["split"]
 
 
+@pytest.mark.slow
 def test_zoo_network_works_from_shapes_and_says_so(capsys):
     assert cli.main(["autosplit", "--model", "mobilenet_v2", "--topology", "autosplit", "--memory-mb", "2",
                      "--max-accuracy-drop", "0.05"]) == 0
@@ -166,6 +167,7 @@ def test_run_directory_without_config_is_refused(tmp_path, capsys):
     assert "has no configuration" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_the_space_comes_from_result_json(run_dir, tmp_path):
     """result.json records the space (jmsnas.space.to_dict): it equals the run's, and the config's copy of the
     space is not read (a changed config does not change the network)."""
@@ -237,6 +239,7 @@ def test_autosplit_edge_sends_packed_codes_and_the_parts_equal_the_fake_quantize
     assert np.max(np.abs(logits - fake_quant_reference(d)(x))) <= 1e-5
 
 
+@pytest.mark.slow
 def test_autosplit_export_for_the_pipeline(autosplit_parts, tmp_path):
     """The export's link carries the packed bytes; a given prediction (a latency table's) never slows a device.
     (The pipeline itself runs in test_pipeline_command_on_autosplit_parts_streams_the_runs_test_images; the honest

@@ -35,6 +35,7 @@ def test_pack_unpack_round_trip_every_width_and_odd_lengths(bits, n):
     assert np.array_equal(np.asarray(packing.unpack(packed, bits, n)), codes)
 
 
+@pytest.mark.slow
 def test_pack_is_vmappable_and_jittable():
     codes = np.random.default_rng(0).integers(0, 8, size=(4, 11), dtype=np.uint8)
     f = jax.jit(jax.vmap(lambda c: packing.unpack(packing.pack(c, 3), 3, 11)))

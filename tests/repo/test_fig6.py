@@ -88,6 +88,7 @@ def test_cloud_computing_is_raw_upload_plus_cloud_compute(fig6, tiny):
     assert got["total"] == pytest.approx(by_hand + sum(links.values()), rel=1e-6)
 
 
+@pytest.mark.slow
 def test_best_jmsnas_split_is_the_minimum_over_all_splits(fig6, tiny):
     space, table = tiny
     m = space.topology.num_devices

@@ -75,6 +75,7 @@ def test_every_sampled_decision_is_a_valid_permutation(kind):
     assert np.array_equal(space.encode(pids, levels), tokens)
 
 
+@pytest.mark.slow
 def test_controller_learns_a_rewarded_decision_and_random_does_not():
     """REINFORCE over the token sequence: reward 1 when step 0 uses decision 7 and step 1 sparsity level 2."""
     space = dec.make_space(4, 2, num_levels=3)
@@ -173,6 +174,7 @@ def test_overlapped_latency_never_exceeds_synchronous():
 
 # -------------------------------------------------------------------------------------------------- network
 
+@pytest.mark.slow
 def test_all_identity_equals_independent_group_networks():
     s = spec()
     params = net.init(jax.random.PRNGKey(0), s)

@@ -67,6 +67,7 @@ def test_reduction_must_send_fewer_channels():
         tiny_space(views=0)
 
 
+@pytest.mark.slow
 def test_module_shapes_mask_and_fuse_is_a_concatenation():
     c, dm, V, B, s = 8, 4, 3, 2, 5
     p = SM.init(jax.random.PRNGKey(1), c, dm, V)
@@ -127,6 +128,7 @@ def test_split_module_gating_single_view():
     assert all(m["reduce"] > 0 and m["recover"] > 0 for m in both)
 
 
+@pytest.mark.slow
 def test_multiview_forward_shapes_and_view_order_matters():
     sp = tiny_space(views=2)
     assert not sp.shared
@@ -282,6 +284,7 @@ def test_evolve_cli_single_view_meets_both_limits(tmp_path, capsys):
     assert sensor["params/reduce"].shape[-1] == sn["d"] and man["split"]["d"] == sn["d"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed,quantile", [(0, 50), (2, 0.5)])
 def test_evolution_never_returns_a_network_over_either_limit(monkeypatch, seed, quantile):
     """Evolution with a stand-in accuracy (a fixed hash of the genes, larger networks favoured) under limits at a

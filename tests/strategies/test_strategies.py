@@ -68,6 +68,7 @@ def test_registry_covers_all_strategies():
         make("nope", mask=MASK)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "reinforce_lstm" else n  # LSTM: slowest
                                   for n in sorted(SMALL)])
 def test_loop_scan_and_jit_agree(name):
@@ -126,6 +127,7 @@ def _vmapped_runs(strategy, steps):
     return jax.jit(jax.vmap(one))(jnp.asarray(TABLES), jax.random.split(jax.random.key(0), len(TABLES)))
 
 
+@pytest.mark.slow
 def test_evolution_reaches_optimum():
     """Budget: population 16 x 8 generations = 128 evaluations (the space has 3*4*2*3 = 72 architectures)."""
     state = _vmapped_runs(make("evolution", mask=MASK, population=16), 8)
@@ -159,6 +161,7 @@ def test_reinforce_policy_mode_is_optimum(policy, hp, steps):
     _check_reaches(state, TABLES, modes)
 
 
+@pytest.mark.slow
 def test_qlearning_greedy_policy_is_optimum():
     """Budget: 8 episodes x 30 tells with the prefix-tree state (history=None), learning rate 1, optimistic
     initial Q (above the best return 12); the greedy rollout of the learned table is the optimum."""
@@ -216,6 +219,7 @@ def test_mutation_and_crossover_respect_mask():
     assert 0.45 < frac_a < 0.55
 
 
+@pytest.mark.slow
 def test_evolution_discards_infeasible_children():
     """Children violating the hard constraint (op 0 at layer 0, told as -inf or feasible=False) never enter the
     population once enough feasible ones exist; the best feasible candidate is never lost."""
@@ -241,6 +245,7 @@ def test_evolution_discards_infeasible_children():
         assert fin.all()
 
 
+@pytest.mark.slow
 def test_lstm_policy_is_a_distribution_over_valid_archs():
     """exp(log pi) summed over every architecture of a 3 x 3 space is 1, and masked ones get probability 0."""
     mask = np.array([[1, 0, 1], [1, 1, 1], [0, 1, 1]], bool)
@@ -290,6 +295,7 @@ def test_reinforce_baseline_and_update_direction():
     assert float(m2["mean_reward"]) == 4.0
 
 
+@pytest.mark.slow
 def test_q_update_and_epsilon_greedy_by_hand():
     env = ql.make_env(np.array([[1, 2], [2, 2], [2, 2]]), np.array([[1.0, 0.0], [0.0, 5.0], [0, 0]]),
                       np.array([[True, True], [True, False], [True, True]]), np.array([False, False, True]), 0)

@@ -325,6 +325,7 @@ def _chains(draw):
     return topo
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, derandomize=True, database=None)
 @given(_chains(), st.sampled_from(["yaml", "json"]))
 def test_random_topologies_round_trip(tmp_path_factory, topo, ext):

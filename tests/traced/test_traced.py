@@ -61,6 +61,7 @@ def test_sizes_the_zoo_cannot_express():
     assert t.net.layers[0].out_shape == (16, 16, 64) and t.net.layers[0].macs == 16 * 16 * 64 * 7 * 7 * 3
 
 
+@pytest.mark.slow
 def test_segments_compose_to_the_model_and_quantize():
     module = flax_zoo.TinyResidual()
     variables = flax_zoo.numpy_variables(module, (8, 8, 3))
@@ -84,6 +85,7 @@ def test_segments_compose_to_the_model_and_quantize():
     assert 0 < float(jnp.max(jnp.abs(y8 - want))) < 0.1 * float(jnp.max(jnp.abs(want)))
 
 
+@pytest.mark.slow
 def test_nnx_and_plain_apply(tmp_path):
     from flax import nnx
 
@@ -296,6 +298,7 @@ def test_modularize_a_traced_model_and_infer_while_loading(tmp_path, capsys):
     assert float(np.max(np.abs(np.asarray(got.output) - np.asarray(want)))) <= 1e-5
 
 
+@pytest.mark.slow
 def test_a_plain_program_composes_across_cuts():
     """Closed-over constants, a multi-result op (split), concatenation, a loop and a softmax: cut where several
     tensors cross (the split's two halves) and at both ends, the two segments give apply's output."""
