@@ -20,7 +20,9 @@ per pair and their median, this code's second / first, and whether every ``resul
 and ``history.json`` is identical across both codes and all runs. Exit status 1 when any differs.
 ``--json FILE`` also writes the runs' times, the ratios and the checks. ``--xla-flags FLAGS`` sets ``XLA_FLAGS`` for
 this code's runs only (with ``--pair HEAD``: the same code with and without the XLA options, see
-``benchmarks/compile_flags.py``).
+``benchmarks/compile_flags.py``). ``--prefill N`` puts N entries of other programs (JAX's file layout, 18 kB each,
+this machine's mean) into every first run's cache before it starts, so that the first runs compile against a used
+cache rather than an empty one (none of them is a hit).
 """
 from __future__ import annotations
 
@@ -73,6 +75,19 @@ def fresh_cache(path: str) -> str:
         raise SystemExit(f"{path} is not empty: a first run must start with an empty cache")
     os.makedirs(path, exist_ok=True)
     return path
+
+
+def prefill(cache: str, n: int, entry_bytes: int = 18_000) -> str:
+    """``n`` entries of other programs in ``cache``'s JAX folder (``xla/<key>-cache`` and the ``-atime`` stamp JAX's
+    own bound reads), older than anything a run writes."""
+    xla = os.path.join(cache, "xla")
+    os.makedirs(xla, exist_ok=True)
+    blob, stamp = os.urandom(entry_bytes), (time.time_ns() - 10 ** 12).to_bytes(8, "little")
+    for i in range(n):
+        for suffix, data in (("-cache", blob), ("-atime", stamp)):
+            with open(os.path.join(xla, f"prefill{i:06d}{suffix}"), "wb") as f:
+                f.write(data)
+    return cache
 
 
 def strip(result: dict) -> dict:
@@ -145,7 +160,7 @@ def paired(args, extra, root: str) -> int:
         order = ("base", "new") if k % 2 == 0 else ("new", "base")
         got = {}
         for who in order:
-            cache = fresh_cache(os.path.join(d, f"{who}-cache"))
+            cache = prefill(fresh_cache(os.path.join(d, f"{who}-cache")), args.prefill)
             got[who] = run_once(args.config, os.path.join(d, f"{who}-run1"),
                                 dict(env if who == "base" else new_env, JMSNAS_CACHE_DIR=cache),
                                 extra, base if who == "base" else None)
@@ -172,7 +187,7 @@ def paired(args, extra, root: str) -> int:
     print(f"result: test accuracy {r['accuracy']['test']:.4f}, T = {r['latency_ms']['total']:.4f} ms, "
           f"{r['params']:,} parameters")
     print(f"load average before {load0}, after {load1}; runs under {root}")
-    write_json(args.json, {"pair": args.pair, "xla_flags": args.xla_flags, "runs": [times(r) for r in runs], "first_ratio": ratios,
+    write_json(args.json, {"pair": args.pair, "xla_flags": args.xla_flags, "prefill": args.prefill, "runs": [times(r) for r in runs], "first_ratio": ratios,
                            "second_over_first": seconds, "result_identical": same,
                            "history_identical": same_history, "load": [load0, load1]})
     return 0 if same and same_history else 1
@@ -188,7 +203,11 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="also write the times, ratios and checks to this file")
     ap.add_argument("--xla-flags", default=None, metavar="FLAGS",
                     help="XLA_FLAGS for this code's runs only (COMMIT's runs keep the environment's)")
+    ap.add_argument("--prefill", type=int, default=0, metavar="N",
+                    help="with --pair: N entries of other programs in every first run's cache (default 0: empty)")
     args, extra = ap.parse_known_args(argv)
+    if args.prefill < 0:
+        raise SystemExit(f"--prefill must be >= 0, got {args.prefill}")
     args.config = os.path.abspath(args.config)
     root = os.path.abspath(args.keep or tempfile.mkdtemp(prefix="jmsnas-twice-"))
     os.makedirs(root, exist_ok=True)

@@ -3,12 +3,15 @@ import json
 import os
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from jmsnas import cache, report, timing
 
@@ -155,3 +158,51 @@ def test_summary_reports_time():
     text = report.format_summary(r)
     assert ("Time: 42.8 s wall (61.0 s CPU): compiling 30.5 s (41.0 s CPU, 38 of 40 executables from the "
             "compilation cache), running 12.2 s (20.0 s CPU)") in text
+
+
+def _entries(d, sizes_times):
+    """Write JAX-style entries ``k<i>-cache`` (with an ``-atime`` companion) of the given (bytes, seconds since the
+    epoch) into ``d``; returns their names."""
+    names = []
+    for i, (size, t) in enumerate(sizes_times):
+        entry = d / f"k{i}-cache"
+        entry.write_bytes(b"x" * size)
+        (d / f"k{i}-atime").write_bytes(b"t")
+        os.utime(entry, (t, t))
+        names.append(entry.name)
+    return names
+
+
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(1, 10_000)), max_size=8, unique_by=lambda e: e[1]),
+       st.integers(0, 200))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_trim_deletes_the_least_recently_used_until_the_rest_fit(tmp_path_factory, sizes_times, max_bytes):
+    d = tmp_path_factory.mktemp("xla")
+    names = _entries(d, sizes_times)
+    (d / "other-file").write_bytes(b"kept")
+    deleted = cache.trim(d, max_bytes)
+    # oracle: drop the k oldest, for the smallest k that leaves at most max_bytes
+    by_age = sorted(range(len(names)), key=lambda i: sizes_times[i][1])
+    k = next(k for k in range(len(names) + 1) if sum(sizes_times[i][0] for i in by_age[k:]) <= max_bytes)
+    kept = {names[i] for i in by_age[k:]}
+    assert {p.name for p in d.glob("*-cache")} == kept
+    assert {p.name for p in d.glob("*-atime")} == {n.replace("-cache", "-atime") for n in kept}
+    assert (d / "other-file").read_bytes() == b"kept"
+    assert deleted == sum(sizes_times[i][0] for i in by_age[:k])
+
+
+def test_turning_the_cache_on_trims_it_at_most_once_a_day_and_leaves_jax_s_own_bound_off(tmp_path, monkeypatch):
+    d = tmp_path / "xla"
+    d.mkdir()
+    now = time.time()
+    _entries(d, [(80, now - 100), (80, now - 50)])  # 160 bytes, the older one over the bound
+    monkeypatch.setattr(cache, "MAX_BYTES", 100)
+    max_size = jax.config.jax_compilation_cache_max_size
+    assert cache.enable_compilation_cache(d) == str(d)
+    assert jax.config.jax_compilation_cache_max_size == max_size  # no directory scan on every write
+    assert sorted(p.name for p in d.glob("*-cache")) == ["k1-cache"]
+    assert (d / cache.TRIM_STAMP).exists()
+    _entries(d, [(80, now - 200)])  # over the bound again, but trimmed less than a day ago
+    cache.enable_compilation_cache(d)
+    assert len(list(d.glob("*-cache"))) == 2
+    assert cache.trim_if_due(d, every_s=0.0) and sorted(p.name for p in d.glob("*-cache")) == ["k1-cache"]
