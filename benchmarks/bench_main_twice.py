@@ -168,8 +168,9 @@ def paired(args, extra, root: str) -> int:
                                 dict(new_env, JMSNAS_CACHE_DIR=os.path.join(d, "new-cache")), extra)
         ratios.append(got["new"]["wall_s"] / got["base"]["wall_s"])
         seconds.append(got["again"]["wall_s"] / got["new"]["wall_s"])
-        for who, label in (("base", f"{k + 1}: {args.pair} first (empty cache)"),
-                           ("new", f"{k + 1}: this code first (empty cache)"), ("again", f"{k + 1}: this code second")):
+        before = f"{args.prefill} other entries in the cache" if args.prefill else "empty cache"
+        for who, label in (("base", f"{k + 1}: {args.pair} first ({before})"),
+                           ("new", f"{k + 1}: this code first ({before})"), ("again", f"{k + 1}: this code second")):
             rows.append(row(label, got[who]))
             runs.append(got[who])
         print(rows[-3], rows[-2], rows[-1], sep="\n", flush=True)
