@@ -89,9 +89,9 @@ def _compile_cache_at_start():
 def _compile_cache_as_found(_compile_cache_at_start):
     """A command run in-process (``cli.main``) turns JAX's persistent compilation cache on for the rest of the
     process, storing every executable (jmsnas.cache). Left on, each new executable of every later test in that
-    process, eager ops included, is written to the shared cache directory under its lock, after a scan of the
-    whole directory: test_conv_patches took 179 s instead of 12 s in a quick loop after such a test. So every test
-    ends with the settings the session began with."""
+    process, eager ops included, is written to the shared cache directory (test_conv_patches took 179 s instead
+    of 12 s in a quick loop after such a test, when JAX still scanned the whole directory on every write; writing
+    every eager op still costs a file each). So every test ends with the settings the session began with."""
     yield
     import jax
     if any(getattr(jax.config, name) != value for name, value in _compile_cache_at_start.items()):
