@@ -124,7 +124,7 @@ def disable_compilation_cache() -> None:
 def trim(directory: str | os.PathLike, max_bytes: int = MAX_BYTES) -> int:
     """Delete the least recently used executables of the JAX cache in ``directory`` (by the later of each file's
     access and modification time) until the rest take at most ``max_bytes``; returns the bytes deleted. An entry
-    another process deletes first is skipped."""
+    another process deletes first is skipped, one this process may not delete stays."""
     entries, total = [], 0
     with os.scandir(directory) as it:
         for e in it:
@@ -137,11 +137,16 @@ def trim(directory: str | os.PathLike, max_bytes: int = MAX_BYTES) -> int:
     for _, name, size in entries:
         if total <= max_bytes:
             break
-        for f in (name, name[:-len(_ENTRY)] + _ATIME):
-            try:
-                os.unlink(os.path.join(directory, f))
-            except FileNotFoundError:
-                pass
+        try:
+            os.unlink(os.path.join(directory, name))
+        except FileNotFoundError:
+            pass  # another process deleted it first
+        except OSError:
+            continue  # not this user's to delete (a shared directory): it stays, and counts
+        try:
+            os.unlink(os.path.join(directory, name[:-len(_ENTRY)] + _ATIME))
+        except OSError:
+            pass
         total -= size
         deleted += size
     return deleted

@@ -9,6 +9,8 @@
 - ``trained_run``: a tiny run trained by ``jmsnas search --config TINY_CONFIG`` in its own process, as a user runs
   it (result.json, history.json, summary, figures, parts/, checkpoints/); ``tiny_compile_cache`` is the persistent
   compile cache that run filled, for tests that start more runs of the same configuration.
+- ``fast_compiles``: XLA's optimisation passes off for a whole module whose programs are tiny
+  (``pytestmark = pytest.mark.usefixtures("fast_compiles")``).
 
 The run directories are built once per session (under ``pytest -n`` once per worker process) and every test gets
 its own copy (in a folder of its own beside its tmp_path), so nothing one test writes reaches another.
@@ -73,6 +75,17 @@ def _trained_run_once(tmp_path_factory, tiny_compile_cache):
 @pytest.fixture
 def trained_run(_trained_run_once, tmp_path_factory):
     return shutil.copytree(_trained_run_once, tmp_path_factory.mktemp("trained_run") / "run", symlinks=True)
+
+
+@pytest.fixture(scope="module")
+def fast_compiles():
+    """XLA's optimisation passes off for a module of tests whose programs are tiny (compile time dominates);
+    a module asks for it with ``pytestmark = pytest.mark.usefixtures("fast_compiles")``."""
+    import jax
+    before = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", True)
+    yield
+    jax.config.update("jax_disable_most_optimizations", before)
 
 
 _CACHE_SETTINGS = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",

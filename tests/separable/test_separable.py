@@ -20,13 +20,8 @@ from jmsnas.topology import DeviceProfile, LinkProfile, TopologyError, cluster
 import paths
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _fast_compiles():
-    """Tiny programs: compile them without XLA's optimisation passes (compile time dominates)."""
-    before = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", True)
-    yield
-    jax.config.update("jax_disable_most_optimizations", before)
+# tiny programs: compile them without XLA's optimisation passes (compile time dominates)
+pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 
 def spec(**kw):

@@ -12,13 +12,8 @@ from jmsnas.strategies import evolution as evo
 from jmsnas.strategies import qlearning as ql
 from jmsnas.strategies import reinforce as rf
 
-@pytest.fixture(autouse=True, scope="module")
-def _fast_compiles():
-    """These programs are tiny: compile them without XLA's optimisation passes (compile time dominates)."""
-    before = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", True)
-    yield
-    jax.config.update("jax_disable_most_optimizations", before)
+# tiny programs: compile them without XLA's optimisation passes (compile time dominates)
+pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 
 # The toy space: N=4 layers x R=4 ops, some masked; fitness = sum_n table[n, op_n]. Each row of the table is a
