@@ -73,13 +73,25 @@ def _free_subnet() -> str:
     raise RuntimeError("no free 10.29.K.0/24 subnet for the lab")
 
 
+def _free_tag() -> str:
+    """A tag no interface or namespace of this host uses: the process id, then the next free number. A lab this
+    process destroyed a moment ago may still hold its names (the kernel frees a deleted namespace's veths later)."""
+    links = _run("ip", "-o", "link", "show").stdout
+    spaces = set(_run("ip", "netns", "list").stdout.split())
+    for k in range(100000):
+        tag = f"{(os.getpid() + k) % 100000}"
+        if f" j{tag}" not in links and not any(s.startswith(f"jmsnas-{tag}-") for s in spaces):
+            return tag
+    raise RuntimeError("no free interface tag for the lab")
+
+
 def create(devices, links: dict, latencies_ms: dict | None = None) -> Lab:
     """Namespaces for ``devices`` on a bridge, links {(src, dst): Mbit/s} shaped on src's egress (``latencies_ms``
     {(src, dst): ms} adds a netem delay). Everything made is removed again if a step fails."""
     reason = available()
     if reason:
         raise RuntimeError(reason)
-    tag = f"{os.getpid() % 100000}"
+    tag = _free_tag()
     prefix = _free_subnet()
     lab = Lab(tag, {}, {}, f"j{tag}br", f"{prefix}.254", {}, {}, [])
     try:
@@ -169,4 +181,6 @@ def destroy(lab: Lab) -> None:
             while _pids_in(ns) and time.time() < end:
                 time.sleep(0.05)
         _run("ip", "netns", "del", ns, check=False)
+    for i in range(len(lab.namespaces)):  # the bridge-side peers, now: the kernel removes them with a namespace later
+        _run("ip", "link", "del", f"j{lab.tag}p{i}", check=False)
     _run("ip", "link", "del", lab.bridge, check=False)

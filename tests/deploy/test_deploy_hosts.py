@@ -348,3 +348,24 @@ def test_an_unreachable_host_is_one_line(chain3, tmp_path, capsys):
                              _hosts_file(tmp_path, hosts)])
     assert f"device 'sbs': {hosts['sbs']}" in msg and ("did not answer" in msg or "unreachable" in msg), msg
     _no_session_left()
+
+
+def test_two_labs_of_one_process_get_their_own_names_and_leave_none_behind():
+    """Two labs made by one process at once (a test module after another in one pytest worker) each get their own
+    interfaces and namespaces; destroying them leaves no interface or namespace of either behind."""
+    first = _lab_or_skip(["a", "b"], {("a", "b"): 8.0})
+    second = None
+    try:
+        second = netlab.create(["a", "b"], {("a", "b"): 8.0})
+        assert second.tag != first.tag and second.bridge != first.bridge
+        assert not set(first.namespaces.values()) & set(second.namespaces.values())
+    finally:
+        for lab in (second, first):
+            if lab is not None:
+                netlab.destroy(lab)
+    lines = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout.splitlines()
+    names = [line.split(": ")[1].split("@")[0] for line in lines]
+    spaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    for lab in (first, second):
+        assert not [n for n in names if n in (lab.bridge, *(f"j{lab.tag}{s}{i}" for s in "dp" for i in range(2)))]
+        assert not set(lab.namespaces.values()) & set(spaces)
