@@ -18,8 +18,13 @@ from jmsnas.deploy import links as L
 from jmsnas.deploy.predict import cameras, link_name, predict, total_ms
 
 
-def _median(xs) -> float:
-    return float(statistics.median(xs)) if xs else float("nan")
+def median(xs) -> float:
+    return float(statistics.median(xs)) if len(xs) else float("nan")
+
+
+def totals(ms) -> dict:
+    """"total" (the median) and "total_p10"/"total_p90" of every image's end-to-end time ``ms``."""
+    return {"total": median(ms), **{f"total_p{q}": float(np.percentile(ms, q)) for q in (10, 90)}}
 
 
 def _frame_mbps(nbytes: int, r: list) -> float:
@@ -37,7 +42,7 @@ def _link_mbps(manifest: dict, records: dict) -> dict:
     phases = [records["latency"]] if "latency" in records else list(records.values())
     for l in manifest["links"]:
         rates = [_frame_mbps(l["bytes"], rec["in"][l["src"]]) for recs in phases for rec in recs[l["dst"]].values()]
-        out[link_name(l["src"], l["dst"])] = _median([x for x in rates if np.isfinite(x)])
+        out[link_name(l["src"], l["dst"])] = median([x for x in rates if np.isfinite(x)])
     return out
 
 
@@ -76,24 +81,22 @@ def analyze(manifest: dict, raw: dict) -> dict:
             a, c, name = l["src"], l["dst"], link_name(l["src"], l["dst"])
             t = [lat[c][i]["in"][a] for i in range(n)]
             per_link[name] = [(r[3] - r[0]) * 1e3 for r in t]
-            queue_ms[name] = _median([(r[0] - lat[a][i]["c1"]) * 1e3 for i, r in enumerate(t)])
+            queue_ms[name] = median([(r[0] - lat[a][i]["c1"]) * 1e3 for i, r in enumerate(t)])
         starts = sorted({d for d, _ in cameras(manifest)}, key=order.index)  # the parts that take the image
         span = [(lat[order[-1]][i]["c1"] - min(lat[d][i]["c0"] for d in starts)) * 1e3 for i in range(n)]
         co = raw.get("coordinator", {}).get("latency")
-        totals = [(co[i][1] - co[i][0]) * 1e3 for i in range(n)] if co else span
+        ends = [(co[i][1] - co[i][0]) * 1e3 for i in range(n)] if co else span
         eq = [total_ms(manifest, {d: per_dev[d][i] for d in order}, {k: v[i] for k, v in per_link.items()})
               for i in range(n)]
         unc = {d: c.get("uncertainty_ms", 0.0) for d, c in raw.get("clock", {}).items()}
-        out["measured"] = {"total": _median(totals), "total_p10": float(np.percentile(totals, 10)),
-                           "total_p90": float(np.percentile(totals, 90)),
-                           "first_to_last_ms": _median(span),
+        out["measured"] = {**totals(ends), "first_to_last_ms": median(span),
                            "first_to_last_uncertainty_ms": unc.get(order[0], 0.0) + unc.get(order[-1], 0.0),
-                           "per_device": {d: _median(v) for d, v in per_dev.items()},
-                           "per_link": {k: _median(v) for k, v in per_link.items()},
+                           "per_device": {d: median(v) for d, v in per_dev.items()},
+                           "per_link": {k: median(v) for k, v in per_link.items()},
                            "per_link_uncertainty_ms": {link_name(l["src"], l["dst"]): unc.get(l["src"], 0.0)
                                                        + unc.get(l["dst"], 0.0) for l in manifest["links"]},
-                           "link_queue_ms": queue_ms, "eq_of_measured": _median(eq),
-                           "overhead_ms": _median([t - e for t, e in zip(totals, eq)])}
+                           "link_queue_ms": queue_ms, "eq_of_measured": median(eq),
+                           "overhead_ms": median([t - e for t, e in zip(ends, eq)])}
         out["error_pct"] = 100.0 * (out["measured"]["total"] / pred["total"] - 1.0)
     rates = _link_mbps(manifest, raw["records"])
     out.setdefault("measured", {})["link_mbps"] = rates
@@ -109,5 +112,5 @@ def analyze(manifest: dict, raw: dict) -> dict:
         busy = {d: sum(st[d][i]["c1"] - st[d][i]["c0"] for i in range(n)) / (end - start) for d in order}
         e2e = [(st[order[-1]][i]["c1"] - st[order[0]][i]["c0"]) * 1e3 for i in range(n)]
         out.setdefault("measured", {}).update({"throughput_per_s": n * b / (end - start), "utilisation": busy,
-                                               "stream_latency_ms": _median(e2e)})
+                                               "stream_latency_ms": median(e2e)})
     return out

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jmsnas.deploy.analysis import median, totals
 from jmsnas.deploy.predict import link_name
 from jmsnas.deploy.runtime import FORMAT, DeployError, export_versions
 from jmsnas.run import directory
@@ -109,8 +110,9 @@ def export_separable(run: str, out: str | None = None, *, platforms=("cpu",), ba
     platforms = check_export_args(platforms, batch)
     out = os.path.join(run, "export") if out is None else out
     check_out(run, out)
-    spec, params, pids, lvls, devices, inp, cluster = load(run)
-    predicted = evaluate(run)
+    stored = load(run)
+    spec, params, pids, lvls, devices, inp, cluster = stored
+    predicted = evaluate(run, stored=stored)
     G, S, wire = spec.num_groups, spec.num_steps, "float16" if spec.float16 else "float32"
     dest = dec.permutation_table(G)[pids]  # [S, G]: where node g sends at step s
     src = np.argsort(dest, axis=1)  # [S, G]: who sends to node g at step s
@@ -185,9 +187,7 @@ def test_images(run: str, n: int) -> tuple:
     """(images float32[n, H, W, C], labels int32[n]): the first n test images of the run's dataset."""
     from jmsnas import data
     try:
-        cfg = directory.read_config(run)  # the run's data, as separable.search.prepare loads it
-        ds = data.load(cfg["dataset"], data_dir=cfg.get("data_dir"), val_fraction=cfg["val_fraction"],
-                       seed=cfg["seed"], max_train=cfg.get("max_train"))
+        ds = data.from_config(directory.read_config(run))  # the run's data, as separable.search.prepare loads it
     except (directory.RunDirError, ValueError, KeyError, TypeError) as e:
         raise DeployError(f"{run}: cannot read the run's test images: {' '.join(str(e).split())}") from None
     if not 0 < n <= len(ds.test.images):
@@ -195,14 +195,14 @@ def test_images(run: str, n: int) -> tuple:
     return ds.test.images[:n], ds.test.labels[:n]
 
 
-def run_cluster(run: str, bandwidth_scale: float = 1.0):
+def run_cluster(run: str, bandwidth_scale: float = 1.0, stored=None):
     """The run's cluster ``Topology``: its devices' profiles from the run's config (``search.build_cluster``, the
     search's own), its links as the parts store them with every bandwidth x ``bandwidth_scale``. DeployError (one
-    line) when the config's devices are not the parts' devices."""
+    line) when the config's devices are not the parts' devices. ``stored``: ``load(run)`` when the caller has it."""
     import ml_collections
 
     from jmsnas.separable.search import build_cluster
-    stored = load(run)
+    stored = load(run) if stored is None else stored
     try:
         topo = build_cluster(ml_collections.ConfigDict(directory.read_config(run)))
         if list(topo.device_names) != list(stored.devices):
@@ -215,11 +215,11 @@ def run_cluster(run: str, bandwidth_scale: float = 1.0):
         raise DeployError(f"{run}: cannot rebuild the run's cluster: {' '.join(str(e).split())}") from None
 
 
-def evaluate(run: str, bandwidth_scale: float = 1.0) -> dict:
+def evaluate(run: str, bandwidth_scale: float = 1.0, stored=None) -> dict:
     """``separable.cost.evaluate`` of the run's stored decisions on ``run_cluster(run, bandwidth_scale)`` (ms per
-    image): nothing in it comes from a measurement."""
-    stored = load(run)
-    return cost.evaluate(stored.spec, run_cluster(run, bandwidth_scale), stored.perm_ids, stored.levels,
+    image): nothing in it comes from a measurement. ``stored``: ``load(run)`` when the caller has it."""
+    stored = load(run) if stored is None else stored
+    return cost.evaluate(stored.spec, run_cluster(run, bandwidth_scale, stored), stored.perm_ids, stored.levels,
                          stored.input_device)
 
 
@@ -239,17 +239,14 @@ def analyze(run: str, manifest: dict, raw: dict) -> dict:
             "per_link": c["link_ms"]}
     ph = "latency" if "latency" in raw["records"] else "stream"
     recs, order = raw["records"][ph], manifest["order"]
-    med = lambda xs: float(np.median(xs)) if len(xs) else float("nan")
     ids = sorted(recs[order[0]])
-    totals = [(v[1] - v[0]) * 1e3 for v in raw["coordinator"][ph].values() if len(v) == 2]
     frames = lambda l, i: recs[l["dst"]][i].get("frames", {}).get(l["src"], [])
     link = lambda l: link_name(l["src"], l["dst"])
-    m = {"total": med(totals), "total_p10": float(np.percentile(totals, 10)),
-         "total_p90": float(np.percentile(totals, 90)),
-         "per_device": {d: med([recs[d][i]["host_ms"] * raw["stretch"][d] for i in ids]) for d in order},
-         "per_link": {link(l): med([sum(f[3] - f[0] for f in frames(l, i)) * 1e3 for i in ids])
+    m = {**totals([(v[1] - v[0]) * 1e3 for v in raw["coordinator"][ph].values() if len(v) == 2]),
+         "per_device": {d: median([recs[d][i]["host_ms"] * raw["stretch"][d] for i in ids]) for d in order},
+         "per_link": {link(l): median([sum(f[3] - f[0] for f in frames(l, i)) * 1e3 for i in ids])
                       for l in manifest["links"]},
-         "link_mbps": {link(l): med([f[4] for i in ids for f in frames(l, i) if f[4] is not None
+         "link_mbps": {link(l): median([f[4] for i in ids for f in frames(l, i) if f[4] is not None
                                      and np.isfinite(f[4])]) for l in manifest["links"]}}
     return {"settings": s, "predicted": pred, "measured": m, "error_pct": 100.0 * (m["total"] / pred["total"] - 1.0),
             "calib_ms": raw["calib_ms"], "stretch": raw["stretch"], "clock": raw.get("clock", {}),
