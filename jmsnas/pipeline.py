@@ -36,11 +36,11 @@ def validate_config(cfg) -> None:
     """Checks the values that would otherwise fail deep inside a run (before anything is loaded or written)."""
     runcheck.check_values(cfg)
     tb.enabled(cfg)  # a bool
-    t = cfg.t_const_ms
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not np.isfinite(t) or t <= 0:
-        raise ConfigError(f"t_const_ms must be a positive number of ms, got {t!r}")
+    runcheck.check_bounds(cfg, {"t_const_ms": dict(low=0, low_open=True),
+                                **{f"search.{k}": dict(low=int(k != "warmup_epochs"), integer=True)
+                                   for k in ("warmup_epochs", "epochs", "batch_size", "arch_every")}})
     data.check_name(cfg.dataset)
-    topo = resolve_topology(cfg)
+    topo = topology.resolve(cfg.topology, cfg.get("layers_per_device"))  # a preset or a topology file
     if topo.kind == "star":
         raise ConfigError(f"topology {cfg.topology!r} is a star of {len(topo.branches)} source devices (sensors); "
                           "search and evolve need one source device (a chain or a mesh); split it with jmsnas split")
@@ -48,54 +48,39 @@ def validate_config(cfg) -> None:
         raise ConfigError(f"topology {cfg.topology!r} links every pair of its {topo.num_devices} devices (a cluster); "
                           "search and evolve need a chain or a mesh; a cluster runs separable networks "
                           "(jmsnas separable --config.cluster.topology=FILE)")
-    ds = cfg.space
     try:  # the per-device schedule on this topology (shapes only; the data's sizes are not known yet)
-        channels, strides = adapt_schedule(topo, tuple(ds.device_channels), tuple(ds.device_strides))
-        build_space(topo, image_size=8, in_channels=1, num_classes=2, device_channels=channels,
-                    device_strides=strides, stem_channels=ds.stem_channels, stem_stride=ds.stem_stride,
-                    head_channels=ds.head_channels)
+        _space(cfg, topo, image_size=8, channels=1, num_classes=2)
     except ValueError as e:
         raise ConfigError(f"space on topology {topo.name!r}: {e}") from None
     s = cfg.search
-    for name in ("warmup_epochs", "epochs", "batch_size", "arch_every"):
-        v = s[name]
-        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "warmup_epochs" else 1):
-            raise ConfigError(f"search.{name} must be a {'non-negative' if name == 'warmup_epochs' else 'positive'}"
-                              f" integer, got {v!r}")
     n_dev = jax.device_count()
     for name, bs in (("search.batch_size", s.batch_size), ("eval_batch_size", cfg.eval_batch_size)):
         if bs % n_dev:
             raise ConfigError(f"{name}={bs} must be divisible by the number of devices ({n_dev})")
-    if cfg.split not in train.SPLITS:
-        raise ConfigError(f"unknown split {cfg.split!r}; expected one of {list(train.SPLITS)}")
-    if s.gate_mode not in G.GATE_MODES:
-        raise ConfigError(f"unknown search.gate_mode {s.gate_mode!r}; expected one of {list(G.GATE_MODES)}")
-    if s.get("penalty", "two_sided") not in PENALTIES:
-        raise ConfigError(f"unknown search.penalty {s.penalty!r}; expected one of {list(PENALTIES)}")
-    if cfg.get("dw_impl", "auto") not in dwconv.IMPLS:
-        raise ConfigError(f"unknown dw_impl {cfg.dw_impl!r}; expected one of {list(dwconv.IMPLS)}")
-    if cfg.get("candidate_impl", "auto") not in supernet.CANDIDATE_IMPLS:
-        raise ConfigError(f"unknown candidate_impl {cfg.candidate_impl!r}; expected one of "
-                          f"{list(supernet.CANDIDATE_IMPLS)}")
-
-
-def resolve_topology(cfg) -> Topology:
-    """The topology ``cfg.topology`` names (``jmsnas.topology.resolve``): a preset with ``cfg.layers_per_device``,
-    or a topology file (.yaml/.yml/.json, or a run's result.json) whose own layers_per_device wins."""
-    return topology.resolve(cfg.topology, cfg.get("layers_per_device"))
+    for key, value, known in (("split", cfg.split, train.SPLITS), ("search.gate_mode", s.gate_mode, G.GATE_MODES),
+                              ("search.penalty", s.get("penalty", "two_sided"), PENALTIES),
+                              ("dw_impl", cfg.get("dw_impl", "auto"), dwconv.IMPLS),
+                              ("candidate_impl", cfg.get("candidate_impl", "auto"), supernet.CANDIDATE_IMPLS)):
+        if value not in known:
+            raise ConfigError(f"unknown {key} {value!r}; expected one of {list(known)}")
 
 
 def build(cfg, ds):
     """(space, table) of the configuration on data of ``ds``'s sizes (``image_size``, ``channels``,
     ``num_classes``: a loaded ``data.Dataset`` or anything with those). The space's per-device widths and strides
     are resampled to the topology's devices when the config gives another number (``space.adapt_schedule``)."""
-    topo = resolve_topology(cfg)
-    sc = cfg.space
-    channels, strides = adapt_schedule(topo, tuple(sc.device_channels), tuple(sc.device_strides))
-    space = build_space(topo, image_size=ds.image_size, in_channels=ds.channels, num_classes=ds.num_classes,
-                        device_channels=channels, device_strides=strides, stem_channels=sc.stem_channels,
-                        stem_stride=sc.stem_stride, head_channels=sc.head_channels)
+    space = _space(cfg, topology.resolve(cfg.topology, cfg.get("layers_per_device")), ds.image_size, ds.channels,
+                   ds.num_classes)
     return space, make_table(space, cfg)
+
+
+def _space(cfg, topo: Topology, image_size: int, channels: int, num_classes: int) -> SearchSpace:
+    """The configured space on ``topo`` for images of that size and channels and that many classes."""
+    sc = cfg.space
+    dev_channels, strides = adapt_schedule(topo, tuple(sc.device_channels), tuple(sc.device_strides))
+    return build_space(topo, image_size=image_size, in_channels=channels, num_classes=num_classes,
+                       device_channels=dev_channels, device_strides=strides, stem_channels=sc.stem_channels,
+                       stem_stride=sc.stem_stride, head_channels=sc.head_channels)
 
 
 def make_table(space: SearchSpace, cfg) -> CostTable:
@@ -143,11 +128,6 @@ def check_run(cfg, space: SearchSpace, ds, batch_size: int, paths: int, extra_by
     runcheck.check_memory(space, batch_size, paths, f"image_size={space.image_size}", extra_bytes, extra_what)
 
 
-def _gate_paths(cfg) -> int:
-    """Candidates one layer computes per step: 2 for two-path gates, all 13 for the others."""
-    return 2 if cfg.search.gate_mode == "two_path" else len(OP_NAMES)
-
-
 def load_data(cfg) -> data.Dataset:
     """The dataset the configuration names (``data.from_config``); the configuration is not changed."""
     return data.from_config(cfg)
@@ -163,7 +143,8 @@ def search(cfg: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
     with start_ahead() as ahead:
         ds = load_data(cfg)
         space, table = build(cfg, ds)
-        check_run(cfg, space, ds, cfg.search.batch_size, _gate_paths(cfg))
+        paths = 2 if cfg.search.gate_mode == "two_path" else len(OP_NAMES)  # candidates a layer computes per step
+        check_run(cfg, space, ds, cfg.search.batch_size, paths)
         lim = check_limits(cfg, space, table)
         W.claim(workdir, resume, stored, "search")
         mesh = train.data_mesh()
@@ -339,10 +320,8 @@ def _stage1(cfg, space, table, ds, mesh, ckpt, fp, resume, progress, ahead: A.Ah
         return row
 
     return loop.epochs(
-        train.init_search_state(jax.random.PRNGKey(cfg.seed), space, hp, cfg.shared_weights), cfg=cfg, ckpt=ckpt,
-        fp=fp, resume=resume, total=s.warmup_epochs + s.epochs, split=ds.train, batch_size=s.batch_size,
-        seed=cfg.seed,
-        step=step, place=lambda st: train.replicate(st, mesh), desc="search", progress=progress,
+        init(), cfg=cfg, ckpt=ckpt, fp=fp, resume=resume, total=total, split=ds.train, batch_size=s.batch_size,
+        seed=cfg.seed, step=step, place=lambda st: train.replicate(st, mesh), desc="search", progress=progress,
         end_epoch=end_epoch, postfix=lambda st, m: {"loss": f"{float(m['loss']):.3f}", "acc": f"{float(m['acc']):.3f}",
                                                     "ET": f"{float(latencies.expected(st.alpha)):.3f}ms"})
 

@@ -48,11 +48,6 @@ def is_autosplit(directory: str) -> bool:
     return isinstance(m, dict) and all(k in m for k in KEYS)
 
 
-def _units(m: dict) -> tuple:
-    return tuple(network.Unit(u["name"], u["kind"], u["stride"], u["relu6"], tuple(u["inputs"]), tuple(u["out_shape"]))
-                 for u in m["units"])
-
-
 def _encode(y, lo, hi, bits: int):
     """uint8[B, bytes]: tensor y float32[B, ...] as sent at ``bits`` (1..8 packed codes, 16 float16, else float32)."""
     flat = y.reshape(y.shape[0], -1)
@@ -80,24 +75,16 @@ def sent_bytes(m: dict) -> list:
 
 def edge_forward(m: dict):
     """f(edge weights dict, x) -> uint8[B, sum(sent bytes)]: the edge part (see the module docstring)."""
-    units, n = _units(m), int(m["split"])
+    units, n = qparts.units(m), int(m["split"])
 
     def f(w, x):
         outs = {-1: x}
         pre = {}
         for i in range(n):
-            u, spec = units[i], m["units"][i]
-            wb = int(spec["weight_bits"])
-            if wb <= 8:
-                qmax = 2 ** (wb - 1) - 1
-                size = int(np.prod(spec["w_shape"]))
-                codes = unpack(w[f"{i}/w_packed"], wb, size).astype(jnp.int32) - qmax
-                weight = codes.reshape(tuple(spec["w_shape"])).astype(jnp.float32) * w[f"{i}/w_scale"]
-            else:
-                weight = w[f"{i}/w_f16"].astype(jnp.float32)
+            weight = qparts.edge_weight(w, i, m["units"][i])
             lo, hi = w[f"{i}/act_range"][0], w[f"{i}/act_range"][1]
-            pre[i] = network.unit_output(u, {"w": weight, "b": w[f"{i}/b"]}, outs, "xla")  # no custom calls
-            outs[i] = fake_quant_act(pre[i], lo, hi, int(spec["act_bits"]))
+            pre[i] = network.unit_output(units[i], {"w": weight, "b": w[f"{i}/b"]}, outs, "xla")  # no custom calls
+            outs[i] = fake_quant_act(pre[i], lo, hi, int(m["units"][i]["act_bits"]))
         rows = [_encode(pre[s["tensor"]], w[f"{s['tensor']}/act_range"][0], w[f"{s['tensor']}/act_range"][1],
                         int(s["bits"])) for s in m["sent"]]
         return jnp.concatenate(rows, axis=-1)
@@ -106,7 +93,7 @@ def edge_forward(m: dict):
 
 def cloud_forward(m: dict):
     """f(cloud weights dict, packed uint8[B, bytes]) -> logits: the cloud part (see the module docstring)."""
-    units, n = _units(m), int(m["split"])
+    units, n = qparts.units(m), int(m["split"])
 
     def f(w, packed):
         outs, at = {}, 0

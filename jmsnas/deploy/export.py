@@ -74,24 +74,6 @@ def device_graph(topo) -> tuple:
     return order, srcs, dsts
 
 
-def _graph(space: SearchSpace, parts: dict) -> tuple:
-    """``device_graph`` of the run's topology, checked against the parts."""
-    topo = space.topology
-    order, srcs, dsts = device_graph(topo)
-    missing = [n for n in order if n not in parts]
-    if missing:
-        raise DeployError(f"parts/manifest.json has no part for devices {missing} of topology {topo.name!r}")
-    return order, srcs, dsts
-
-
-def load_weights(run: str, device: str, entry: dict) -> dict:
-    """{"params/...": array, "bn/...": array} of one device's part of the run (``run.directory.read_part``)."""
-    try:
-        return directory.read_part(run, device, entry)
-    except directory.RunDirError as e:
-        raise DeployError(str(e)) from None
-
-
 def check_out(run: str | None, out: str) -> None:
     """DeployError unless ``out`` may receive an export: not inside a run's own files (``RUN/parts``, ...; no
     check for ``run`` None, a folder of Auto-Split parts that may be named ``parts``), and new, empty or an earlier
@@ -212,8 +194,14 @@ def export_run(run: str, out: str | None = None, *, platforms=("cpu",), batch: i
     out = os.path.join(run, "export") if out is None else out
     check_out(run, out)
     space, pm, result = load_run(run)
-    order, srcs, dsts = _graph(space, pm["devices"])
-    flats = {dev: load_weights(run, dev, pm["devices"][dev]) for dev in order}
+    order, srcs, dsts = device_graph(space.topology)
+    missing = [n for n in order if n not in pm["devices"]]
+    if missing:
+        raise DeployError(f"parts/manifest.json has no part for devices {missing} of topology {space.topology.name!r}")
+    try:
+        flats = {dev: directory.read_part(run, dev, pm["devices"][dev]) for dev in order}
+    except directory.RunDirError as e:
+        raise DeployError(str(e)) from None
     predicted = result.get("latency_ms", {})
     shapes: dict = {"image": [batch, space.image_size, space.image_size, space.in_channels]}
     programs, manifest_parts, conventions = {}, {}, set()

@@ -152,17 +152,36 @@ def _recv_exact(sock: socket.socket, n: int) -> bytearray:
     return buf
 
 
-def recv_frame(sock: socket.socket) -> Frame:
-    """Reads one frame (blocking); LinkClosed on EOF or a malformed frame."""
-    magic, kind, image, code, ndim = _HEAD.unpack(_recv_exact(sock, _HEAD.size))
+def _parse(b, rate=None):
+    """(Frame, its length) of the frame at the start of buffer ``b``, or the number of bytes it needs to be
+    complete (an int); ``rate(start, length)`` gives the payload rate. LinkClosed for bytes that are no frame."""
+    if len(b) < _HEAD.size:
+        return _HEAD.size
+    magic, kind, image, code, ndim = _HEAD.unpack_from(b, 0)
     if magic != MAGIC or kind not in (ARRAY, JSON, STOP) or code >= len(DTYPES):
         raise LinkClosed("received bytes that are not a jmsnas frame")
-    shape = struct.unpack(f"<{ndim}I", _recv_exact(sock, 4 * ndim)) if ndim else ()
-    (length,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
-    payload = _recv_exact(sock, length) if length else bytearray()
-    t0, t1 = _TRAILER.unpack(_recv_exact(sock, _TRAILER.size))
-    arrival = now()
-    return Frame(kind, image, _decode(kind, code, shape, payload), t0, t1, arrival)
+    at = _HEAD.size + 4 * ndim
+    if len(b) < at + _LEN.size:
+        return at + _LEN.size
+    shape = struct.unpack_from(f"<{ndim}I", b, _HEAD.size) if ndim else ()
+    (length,) = _LEN.unpack_from(b, at)
+    at += _LEN.size
+    end = at + length + _TRAILER.size
+    if len(b) < end:
+        return end
+    t0, t1 = _TRAILER.unpack_from(b, at + length)
+    value = _decode(kind, code, shape, bytes(b[at:at + length]))
+    return Frame(kind, image, value, t0, t1, now(), float("nan") if rate is None else rate(at, length)), end
+
+
+def recv_frame(sock: socket.socket) -> Frame:
+    """Reads one frame (blocking); LinkClosed on EOF or a malformed frame."""
+    buf = bytearray()
+    got = _HEAD.size
+    while isinstance(got, int):
+        buf += _recv_exact(sock, got - len(buf))
+        got = _parse(buf)
+    return got[0]
 
 
 class FrameBuffer:
@@ -179,33 +198,13 @@ class FrameBuffer:
         self.samples.append((now(), len(self.buf)))
         frames = []
         while True:
-            fr = self._take()
-            if fr is None:
+            got = _parse(self.buf, lambda at, n: payload_rate(self.samples, at, n))
+            if isinstance(got, int):
                 return frames
+            fr, end = got
+            del self.buf[:end]
+            self.samples = [(t, n - end) for t, n in self.samples if n > end]
             frames.append(fr)
-
-    def _take(self):
-        b = self.buf
-        if len(b) < _HEAD.size:
-            return None
-        magic, kind, image, code, ndim = _HEAD.unpack_from(b, 0)
-        if magic != MAGIC or kind not in (ARRAY, JSON, STOP) or code >= len(DTYPES):
-            raise LinkClosed("received bytes that are not a jmsnas frame")
-        at = _HEAD.size + 4 * ndim
-        if len(b) < at + _LEN.size:
-            return None
-        shape = struct.unpack_from(f"<{ndim}I", b, _HEAD.size) if ndim else ()
-        (length,) = _LEN.unpack_from(b, at)
-        at += _LEN.size
-        end = at + length + _TRAILER.size
-        if len(b) < end:
-            return None
-        payload = bytes(b[at:at + length])
-        t0, t1 = _TRAILER.unpack_from(b, at + length)
-        rate = payload_rate(self.samples, at, length)
-        del b[:end]
-        self.samples = [(t, n - end) for t, n in self.samples if n > end]
-        return Frame(kind, image, _decode(kind, code, shape, payload), t0, t1, now(), rate)
 
 
 def payload_rate(samples, start: int, length: int) -> float:

@@ -42,7 +42,7 @@ from jmsnas.deploy import clock
 from jmsnas.deploy.hosts import check_hosts
 from jmsnas.deploy import links as L
 from jmsnas.deploy.predict import cameras, predicted_links
-from jmsnas.deploy.runtime import DeployError, check_file, load_manifest
+from jmsnas.deploy.runtime import DeployError, check_file, load_manifest, part_files
 
 PHASES = ("latency", "stream", "both")
 PACING = ("user", "network")  # user: the sender paces every link; network: the kernel's shaper does
@@ -108,9 +108,8 @@ def image_shape(manifest: dict) -> list:
 def _verify_files(export_dir: str, manifest: dict) -> None:
     """Every part's files exist and have their recorded SHA-256 (before any process starts)."""
     for d in manifest["order"]:
-        for entry in manifest["parts"][d].get("stages", [manifest["parts"][d]]):  # a staged part: every stage
-            for key in ("program", "weights"):
-                check_file(export_dir, d, entry, key)
+        for entry, key in part_files(manifest["parts"][d]):
+            check_file(export_dir, d, entry, key)
 
 
 def _ports(manifest: dict, base_port: int) -> tuple:
@@ -242,10 +241,9 @@ class _Cluster:
         part: two per stage, in order)."""
         for d in self.order:
             self.send(d, L.JSON, value={"part": d, "manifest": self.manifest})
-            for entry in self.manifest["parts"][d].get("stages", [self.manifest["parts"][d]]):
-                for key in ("program", "weights"):
-                    with open(os.path.join(export_dir, entry[key]), "rb") as f:
-                        self.send(d, L.ARRAY, value=np.frombuffer(f.read(), np.uint8))
+            for entry, key in part_files(self.manifest["parts"][d]):
+                with open(os.path.join(export_dir, entry[key]), "rb") as f:
+                    self.send(d, L.ARRAY, value=np.frombuffer(f.read(), np.uint8))
 
     def check_alive(self, raise_: bool = True) -> None:
         """Records every process that exited without its bye as an error; _Failure when there is one (with

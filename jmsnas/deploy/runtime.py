@@ -147,6 +147,12 @@ def check_file(directory: str, device: str, entry: dict, key: str) -> str:
     return path
 
 
+def part_files(entry: dict) -> list:
+    """(stage entry, "program" or "weights") of every file of a part's manifest ``entry``, in the order the
+    coordinator sends them: two per stage of a staged part (``Stages``), else its two."""
+    return [(st, key) for st in entry.get("stages", [entry]) for key in ("program", "weights")]
+
+
 def _avals(shapes_dtypes) -> list:
     return [(tuple(int(d) for d in s["shape"]), str(np.dtype(s["dtype"]))) for s in shapes_dtypes]
 

@@ -57,7 +57,7 @@ import threading
 import numpy as np
 
 from jmsnas.deploy import links as L
-from jmsnas.deploy.runtime import DeployError, load_stages, versions
+from jmsnas.deploy.runtime import DeployError, load_stages, part_files, versions
 
 _TMP: list = []  # the temporary directory holding this session's part files (removed on every way out)
 
@@ -163,13 +163,12 @@ def _receive_part(ctl: _Control, msg: dict):
     entry = manifest["parts"][device]
     folder = tempfile.mkdtemp(prefix=f"jmsnas_part_{device}_")
     _TMP.append(folder)
-    for stage in entry.get("stages", [entry]):  # a staged part: two files per stage, in order
-        for key in ("program", "weights"):
-            blob = L.recv_frame(ctl.sock).value
-            name = os.path.basename(str(stage[key]))
-            with open(os.path.join(folder, name), "wb") as f:
-                f.write(np.asarray(blob, np.uint8).tobytes())
-            stage[key] = name
+    for stage, key in part_files(entry):
+        blob = L.recv_frame(ctl.sock).value
+        name = os.path.basename(str(stage[key]))
+        with open(os.path.join(folder, name), "wb") as f:
+            f.write(np.asarray(blob, np.uint8).tobytes())
+        stage[key] = name
     with open(os.path.join(folder, "manifest.json"), "w", encoding="utf-8") as f:
         json.dump(manifest, f)
     return device, load_stages(folder, device, manifest)

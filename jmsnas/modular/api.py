@@ -147,11 +147,7 @@ def load(directory: str, *, parallel: int | None = None, infer: bool = False, ba
         # compile the children's programs first: shapes are known from the manifest, weights are not needed
         h = x
         for c in m["children"]:
-            a, b = c["blocks"]
-            zeros = [store.template({kk[len(store.block_key(j)) + 1:]: v for kk, v in c["leaves"].items()
-                                     if kk.startswith(store.block_key(j) + "/")}) for j in range(a, b)]
-            zeros = jax.tree_util.tree_map(np.zeros_like, zeros)
-            h = B.forward([bl["spec"] for bl in m["blocks"][a:b]])(zeros, h)
+            h = store.run_child(m, c, jax.tree_util.tree_map(np.zeros_like, store.template(c["leaves"])), h)
     k = len(m["children"])
     res = store.load(directory, parallel=parallel, x=x,
                      on_event=lambda ev: say(f"  [{ev.t_s * 1e3:8.1f} ms] child {ev.child + 1}/{k} {ev.what}"))

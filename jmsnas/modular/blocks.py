@@ -147,11 +147,6 @@ def forward(specs) -> callable:
     return _forward(json.dumps(list(specs), sort_keys=True))
 
 
-def run_blocks(blocks, x):
-    """Output of consecutive ``blocks`` (Block tuples) on x, as one jitted program."""
-    return forward([b.spec for b in blocks])([b.params for b in blocks], x)
-
-
 # ------------------------------------------------------------------------------------------------ zoo networks
 
 def _zoo_layer_spec(net, i: int, local: dict) -> tuple:

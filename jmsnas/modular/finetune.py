@@ -23,7 +23,7 @@ import numpy as np
 import optax
 
 from jmsnas.modular import store
-from jmsnas.modular.blocks import ModularError, forward
+from jmsnas.modular.blocks import ModularError
 
 
 class FinetuneResult(NamedTuple):
@@ -34,15 +34,10 @@ class FinetuneResult(NamedTuple):
 
 
 def _logits_fn(manifest: dict):
-    specs = [b["spec"] for b in manifest["blocks"]]
-    parts = [(c["blocks"][0], c["blocks"][1]) for c in manifest["children"]]
-
     def logits(frozen, last, x):
-        h = x
-        trees = [jax.lax.stop_gradient(t) for t in frozen] + [last]
-        for (a, b), tree in zip(parts, trees):
-            h = forward(specs[a:b])([tree.get(store.block_key(j), {}) for j in range(a, b)], h)
-        return h
+        for c, tree in zip(manifest["children"], [jax.lax.stop_gradient(t) for t in frozen] + [last]):
+            x = store.run_child(manifest, c, tree, x)
+        return x
 
     return logits
 

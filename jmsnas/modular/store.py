@@ -35,7 +35,7 @@ import orbax.checkpoint as ocp
 from jmsnas import runcheck, safeio
 from jmsnas.checkpoint import CheckpointError, file_digests, leaf_specs, verify_digests
 from jmsnas.run.directory import unflatten
-from jmsnas.modular.blocks import Block, ModularError, Network, block_arrays, block_bytes, fingerprint, forward
+from jmsnas.modular.blocks import ModularError, Network, block_arrays, block_bytes, fingerprint, forward
 
 FORMAT = "jmsnas-modular/1"
 MANIFEST = "manifest.json"
@@ -262,7 +262,6 @@ def load(directory: str, parallel: int | None = None, x=None, verify: bool = Tru
     if x is not None and tuple(np.shape(x)[1:]) != tuple(m["input_shape"]):
         raise ModularError(f"input shape {tuple(np.shape(x)[1:])} per example does not match the network's "
                            f"{tuple(m['input_shape'])}")
-    specs = [b["spec"] for b in m["blocks"]]
     lock = threading.Lock()
     t0 = time.perf_counter()
     loaded_at, restore_s, trees = [None] * k, [None] * k, [None] * k
@@ -283,8 +282,7 @@ def load(directory: str, parallel: int | None = None, x=None, verify: bool = Tru
         for i, (c, fut) in enumerate(zip(m["children"], futures)):
             trees[i], restore_s[i] = fut.result()
             if h is not None:
-                a, b = c["blocks"]
-                h = forward(specs[a:b])([trees[i].get(block_key(j), {}) for j in range(a, b)], h)
+                h = run_child(m, c, trees[i], h)
                 h.block_until_ready()
                 emit(Event(i, "inferred", time.perf_counter() - t0))
         if h is not None:
@@ -298,12 +296,8 @@ def load(directory: str, parallel: int | None = None, x=None, verify: bool = Tru
     return LoadResult(p, trees, y, max(loaded_at), first, loaded_at, restore_s, m)
 
 
-def blocks_of(result: LoadResult) -> list:
-    """The loaded network as a list of Blocks (names and specs from the manifest)."""
-    out = []
-    for c, tree in zip(result.manifest["children"], result.children):
-        a, b = c["blocks"]
-        out += [Block(result.manifest["blocks"][j]["name"], result.manifest["blocks"][j]["spec"],
-                      tree.get(block_key(j), {}))
-                for j in range(a, b)]
-    return out
+def run_child(m: dict, c: dict, tree: dict, h):
+    """The output of child ``c`` of manifest ``m`` (its restored ``tree``) on the previous child's output ``h``."""
+    a, b = c["blocks"]
+    return forward([bl["spec"] for bl in m["blocks"][a:b]])([tree.get(block_key(j), {}) for j in range(a, b)], h)
+

@@ -28,16 +28,6 @@ from jmsnas.split.solvers import chain_path
 INPUT_BITS = 8  # bits per value of the raw input sent by a split at 0 (as solver.build_problem's default)
 
 
-def _sent(net: network.FoldedNet, n: int) -> list:
-    if n >= len(net.units):
-        return []
-    last = {}
-    for i, u in enumerate(net.units):
-        for j in u.inputs:
-            last[j] = max(last.get(j, -1), i)
-    return sorted(j for j, c in last.items() if j < n and c >= n)
-
-
 def write_parts(net: network.FoldedNet, ranges, sol: solver.Solution, directory: str, topo,
                 source: str | None = None) -> dict:
     """Writes the edge (quantized) and cloud (float) parts of split ``sol`` into ``directory``; returns the manifest.
@@ -70,7 +60,7 @@ def write_parts(net: network.FoldedNet, ranges, sol: solver.Solution, directory:
     def tensor(j):  # j = -1 is the raw input (split 0: the camera's pixels, at solver.INPUT_BITS)
         shape, bits = (net.input_shape, INPUT_BITS) if j < 0 else (net.units[j].out_shape, sol.abits[j])
         return {"tensor": j, "bits": bits, "bytes": transmitted_bytes(int(np.prod(shape)), bits)}
-    sent = [tensor(j) for j in _sent(net, n)]
+    sent = [tensor(j) for j in solver.crossing_of(tuple(network.net_spec(net).edges()), len(net.units), n)]
     manifest = {"model": net.name, "split": n, "edge": edge, "cloud": cloud, "input_shape": list(net.input_shape),
                 "units": units, "sent": sent, "files": {edge: f"{edge}.npz", cloud: f"{cloud}.npz"},
                 "source": None if source is None else os.path.abspath(source)}
@@ -90,24 +80,31 @@ def read_parts(directory: str) -> tuple:
 def load_parts(directory: str):
     """(FoldedNet with dequantized edge weights, abits int32[U], ranges float32[U, 2]) from ``write_parts``."""
     m, e, c = read_parts(directory)
-    units, params = [], []
+    params = []
     abits = np.zeros(len(m["units"]), np.int32)
     ranges = np.zeros((len(m["units"]), 2), np.float32)
     for i, u in enumerate(m["units"]):
-        units.append(network.Unit(u["name"], u["kind"], u["stride"], u["relu6"], tuple(u["inputs"]),
-                                  tuple(u["out_shape"])))
         if u["device"] == m["edge"]:
-            wb, shape = u["weight_bits"], tuple(u["w_shape"])
-            if wb <= 8:
-                qmax = 2 ** (wb - 1) - 1
-                codes = np.asarray(unpack(e[f"{i}/w_packed"], wb, int(np.prod(shape)))).astype(np.int32) - qmax
-                w = codes.reshape(shape).astype(np.float32) * e[f"{i}/w_scale"]
-            else:
-                w = e[f"{i}/w_f16"].astype(np.float32)
-            params.append({"w": w, "b": e[f"{i}/b"]})
+            params.append({"w": edge_weight(e, i, u, np), "b": e[f"{i}/b"]})
             abits[i], ranges[i] = u["act_bits"], e[f"{i}/act_range"]
         else:
             params.append({"w": c[f"{i}/w"], "b": c[f"{i}/b"]})
-    net = network.FoldedNet(m["model"], tuple(units), tuple({k: jnp.asarray(v) for k, v in p.items()}
-                                                             for p in params), tuple(m["input_shape"]))
+    net = network.FoldedNet(m["model"], units(m), tuple({k: jnp.asarray(v) for k, v in p.items()} for p in params),
+                            tuple(m["input_shape"]))
     return net, abits, ranges
+
+
+def units(m: dict) -> tuple:
+    """The manifest's units as ``network.Unit``s."""
+    return tuple(network.Unit(u["name"], u["kind"], u["stride"], u["relu6"], tuple(u["inputs"]), tuple(u["out_shape"]))
+                 for u in m["units"])
+
+
+def edge_weight(e, i: int, u: dict, xp=jnp):
+    """Unit ``i``'s float32 weights from its stored edge arrays ``e`` (``u``: its manifest entry): the packed codes
+    dequantized, or the float16 weights at 16 bits; ``xp`` numpy, or jax.numpy inside a program."""
+    wb, shape = u["weight_bits"], tuple(u["w_shape"])
+    if wb > 8:
+        return e[f"{i}/w_f16"].astype(xp.float32)
+    codes = xp.asarray(unpack(e[f"{i}/w_packed"], wb, int(np.prod(shape)))).astype(xp.int32) - (2 ** (wb - 1) - 1)
+    return codes.reshape(shape).astype(xp.float32) * e[f"{i}/w_scale"]

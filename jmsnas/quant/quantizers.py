@@ -86,12 +86,6 @@ def fake_quant_act(x, lo, hi, bits):
     return jnp.where(b == FLOAT, x, jnp.where(b >= 16, x.astype(jnp.float16).astype(x.dtype), q))
 
 
-def mse(a, b) -> float:
-    """Mean squared difference of two arrays (the paper's distortion D)."""
-    d = np.asarray(a, np.float64) - np.asarray(b, np.float64)
-    return float(np.mean(d * d)) if d.size else 0.0
-
-
 @jax.jit
 def _weight_mse(ws, counts, bits):
     """float[U, K]: MSE of each zero-padded weight matrix ws[u] (float[R, C]) over its counts[u] real elements."""

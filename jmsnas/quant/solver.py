@@ -162,11 +162,12 @@ def _consumers_of(edges: tuple, n: int) -> dict:
 
 def crossing(p: Problem, n: int) -> list:
     """Tensors sent at split n: producers (-1 = input) before n with a consumer at or after n (none if n = N)."""
-    return list(_crossing_of(tuple(p.edges), p.n, n))
+    return list(crossing_of(tuple(p.edges), p.n, n))
 
 
 @functools.lru_cache(maxsize=4096)
-def _crossing_of(edges: tuple, num: int, n: int) -> tuple:
+def crossing_of(edges: tuple, num: int, n: int) -> tuple:
+    """``crossing`` of a network of ``num`` layers given as its (producer, consumer) ``edges``."""
     if n >= num:
         return ()
     return tuple(sorted(u for u, vs in _consumers_of(edges, num).items() if u < n and max(vs) >= n))

@@ -94,7 +94,7 @@ def test_run_blocks_equal_the_compact_network(tiny, run_dir):
     want = jax.jit(lambda p, s, x: supernet.compact_apply(space, ops, p, s, x, train=False)[0])(cp, cs, x)
     net = B.from_run(run_dir)
     assert len(net.blocks) == space.num_layers + 2
-    np.testing.assert_array_equal(np.asarray(B.run_blocks(net.blocks, x)), np.asarray(want))
+    np.testing.assert_array_equal(np.asarray(B.forward([b.spec for b in net.blocks])([b.params for b in net.blocks], x)), np.asarray(want))
 
 
 # ------------------------------------------------------------------------------------------------ splits
@@ -181,13 +181,14 @@ def test_children_reassemble_bitwise_with_streaming_inference(tiny, tmp_path):
     space, ops, cp, cs, ds, _ = tiny
     net = B.from_compact(space, ops, cp, cs)
     x = np.asarray(ds.test.images[:32])
-    mono = np.asarray(B.run_blocks(net.blocks, x))
+    mono = np.asarray(B.forward([b.spec for b in net.blocks])([b.params for b in net.blocks], x))
     store.write(net, [0, 2, 4, len(net.blocks)], str(tmp_path / "c3"))
     events = []
     res = store.load(str(tmp_path / "c3"), parallel=2, x=x, on_event=events.append)
     np.testing.assert_array_equal(res.output, mono)  # bitwise, float32
-    for got, want in zip(store.blocks_of(res), net.blocks):
-        assert _tree_bytes(got.params) == _tree_bytes(store.prune(want.params))
+    for c, tree in zip(res.manifest["children"], res.children):
+        for j in range(*c["blocks"]):
+            assert _tree_bytes(tree.get(store.block_key(j), {})) == _tree_bytes(store.prune(net.blocks[j].params))
     inferred = [e.child for e in events if e.what == "inferred"]
     assert inferred == [0, 1, 2]
     for e in events:  # child i runs only after children 0..i are loaded
