@@ -75,6 +75,7 @@ def validate(cfg) -> None:
     """Checks the values that would fail deep inside a run, before anything is loaded or written."""
     tb.enabled(cfg)  # a bool
     data.check_name(cfg.dataset)
+    runcheck.with_defaults(cfg.net, default_config().net.to_dict(), "net")  # the network's settings, no others
     optional = ("search.finetune_steps", "search.augment_shift", "search.baseline_decay")  # older configs lack them
     runcheck.check_bounds(cfg, {k: v for k, v in BOUNDS.items()
                                 if k not in optional or k.split(".")[1] in cfg.search})

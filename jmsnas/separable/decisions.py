@@ -23,30 +23,23 @@ from typing import NamedTuple
 
 import numpy as np
 
-
-class DecisionError(ValueError):
-    """A decision, or a decision-space parameter, that cannot be used; the message names it."""
-
-
-def _int_at_least(name: str, value, lo: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:
-        raise DecisionError(f"{name} must be an integer >= {lo}, got {value!r}")
-    return int(value)
+from jmsnas.runcheck import ConfigError
+from jmsnas.strategies.base import check_int
 
 
 def permutation_table(num_groups: int) -> np.ndarray:
     """int32[G!, G]: row r is the permutation with id r (Table 3's order); G >= 2."""
-    g = _int_at_least("G (number of groups/nodes)", num_groups, 2)
+    g = check_int("G (number of groups/nodes)", num_groups, 2)
     return np.asarray(list(itertools.permutations(range(g))), np.int32)
 
 
 def check_permutation(perm, num_groups: int, where: str = "decision") -> np.ndarray:
     """``perm`` as int32[G] if it is a permutation of 0..G-1 (every node sends to one node and receives from
-    one), else DecisionError naming it."""
+    one), else ConfigError naming it."""
     p = np.asarray(perm)
     if p.shape != (num_groups,) or not np.issubdtype(p.dtype, np.integer) \
             or sorted(p.tolist()) != list(range(num_groups)):
-        raise DecisionError(f"{where} {np.asarray(perm).tolist()!r} is not a permutation of 0..{num_groups - 1} "
+        raise ConfigError(f"{where} {np.asarray(perm).tolist()!r} is not a permutation of 0..{num_groups - 1} "
                             "(every node must send to exactly one node and receive from exactly one)")
     return p.astype(np.int32)
 
@@ -71,7 +64,7 @@ def is_intensive(perm) -> bool:
 
 def send_fraction(level: int, num_levels: int, p_min: float) -> Fraction:
     """Fraction of channels sent at sparsity ``level`` of K = ``num_levels`` levels from ``p_min`` % to 100 %."""
-    k = _int_at_least("K (sparsity levels)", num_levels, 1)
+    k = check_int("K (sparsity levels)", num_levels, 1)
     if k == 1:
         return Fraction(1)
     pm = Fraction(p_min).limit_denominator(10**6)
@@ -81,7 +74,7 @@ def send_fraction(level: int, num_levels: int, p_min: float) -> Fraction:
 def n_send(total_channels: int, level: int, num_levels: int, p_min: float) -> int:
     """eq. (10): channels sent out of ``total_channels`` at ``level`` (exact rational arithmetic, then floor)."""
     if not 0 <= level < num_levels:
-        raise DecisionError(f"sparsity level must be in 0..{num_levels - 1}, got {level!r}")
+        raise ConfigError(f"sparsity level must be in 0..{num_levels - 1}, got {level!r}")
     return int(math.floor(total_channels * send_fraction(level, num_levels, p_min)))
 
 
@@ -131,11 +124,11 @@ class DecisionSpace(NamedTuple):
 
 def make_space(num_groups, num_steps, num_levels=1, p_min=50.0) -> DecisionSpace:
     """A validated DecisionSpace (G >= 2, S >= 1, K >= 1, 0 < p_min <= 100)."""
-    g = _int_at_least("G (number of groups/nodes)", num_groups, 2)
-    s = _int_at_least("number of transmission steps", num_steps, 1)
-    k = _int_at_least("K (sparsity levels)", num_levels, 1)
+    g = check_int("G (number of groups/nodes)", num_groups, 2)
+    s = check_int("number of transmission steps", num_steps, 1)
+    k = check_int("K (sparsity levels)", num_levels, 1)
     if isinstance(p_min, bool) or not isinstance(p_min, (int, float)) or not 0 < p_min <= 100:
-        raise DecisionError(f"p_min must be a percentage in (0, 100], got {p_min!r}")
+        raise ConfigError(f"p_min must be a percentage in (0, 100], got {p_min!r}")
     return DecisionSpace(g, s, k, float(p_min))
 
 
@@ -144,7 +137,7 @@ def from_permutations(space: DecisionSpace, perms, levels=None) -> tuple[np.ndar
     (perm_ids int32[S], levels int32[S])."""
     perms = list(perms)
     if len(perms) != space.num_steps:
-        raise DecisionError(f"a decision sequence needs {space.num_steps} permutations (one per transmission step), "
+        raise ConfigError(f"a decision sequence needs {space.num_steps} permutations (one per transmission step), "
                             f"got {len(perms)}")
     ids = np.asarray([permutation_id(check_permutation(p, space.num_groups, f"decision at step {s}"),
                                      space.num_groups) for s, p in enumerate(perms)], np.int32)
@@ -154,7 +147,7 @@ def from_permutations(space: DecisionSpace, perms, levels=None) -> tuple[np.ndar
         lv = np.asarray(levels)
         if lv.shape != (space.num_steps,) or not np.issubdtype(lv.dtype, np.integer) \
                 or lv.min() < 0 or lv.max() >= space.num_levels:
-            raise DecisionError(f"sparsity levels must be {space.num_steps} integers in 0..{space.num_levels - 1}, "
+            raise ConfigError(f"sparsity levels must be {space.num_steps} integers in 0..{space.num_levels - 1}, "
                                 f"got {np.asarray(levels).tolist()!r}")
         lv = lv.astype(np.int32)
     return ids, lv

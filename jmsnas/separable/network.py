@@ -29,7 +29,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jmsnas.runcheck import ConfigError
 from jmsnas.separable import decisions as dec
+from jmsnas.strategies.base import check_int
 
 
 class BlockShape(NamedTuple):
@@ -89,28 +91,28 @@ def make_spec(*, num_groups: int, image_size: int, in_channels: int, num_classes
     ints = dict(image_size=image_size, in_channels=in_channels, num_classes=num_classes, stem_channels=stem_channels,
                 cardinality=cardinality, path_width=path_width)
     for name, v in ints.items():
-        dec._int_at_least(name, v, 1)
-    g = dec._int_at_least("G (number of groups/nodes)", num_groups, 2)
-    a = dec._int_at_least("alpha (staleness factor)", alpha, 1)
-    k = dec._int_at_least("K (sparsity levels)", num_levels, 1)
+        check_int(name, v, 1)
+    g = check_int("G (number of groups/nodes)", num_groups, 2)
+    a = check_int("alpha (staleness factor)", alpha, 1)
+    k = check_int("K (sparsity levels)", num_levels, 1)
     if cardinality % g:
-        raise dec.DecisionError(f"cardinality C={cardinality} must be divisible by G={g} (C/G paths per group)")
+        raise ConfigError(f"cardinality C={cardinality} must be divisible by G={g} (C/G paths per group)")
     stage_channels, stage_blocks, stage_strides = tuple(stage_channels), tuple(stage_blocks), tuple(stage_strides)
     if not (len(stage_channels) == len(stage_blocks) == len(stage_strides) >= 1):
-        raise dec.DecisionError(f"stage_channels {stage_channels}, stage_blocks {stage_blocks} and stage_strides "
+        raise ConfigError(f"stage_channels {stage_channels}, stage_blocks {stage_blocks} and stage_strides "
                                 f"{stage_strides} must have the same length >= 1")
     for i, (c, n, s) in enumerate(zip(stage_channels, stage_blocks, stage_strides)):
-        dec._int_at_least(f"stage_channels[{i}]", c, 1)
-        dec._int_at_least(f"stage_blocks[{i}]", n, 1)
+        check_int(f"stage_channels[{i}]", c, 1)
+        check_int(f"stage_blocks[{i}]", n, 1)
         if s not in (1, 2):
-            raise dec.DecisionError(f"stage_strides[{i}] must be 1 or 2, got {s!r}")
+            raise ConfigError(f"stage_strides[{i}] must be 1 or 2, got {s!r}")
         if n % a:
-            raise dec.DecisionError(f"stage_blocks[{i}]={n} must be a multiple of alpha={a}: a transmission window "
+            raise ConfigError(f"stage_blocks[{i}]={n} must be a multiple of alpha={a}: a transmission window "
                                     "may not cross a stage boundary (sent and received features must match in shape)")
     if not (isinstance(output_group, int) and 0 <= output_group < g):
-        raise dec.DecisionError(f"output_group must be a node index in 0..{g - 1}, got {output_group!r}")
+        raise ConfigError(f"output_group must be a node index in 0..{g - 1}, got {output_group!r}")
     if not isinstance(float16, bool):
-        raise dec.DecisionError(f"float16 must be true or false, got {float16!r}")
+        raise ConfigError(f"float16 must be true or false, got {float16!r}")
     dec.make_space(g, 1, k, p_min)  # validates p_min
     groups = 1 if reference else g
     blocks, cin, size = [], stem_channels, image_size

@@ -1,5 +1,6 @@
 """Plots of a separable run: the controller's and the random sampler's reward over the controller steps (the
-paper's Fig. 4), and transmitted bytes per image against accuracy."""
+paper's Fig. 4), and transmitted bytes per image against accuracy; written atomically by process 0 (a kill while
+writing leaves the previous file or none)."""
 from __future__ import annotations
 
 import os
@@ -7,10 +8,13 @@ import os
 import numpy as np
 from matplotlib.figure import Figure
 
+from jmsnas import safeio
+from jmsnas.run import directory
+
 _COLORS = {"controller": "#1f77b4", "random": "#ff7f0e", "control": "#999999", "reference": "#555555"}
 
 
-def reward_curve(history, path) -> Figure:
+def reward_curve(history) -> Figure:
     """Mean validation reward of each controller step, both arms and the control group, round boundaries dotted."""
     fig = Figure(figsize=(7, 4), layout="constrained")
     ax = fig.subplots()
@@ -29,11 +33,10 @@ def reward_curve(history, path) -> Figure:
     ax.set_ylabel("mean validation reward")
     ax.legend(loc="lower right")
     fig.suptitle("Controller vs random sampler (same network init, data and evaluations)")
-    fig.savefig(os.fspath(path), dpi=120, format="png")
     return fig
 
 
-def bytes_accuracy(result, history, path) -> Figure:
+def bytes_accuracy(result, history) -> Figure:
     """Last round's sampled decisions (validation accuracy vs bytes relative to the non-separated network) and the
     fine-tuned best decision of each arm (test accuracy)."""
     fig = Figure(figsize=(7, 4), layout="constrained")
@@ -53,12 +56,16 @@ def bytes_accuracy(result, history, path) -> Figure:
     ax.legend(fontsize=7, loc="lower right")
     n = result["network"]
     fig.suptitle(f"G={n['G']}, alpha={n['alpha']}, K={n['K']}, float16={n['float16']}")
-    fig.savefig(os.fspath(path), dpi=120, format="png")
     return fig
 
 
 def write(result, history, workdir) -> list:
-    paths = [os.path.join(workdir, "reward_curve.png"), os.path.join(workdir, "bytes_accuracy.png")]
-    reward_curve(history, paths[0])
-    bytes_accuracy(result, history, paths[1])
-    return paths
+    """reward_curve.png and bytes_accuracy.png in ``workdir``; their paths (none in processes other than 0)."""
+    if not directory.writes():
+        return []
+    figures = {"reward_curve.png": reward_curve(history), "bytes_accuracy.png": bytes_accuracy(result, history)}
+    with directory.output_errors(workdir):
+        for name, fig in figures.items():
+            with safeio.atomic_write(os.path.join(workdir, name), "wb") as f:
+                fig.savefig(f, dpi=120, format="png")
+    return [os.path.join(workdir, name) for name in figures]

@@ -42,21 +42,16 @@ ARMS = ("controller", "random")
 # ------------------------------------------------------------------------------------------------- building
 
 def build_spec(cfg, ds, reference: bool = False) -> net.NetSpec:
-    n = cfg.net
-    return net.make_spec(num_groups=n.num_groups, image_size=ds.image_size, in_channels=ds.channels,
-                         num_classes=ds.num_classes, stem_channels=n.stem_channels, stage_channels=n.stage_channels,
-                         stage_blocks=n.stage_blocks, stage_strides=n.stage_strides, cardinality=n.cardinality,
-                         path_width=n.path_width, alpha=n.alpha, num_levels=n.num_levels, p_min=n.p_min,
-                         float16=n.float16, output_group=n.output_group, reference=reference)
+    """The network of ``cfg.net`` on ``ds``'s images (``reference``: the non-separated one)."""
+    return net.make_spec(image_size=ds.image_size, in_channels=ds.channels, num_classes=ds.num_classes,
+                         reference=reference, **cfg.net)
 
 
 def _per(name: str, value, count: int) -> list:
-    if isinstance(value, (list, tuple)):
-        if len(value) != count:
-            raise TopologyError(f"cluster.{name} lists {len(value)} values {list(value)}, expected {count} "
-                                "(one per device)")
-        return list(value)
-    return [value] * count
+    values = list(value) if isinstance(value, (list, tuple)) else [value] * count
+    if len(values) != count:
+        raise TopologyError(f"cluster.{name} lists {len(values)} values {values}, expected {count} (one per device)")
+    return values
 
 
 def build_cluster(cfg):
@@ -76,12 +71,9 @@ def build_cluster(cfg):
     gflops = _per("peak_gflops", c.peak_gflops, m)
     devices = [DeviceProfile(f"node{i}", gflops[i], 1e9, efficiency=c.efficiency,
                              note="Raspberry Pi 3B+ class (paper 004, section 4.6)") for i in range(m)]
-    bw = c.bandwidth_mbps
-    rows = _per("bandwidth_mbps", bw, m) if isinstance(bw, (list, tuple)) else [[bw] * m] * m
-    links = []
-    for i in range(m):
-        row = _per(f"bandwidth_mbps[{i}]", rows[i], m) if isinstance(rows[i], (list, tuple)) else [rows[i]] * m
-        links += [LinkProfile(f"node{i}", f"node{j}", row[j], c.link_latency_ms) for j in range(m) if j != i]
+    rows = [_per(f"bandwidth_mbps[{i}]", r, m) for i, r in enumerate(_per("bandwidth_mbps", c.bandwidth_mbps, m))]
+    links = [LinkProfile(f"node{i}", f"node{j}", rows[i][j], c.link_latency_ms)
+             for i in range(m) for j in range(m) if j != i]
     return cluster(f"cluster{m}", devices, links)
 
 
@@ -182,9 +174,8 @@ class Run:
         ref = net.init(k_ref, self.ref_spec)
         return {"arms": arms, "ref": {"params": ref, "opt": jax.jit(self.ref_opt.init)(ref)}}
 
-    def decode(self, tokens):
-        p, l = self.space.decode(np.asarray(tokens))
-        return jnp.asarray(p), jnp.asarray(l)
+    def decode(self, tokens) -> tuple:
+        return tuple(jnp.asarray(a) for a in self.space.decode(np.asarray(tokens)))
 
     def ratio(self, tokens) -> np.ndarray:
         p, l = self.space.decode(np.asarray(tokens))
@@ -195,22 +186,32 @@ class Run:
         in chunks of the population size P (one compiled program)."""
         split = self.ds.val if split is None else split
         tokens, pop = np.asarray(tokens), self.cfg.search.population
-        out = []
-        for i in range(0, tokens.shape[0], pop):
-            chunk = tokens[i:i + pop]
-            padded = np.concatenate([chunk, np.repeat(chunk[-1:], pop - chunk.shape[0], 0)])
-            p, l = self.decode(padded)
-            out.append(accuracy(self.correct, params, split, self.cfg.eval_batch_size, p, l)[:chunk.shape[0]])
-        return np.concatenate(out)
+        n = tokens.shape[0]
+        padded = np.concatenate([tokens, np.repeat(tokens[-1:], -n % pop, 0)])  # the last one repeated
+        return np.concatenate([accuracy(self.correct, params, split, self.cfg.eval_batch_size,
+                                        *self.decode(padded[i:i + pop])) for i in range(0, n, pop)])[:n]
 
     def control_reward(self, params, r: int, t: int) -> np.ndarray:
         """Rewards of ``population`` uniformly drawn decisions on ``params`` (validation data): section 4.5's
         control group at controller step t of round r. Its keys are a stream of their own, so measuring it leaves
         every other draw of the run as it was."""
-        s = self.cfg.search
         key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(self.cfg.seed + 2), r), t)
-        ops = np.asarray(self.uniform(key))
-        return self.acc(params, ops) - s.comm_cost * self.ratio(ops)
+        return self.reward(params, np.asarray(self.uniform(key)))
+
+    def reward(self, params, tokens) -> np.ndarray:
+        """float64[n]: validation accuracy minus ``comm_cost`` x bytes relative to the non-separated network."""
+        return self.acc(params, tokens) - self.cfg.search.comm_cost * self.ratio(tokens)
+
+    def train(self, step, params, opt_state, lr, first: int, n: int, decide=lambda t: (None, None)):
+        """``n`` steps of ``step`` (``make_fns``) on the training batches ``first``, ``first + 1``, ... (the same for
+        every arm and the reference); ``decide(t)``: the decisions (perm_ids, levels) of step t, None for the
+        reference network. Returns (params, opt_state, the loss of each step)."""
+        losses = []
+        for t in range(n):
+            x, y = _batch(self.ds, self.cfg, first + t)
+            params, opt_state, loss, _ = step(params, opt_state, lr, x, y, *decide(t))
+            losses.append(loss)
+        return params, opt_state, losses
 
     def round(self, state: dict, r: int) -> tuple[dict, dict]:
         """One round for both arms and the reference; returns (state, history entry)."""
@@ -220,20 +221,15 @@ class Run:
         for arm in ARMS:
             st, strat = dict(state["arms"][arm]), self.strategies[arm]
             k_net, k_ctrl, k_samp = jax.random.split(key, 3)
-            losses = []
-            for t in range(s.net_steps):
-                x, y = _batch(self.ds, self.cfg, r * s.net_steps + t)
-                toks = ask_many(strat, jax.random.fold_in(k_net, t), st["strategy"],
-                                -(-s.decisions_per_step // s.population))[:s.decisions_per_step]
-                p, l = self.decode(toks)
-                st["params"], st["opt"], loss, _ = self.step(st["params"], st["opt"], self.lr, x, y, p, l)
-                losses.append(float(loss))
+            sampled = lambda t: self.decode(ask_many(strat, jax.random.fold_in(k_net, t), st["strategy"],
+                                                     -(-s.decisions_per_step // s.population))[:s.decisions_per_step])
+            st["params"], st["opt"], losses = self.train(self.step, st["params"], st["opt"], self.lr,
+                                                         r * s.net_steps, s.net_steps, sampled)
             rewards, control = [], []
             for t in range(s.ctrl_steps):
                 ka, kt = jax.random.split(jax.random.fold_in(k_ctrl, t))
                 archs, st["strategy"] = strat.ask(ka, st["strategy"])
-                acc = self.acc(st["params"], archs.ops)
-                reward = acc - s.comm_cost * self.ratio(archs.ops)
+                reward = self.reward(st["params"], archs.ops)
                 st["strategy"], _ = strat.tell(kt, archs, jnp.asarray(reward, jnp.float32), st["strategy"])
                 rewards.append(float(np.mean(reward)))
                 if arm == "controller":  # the control group: uniform decisions judged on the same weights and data
@@ -244,61 +240,54 @@ class Run:
             if acc[i] > float(st["best_acc"]):
                 st["best_acc"], st["best_tokens"] = jnp.asarray(acc[i], jnp.float32), jnp.asarray(toks[i])
                 st["best_params"] = st["params"]
-            entry[arm] = {"train_loss": float(np.mean(losses)), "rewards": rewards,
+            entry[arm] = {"train_loss": float(np.mean([float(v) for v in losses])), "rewards": rewards,
                           "sample_acc": acc.tolist(), "sample_bytes_ratio": self.ratio(toks).tolist(),
-                          "best_acc": float(st["best_acc"])}
-            if arm == "controller":
-                entry[arm]["random_on_controller_weights"] = control
+                          "best_acc": float(st["best_acc"]),
+                          **({"random_on_controller_weights": control} if arm == "controller" else {})}
             state["arms"][arm] = st
         if self.cfg.reference:
             ref = dict(state["ref"])
-            for t in range(s.net_steps):
-                x, y = _batch(self.ds, self.cfg, r * s.net_steps + t)
-                ref["params"], ref["opt"], _, _ = self.ref_step(ref["params"], ref["opt"], self.lr, x, y, None, None)
+            ref["params"], ref["opt"], _ = self.train(self.ref_step, ref["params"], ref["opt"], self.lr,
+                                                      r * s.net_steps, s.net_steps)
             state["ref"] = ref
         return state, entry
+
+    def scores(self, params, tokens, perm_ids, levels) -> dict:
+        """Validation and test accuracy of one decision sequence (tokens int[1, T]) on ``params``, and its cost."""
+        acc = lambda split: float(self.acc(params, tokens, split)[0])
+        return {"val_acc": acc(self.ds.val), "test_acc": acc(self.ds.test),
+                "cost": cost.evaluate(self.spec, self.topo, perm_ids, levels, self.cfg.cluster.input_device)}
 
     def finish(self, state: dict) -> tuple:
         """Fine-tune the best decision of each arm (and the reference) and measure test accuracy and costs;
         returns (result entries, {arm: (fine-tuned params, perm_ids int[S], levels int[S])})."""
         s, out, final = self.cfg.search, {}, {}
-        first = s.rounds * s.net_steps
+        first, table = s.rounds * s.net_steps, dec.permutation_table(self.spec.num_groups)
         for arm in ARMS:
             st = state["arms"][arm]
-            params, opt_state = st["best_params"], jax.jit(self.opt.init)(st["best_params"])
-            p, l = self.decode(np.asarray(st["best_tokens"])[None])
-            for t in range(s.finetune_steps):
-                x, y = _batch(self.ds, self.cfg, first + t)
-                params, opt_state, _, _ = self.step(params, opt_state, self.ft_lr, x, y, p, l)
+            tokens = np.asarray(st["best_tokens"])[None]
+            p, l = self.decode(tokens)
+            params = self.train(self.step, st["best_params"], jax.jit(self.opt.init)(st["best_params"]), self.ft_lr,
+                                first, s.finetune_steps, lambda t: (p, l))[0]
             pid, lv = np.asarray(p[0]), np.asarray(l[0])
             final[arm] = (params, pid, lv)
-            table = dec.permutation_table(self.spec.num_groups)
             out[arm] = {
                 "decisions": {"perm_ids": pid.tolist(), "permutations": table[pid].tolist(), "levels": lv.tolist(),
                               "send_percent": [float(dec.send_fraction(int(v), self.spec.num_levels,
                                                                        self.spec.p_min) * 100) for v in lv],
                               "intensive": [dec.is_intensive(table[i]) for i in pid]},
-                "search_val_acc": float(st["best_acc"]),
-                "val_acc": float(self.acc(params, np.asarray(st["best_tokens"])[None])[0]),
-                "test_acc": float(self.acc(params, np.asarray(st["best_tokens"])[None], self.ds.test)[0]),
-                "cost": cost.evaluate(self.spec, self.topo, pid, lv, self.cfg.cluster.input_device)}
+                "search_val_acc": float(st["best_acc"]), **self.scores(params, tokens, pid, lv)}
         if self.cfg.get("decisions") is not None:  # the user's decision sequence, on the controller arm's weights
             pid, lv = dec.from_permutations(self.space, self.cfg.decisions, self.cfg.get("levels"))
-            toks = self.space.encode(pid[None], lv[None])
-            best = state["arms"]["controller"]["best_params"]
             out["given"] = {"decisions": {"perm_ids": pid.tolist(), "levels": lv.tolist()},
-                            "val_acc": float(self.acc(best, toks)[0]),
-                            "test_acc": float(self.acc(best, toks, self.ds.test)[0]),
-                            "cost": cost.evaluate(self.spec, self.topo, pid, lv, self.cfg.cluster.input_device)}
+                            **self.scores(state["arms"]["controller"]["best_params"],
+                                          self.space.encode(pid[None], lv[None]), pid, lv)}
         if self.cfg.reference:
-            ref, opt_state = state["ref"]["params"], jax.jit(self.ref_opt.init)(state["ref"]["params"])
-            for t in range(s.finetune_steps):
-                x, y = _batch(self.ds, self.cfg, first + t)
-                ref, opt_state, _, _ = self.ref_step(ref, opt_state, self.ft_lr, x, y, None, None)
-            out["reference"] = {
-                "test_acc": float(accuracy(self.ref_correct, ref, self.ds.test, self.cfg.eval_batch_size)[0]),
-                "val_acc": float(accuracy(self.ref_correct, ref, self.ds.val, self.cfg.eval_batch_size)[0]),
-                "bytes_per_image": self.ref_bytes, "num_params": net.num_params(ref)}
+            ref = state["ref"]["params"]
+            ref = self.train(self.ref_step, ref, jax.jit(self.ref_opt.init)(ref), self.ft_lr, first, s.finetune_steps)[0]
+            acc = lambda split: float(accuracy(self.ref_correct, ref, split, self.cfg.eval_batch_size)[0])
+            out["reference"] = {"test_acc": acc(self.ds.test), "val_acc": acc(self.ds.val),
+                                "bytes_per_image": self.ref_bytes, "num_params": net.num_params(ref)}
         return out, final
 
 
@@ -306,8 +295,7 @@ def prepare(cfg, workdir: str, resume: bool):
     """Validates everything and builds the run before the workdir is touched; returns (Run, cfg)."""
     cfg = sconfig.default_config() if cfg is None else ml_collections.ConfigDict(cfg.to_dict())
     sconfig.validate(cfg)
-    ds = data.load(cfg.dataset, data_dir=cfg.get("data_dir"), val_fraction=cfg.val_fraction, seed=cfg.seed,
-                   max_train=cfg.get("max_train"))
+    ds = data.from_config(cfg)
     spec = build_spec(cfg, ds)
     topo = build_cluster(cfg)
     cost.check_cluster(spec, topo, cfg.cluster.input_device)
@@ -320,41 +308,39 @@ def prepare(cfg, workdir: str, resume: bool):
 
 @timing.measured
 def search(cfg, workdir: str, *, resume: bool = False, progress: bool = True) -> dict:
-    """Runs the rounds, fine-tunes, writes result.json, history.json, the plots and checkpoints; returns result."""
+    """Runs the rounds on the run layer's generation loop (a checkpoint after each), fine-tunes, writes parts/, the
+    plots, history.json and result.json (atomically, process 0); returns the result."""
     run, cfg = prepare(cfg, workdir, resume)
     before = jax.config.read("jax_disable_most_optimizations")
     jax.config.update("jax_disable_most_optimizations", bool(cfg.get("fast_compile", False)) or before)
     try:
         with tb.run(workdir, tb.enabled(cfg)):
-            return _search(cfg, run, workdir, resume, progress)
+            ckpt = Checkpointer(os.path.join(workdir, "checkpoints", "separable"))
+            state, carry = loop.generations(run.init_state(), ckpt=ckpt, fp=W.fingerprint(cfg), resume=resume,
+                                            total=cfg.search.rounds, generation=lambda *a: _round(run, *a),
+                                            carry={"history": []}, desc="separable rounds", progress=progress,
+                                            unit="round")
+            ckpt.close()
+            return _write(cfg, run, state, carry["history"], workdir)
     finally:
         jax.config.update("jax_disable_most_optimizations", before)
 
 
-def _search(cfg, run, workdir, resume, progress) -> dict:
-    ckpt = Checkpointer(os.path.join(workdir, "checkpoints", "separable"))
+def _round(run: Run, state: dict, r: int, carry: dict) -> tuple:
+    """Round r (``Run.round``) logged to TensorBoard, its entry appended to the history."""
+    state, entry = run.round(state, r)
+    per_round, per_step = tb.separable_round_scalars(entry, run.cfg.search.ctrl_steps)
+    for step, scalars in [(r, per_round), *per_step]:
+        tb.log(step, scalars)
+    return state, {"history": carry["history"] + [entry]}
 
-    def one_round(state, r, carry):
-        state, entry = run.round(state, r)
-        per_round, per_step = tb.separable_round_scalars(entry, cfg.search.ctrl_steps)
-        tb.log(r, per_round)
-        for step, scalars in per_step:
-            tb.log(step, scalars)
-        return state, {"history": carry["history"] + [entry]}
 
-    state, carry = loop.generations(run.init_state(), ckpt=ckpt, fp=W.fingerprint(cfg), resume=resume,
-                                    total=cfg.search.rounds, generation=one_round, carry={"history": []},
-                                    desc="separable rounds", progress=progress, unit="round")
-    ckpt.close()
-    history = carry["history"]
+def _write(cfg, run: Run, state: dict, history: list, workdir: str) -> dict:
     out, final = run.finish(state)
     result = _result(cfg, run, out, history)
     # the controller arm's fine-tuned network, per device (what jmsnas export deploys: jmsnas.deploy.separable)
     write_parts(workdir, run.spec, *final["controller"], run.topo, cfg.cluster.input_device)
-    paths = []
-    if directory.writes():
-        with directory.output_errors(workdir):
-            paths = plots.write(result, history, workdir)
+    paths = plots.write(result, history, workdir)
     result["plots"] = [os.path.basename(p) for p in paths]  # in the workdir
     if timing.active() is not None:  # compile and run time (wall, CPU): the only entry that varies by run
         result["time"] = timing.summary()
@@ -368,17 +354,14 @@ def _search(cfg, run, workdir, resume, progress) -> dict:
 def reward_summary(history) -> dict:
     """Mean validation reward per arm over all controller steps and over the last round's steps, and the same for
     the control group (uniform decisions on the controller arm's weights, ``random_on_controller_weights``)."""
-    out = {}
-    for arm in ARMS:
-        allr = [v for h in history for v in h[arm]["rewards"]]
-        out[arm] = {"mean_reward": float(np.mean(allr)), "last_round_mean_reward": float(np.mean(history[-1][arm]
-                                                                                               ["rewards"])),
-                    "last_round_mean_sample_acc": float(np.mean(history[-1][arm]["sample_acc"]))}
+    def means(arm: str, key: str) -> dict:
+        return {"mean_reward": float(np.mean([v for h in history for v in h[arm][key]])),
+                "last_round_mean_reward": float(np.mean(history[-1][arm][key]))}
+
+    out = {arm: {**means(arm, "rewards"), "last_round_mean_sample_acc": float(np.mean(history[-1][arm]["sample_acc"]))}
+           for arm in ARMS}
     if all("random_on_controller_weights" in h["controller"] for h in history):
-        control = [v for h in history for v in h["controller"]["random_on_controller_weights"]]
-        out["random_on_controller_weights"] = {
-            "mean_reward": float(np.mean(control)),
-            "last_round_mean_reward": float(np.mean(history[-1]["controller"]["random_on_controller_weights"]))}
+        out["random_on_controller_weights"] = means("controller", "random_on_controller_weights")
     return out
 
 
