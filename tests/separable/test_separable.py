@@ -258,6 +258,16 @@ def test_cli_bad_input_one_line_exit_2_and_no_workdir(tmp_path, capsys, override
     assert not wd.exists()
 
 
+def test_an_unknown_network_setting_in_a_config_file_is_one_line(tmp_path, capsys):
+    cfg = tmp_path / "sep.py"
+    cfg.write_text("from jmsnas.separable.config import default_config\n\n\ndef get_config():\n"
+                   "    c = default_config()\n    c.net.widht = 3\n    return c\n")
+    wd = tmp_path / "run"
+    assert cli.main(["separable", "--config", str(cfg), "--workdir", str(wd)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "unknown net settings ['widht']" in err and len(err.splitlines()) == 1 and not wd.exists()
+
+
 # ------------------------------------------------------------------------------------------------------ run
 
 @pytest.mark.slow
