@@ -27,8 +27,10 @@ import time
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
+from jmsnas import evolve as EV, train
 from jmsnas.objectives import cross_entropy
 from jmsnas.splitnets import hardware as H
 from jmsnas.splitnets import net as N
@@ -74,8 +76,9 @@ def baselines(cfg, hw, space, ds, epochs: int) -> list:
         if key not in trained:
             params, _ = N.init(jax.random.PRNGKey(cfg.seed), space, cfg.splitnets.init)
             t = time.time()
-            p, bn, hist, ev = S.train_fixed(cfg, space, ds, params, genes, epochs, pos=pos, module="none",
-                                            lr=cfg.search.weight_lr, progress=False, desc=name)
+            p, bn, hist, ev = S.train_fixed(cfg, space, ds, params, genes, epochs, EV.fitness_data(cfg, ds).bn,
+                                            pos=pos, module="none", lr=cfg.search.weight_lr, progress=False,
+                                            desc=name)
             trained[key] = (S.accuracy(ev, p, bn, ds.test), time.time() - t)
         c = H.cost(space, a._replace(split=pos), hw, "none")
         rows.append({"method": name, "position": list(pos), "test_acc": trained[key][0], "total_ms": c.total_ms,
@@ -148,7 +151,10 @@ def main(argv=None):
             print("grad norms", summary["grad_norms"], flush=True)
             hist = {"geometric": json.load(open(os.path.join(args.out, tag, "history.json")))}
             t = time.time()
-            hist["fan_in"] = S.train_supernet(cfg, space, ds, "fan_in", progress=False)[1]
+            fan_in = ml_collections.ConfigDict(cfg.to_dict())
+            fan_in.splitnets.init = "fan_in"
+            problem = S.problem(fan_in, space, S.CostCache(space, hw), EV.fitness_data(cfg, ds))
+            hist["fan_in"] = EV.train_supernet(fan_in, problem, ds, train.data_mesh(), None, "", False, False)[1]
             summary["init_ablation"] = {m: [h for h in hs if h["stage"] == "search"] for m, hs in hist.items()}
             summary["init_ablation_seconds"] = time.time() - t
             print("init ablation", summary["init_ablation"], flush=True)

@@ -23,7 +23,7 @@ L2 weight are ``cfg.search.batch_size``, ``weight_lr`` and ``lambda1``, the retr
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -106,58 +106,54 @@ def sandwich_archs(key, mask, largest, smallest, num_random: int) -> jnp.ndarray
     return jnp.concatenate([jnp.asarray(largest)[None], jnp.asarray(smallest)[None], rand]).astype(jnp.int32)
 
 
-def init_sandwich_state(key, space: SearchSpace, lr: float, shared_weights: bool = True) -> train.SupernetState:
+def init_sandwich_state(key, init, lr: float) -> train.SupernetState:
+    """The sandwich step's first state: the supernet of ``init(key) -> (params, bn)``, Adam's zero moments."""
     k_init, k_run = jax.random.split(key)
-    params, bn = supernet.init(k_init, space, shared_weights=shared_weights)
-    opt = train.init_optimizer(optax.adam(lr), params)
-    return train.SupernetState(params, bn, opt, k_run, train.zeros((), np.int32))
+    params, bn = init(k_init)
+    return train.SupernetState(params, bn, train.init_optimizer(optax.adam(lr), params), k_run,
+                               train.zeros((), np.int32))
 
 
-def sandwich_update(tx, lambda1: float, apply):
-    """The update of a sandwich step, shared by every supernet trained with the sandwich rule (``jmsnas evolve``,
-    SplitNets): ``update(st, key, archs, x, y) -> (state, ce float32[K], acc float32[K])``. The K sub-networks of
-    ``archs`` (a pytree with a leading axis K, one ``apply(params, bn, arch, x) -> (logits, bn)`` each) run in turn
-    inside one ``lax.scan`` (one compiled body whatever they are); each updates the running statistics of the BN
-    it used, the next starts from those. The update is one step of ``tx`` on sum_k grad CE_k + lambda1
-    grad ||w||^2; ``key`` becomes the state's key."""
+def sandwich(lr: float, lambda1: float, sample, apply, keys: int = 1):
+    """The pure step ``(state, x, y) -> (state, metrics)`` of every supernet trained with the sandwich rule
+    (``jmsnas evolve``, SplitNets); jit it. ``sample(*keys) -> archs`` draws the step's K sub-networks (a pytree
+    with a leading axis K: the largest, the smallest, then random ones) with ``keys`` keys split off the state's;
+    ``apply(params, bn, arch, x) -> (logits, bn)`` runs one. They run in turn inside one ``lax.scan`` (one compiled
+    body whatever they are); each updates the running statistics of the BN it used, the next starts from those.
+    The update is one Adam step on sum_k grad CE_k + lambda1 grad ||w||^2. Metrics: ``loss``/``acc`` (mean CE /
+    accuracy over the sub-networks), ``*_largest``, ``*_smallest``."""
+    tx = optax.adam(lr)
+
     def loss_fn(p, bn, arch, x, y):
         logits, bn = apply(p, bn, arch, x)
         return cross_entropy(logits, y), (bn, jnp.mean((jnp.argmax(logits, -1) == y).astype(jnp.float32)))
 
-    def update(st: train.SupernetState, key, archs, x, y):
+    def step(st: train.SupernetState, x, y):
+        key, *ks = jax.random.split(st.key, 1 + keys)
+
         def body(carry, arch):
             grads, bn = carry
             (ce, (bn, acc)), g = jax.value_and_grad(loss_fn, has_aux=True)(st.params, bn, arch, x, y)
             return (jax.tree_util.tree_map(jnp.add, grads, g), bn), (ce, acc)
 
         zeros = jax.tree_util.tree_map(jnp.zeros_like, st.params)
-        (grads, bn), (ce, acc) = jax.lax.scan(body, (zeros, st.bn), archs)
+        (grads, bn), (ce, acc) = jax.lax.scan(body, (zeros, st.bn), sample(*ks))
         grads = jax.tree_util.tree_map(jnp.add, grads, jax.grad(lambda p: lambda1 * l2_norm_sq(p))(st.params))
         updates, opt = tx.update(grads, st.opt, st.params)
-        return train.SupernetState(optax.apply_updates(st.params, updates), bn, opt, key, st.step + 1), ce, acc
-
-    return update
-
-
-def sandwich_step(space: SearchSpace, lr: float, lambda1: float, num_random: int, dw_impl: str = "auto"):
-    """The pure step ``(state, x, y) -> (state, metrics)`` of stage 1 (jit it; ``make_sandwich_step`` does).
-
-    x float32[B, H, W, C], y int32[B]. The sub-networks are ``sandwich_archs`` with the step's key, trained by
-    ``sandwich_update`` with Adam. Metrics: ``loss``/``acc`` (mean CE / accuracy over the sub-networks),
-    ``*_largest``, ``*_smallest``.
-    """
-    largest, smallest = sandwich_ops(space)
-    mask = space.mask()
-    update = sandwich_update(optax.adam(lr), lambda1, lambda p, bn, ops, x: supernet.apply(
-        space, p, bn, onehot_gates(ops, NUM_OPS), x, train=True, dw_impl=dw_impl))
-
-    def step(st: train.SupernetState, x, y):
-        key, k = jax.random.split(st.key)
-        st, ce, acc = update(st, key, sandwich_archs(k, mask, largest, smallest, num_random), x, y)
+        st = train.SupernetState(optax.apply_updates(st.params, updates), bn, opt, key, st.step + 1)
         return st, {"loss": jnp.mean(ce), "acc": jnp.mean(acc), "loss_largest": ce[0], "acc_largest": acc[0],
                     "loss_smallest": ce[1], "acc_smallest": acc[1]}
 
     return step
+
+
+def sandwich_step(space: SearchSpace, lr: float, lambda1: float, num_random: int, dw_impl: str = "auto"):
+    """``sandwich`` over ``space``: x float32[B, H, W, C], y int32[B]; the sub-networks are ``sandwich_archs``."""
+    largest, smallest = sandwich_ops(space)
+    mask = space.mask()
+    return sandwich(lr, lambda1, lambda k: sandwich_archs(k, mask, largest, smallest, num_random),
+                    lambda p, bn, ops, x: supernet.apply(space, p, bn, onehot_gates(ops, NUM_OPS), x, train=True,
+                                                         dw_impl=dw_impl))
 
 
 def make_sandwich_step(space: SearchSpace, lr: float, lambda1: float, num_random: int, dw_impl: str = "auto"):
@@ -165,26 +161,56 @@ def make_sandwich_step(space: SearchSpace, lr: float, lambda1: float, num_random
     return jax.jit(sandwich_step(space, lr, lambda1, num_random, dw_impl), donate_argnums=0)
 
 
-def _train_supernet(cfg, space, table, ds, mesh, ckpt, fp, resume, progress):
-    """Stage 1 on the run layer's epoch loop (checkpoints every ``checkpoint_every`` steps and at epoch ends);
-    returns (state, history)."""
-    s, e = cfg.search, cfg.evolve
-    made = (space, s.weight_lr, s.lambda1, e.num_random, cfg.dw_impl)
-    step = programs.persistent_jit(make_sandwich_step(*made), name="evolve.sandwich_step", identity=made,
-                                   donate_argnums=0)
-    _, _, eval_step = pipeline.search_steps(cfg, space, table)
+class Problem(NamedTuple):
+    """What a weight-sharing search differs in (``jmsnas evolve``'s space, SplitNets'); ``search`` runs the rest:
+    the supernet's epoch loop, the evolution from a population inside the limits, their checkpoints and resume."""
+
+    mask: np.ndarray  # bool[N, R]: the valid choices of each of the N genes
+    init: Callable  # key -> (params, bn): the supernet
+    step: Callable  # the jitted sandwich step (``sandwich``)
+    end_epoch: Callable  # (state, epoch, metrics) -> the supernet epoch's history row
+    within: Callable  # ops int32[P, N] -> bool[P]: inside every hard limit (costs only, no network is run)
+    fitness: Callable  # (state, ops int32[P, N]) -> the dict of ``run.evolution.evolution``
+    tries: int = 64  # uniform draws per member of the initial population (``feasible_population``)
+    fold: bool = True  # the initial population's key: fold_in(key, 0) (SplitNets: the key, as it always was)
+
+
+def search(cfg, problem: Problem, ds, mesh, workdir: str, fp: str, resume: bool, progress: bool):
+    """Stage 1 (``train_supernet``) and stage 2 (``evolve_population``), checkpointed under ``workdir/checkpoints``;
+    returns (state, history, per-generation log, best feasible candidate, most accurate candidate)."""
+    ckpt = lambda stage: Checkpointer(os.path.join(workdir, "checkpoints", stage))
+    st, history = train_supernet(cfg, problem, ds, mesh, ckpt("supernet"), fp, resume, progress)
+    return (st, history, *evolve_population(cfg, problem, st, ckpt("evolution"), fp, resume, progress))
+
+
+def train_supernet(cfg, problem: Problem, ds, mesh, ckpt, fp: str, resume: bool, progress: bool):
+    """Stage 1 on the run layer's epoch loop (checkpoints in ``ckpt`` every ``checkpoint_every`` steps and at epoch
+    ends, None: none); returns (state, history)."""
     def end_epoch(st, epoch, m):
-        row = _epoch_entry(cfg, space, table, ds, mesh, st, eval_step, epoch, m)
+        row = problem.end_epoch(st, epoch, m)
         tb.log(epoch, tb.history_scalars(row))
         return row
 
     return loop.epochs(
-        init_sandwich_state(jax.random.PRNGKey(cfg.seed), space, s.weight_lr, cfg.shared_weights), cfg=cfg,
-        ckpt=ckpt, fp=fp, resume=resume, total=e.epochs, split=ds.train, batch_size=s.batch_size, seed=cfg.seed,
-        step=lambda st, epoch, i, batch: step(st, *train.shard_batch(batch, mesh)),
+        init_sandwich_state(jax.random.PRNGKey(cfg.seed), problem.init, cfg.search.weight_lr), cfg=cfg, ckpt=ckpt,
+        fp=fp, resume=resume, total=cfg.evolve.epochs, split=ds.train, batch_size=cfg.search.batch_size,
+        seed=cfg.seed, step=lambda st, epoch, i, batch: problem.step(st, *train.shard_batch(batch, mesh)),
         place=lambda st: train.replicate(st, mesh), desc="supernet", progress=progress, end_epoch=end_epoch,
         postfix=lambda st, m: {"loss": f"{float(m['loss']):.3f}", "big": f"{float(m['acc_largest']):.3f}",
                                "small": f"{float(m['acc_smallest']):.3f}"})
+
+
+def evolve_population(cfg, problem: Problem, st, ckpt, fp: str, resume: bool, progress: bool):
+    """Stage 2: ``run.evolution.evolution`` with ``problem.fitness`` of the supernet ``st``, from an initial
+    population inside the limits (``feasible_population``); returns (log, best, most accurate)."""
+    e, key = cfg.evolve, jax.random.PRNGKey(cfg.seed + 4)
+    strategy = make_strategy(problem.mask, e)
+    k_init, k_pop = jax.random.split(jax.random.fold_in(key, 0) if problem.fold else key)
+    es = strategy.init(k_init)  # generation 0 asks for es.population: start it inside the limits
+    es = es._replace(population=jnp.asarray(feasible_population(k_pop, problem.mask, problem.within, e.population,
+                                                                problem.tries)))
+    return evolution(strategy, es, key, lambda ops: problem.fitness(st, ops), ckpt=ckpt, fp=fp, resume=resume,
+                     total=e.generations, progress=progress)
 
 
 def _epoch_entry(cfg, space, table, ds, mesh, st, eval_step, epoch, m) -> dict:
@@ -285,30 +311,19 @@ def population_bytes(space: SearchSpace, size: int, tries: int = 64) -> int:
     return int(size) * tries * (space.num_layers * 4 * (1 + len(OPS)) + 8)
 
 
-def feasible_population(key, space: SearchSpace, table, t_const_ms: float, split: str, size: int,
-                        tries: int = 64, lim: limits.DeviceLimits | None = None) -> np.ndarray:
-    """int32[size, N]: an initial population that meets T <= T_const where it can (rejection sampling, as OFA's
-    evolution finder starts). ``size * tries`` uniform architectures are drawn and their latencies computed (cheap:
-    no network is run); the feasible ones come first, in draw order, and infeasible ones fill what is left."""
-    cand = np.asarray(sample_valid(key, jnp.asarray(space.mask()), size * tries))
-    lat = np.asarray(_population_latency(space, table, cand, split=split), np.float64)
-    order = np.argsort(~(budget.within(lat, t_const_ms) & _within_limits(space, table, lim, cand, split)),
-                       kind="stable")
-    return cand[order[:size]]
+def feasible_population(key, mask, within, size: int, tries: int = 64) -> np.ndarray:
+    """int32[size, N]: an initial population inside the limits where it can (rejection sampling, as OFA's
+    evolution finder starts). ``size * tries`` uniform valid architectures of ``mask`` bool[N, R] are drawn and
+    ``within(ops) -> bool[P]`` judges them (costs only: no network is run); those inside come first, in draw order,
+    and others fill what is left."""
+    cand = np.asarray(sample_valid(key, jnp.asarray(mask), size * tries))
+    return cand[np.argsort(~np.asarray(within(cand)), kind="stable")[:size]]
 
 
-def _evolution(cfg, space, table, st, fd, strategy, ckpt, fp, resume, progress, lim=None):
-    """Stage 2: ``evolution`` with the supernet's accuracy (``fitness``), from a population inside the budget."""
-    e, t_const = cfg.evolve, float(cfg.t_const_ms)
-    key = jax.random.PRNGKey(cfg.seed + 4)
-    k_init, k_pop = jax.random.split(jax.random.fold_in(key, 0))
-    es = strategy.init(k_init)  # generation 0 asks for es.population: start it inside the budget
-    es = es._replace(population=jnp.asarray(feasible_population(k_pop, space, table, t_const, cfg.split,
-                                                                e.population, lim=lim)))
-    return evolution(strategy, es, key,
-                     lambda ops: fitness(space, table, st.params, st.bn, ops, fd, t_const, cfg.split, e.chunk,
-                                         e.evaluator, lim),
-                     ckpt=ckpt, fp=fp, resume=resume, total=e.generations, progress=progress)
+def within_budget(space: SearchSpace, table, t_const_ms: float, split: str, lim: limits.DeviceLimits | None = None):
+    """``ops int32[P, N] -> bool[P]``: T <= T_const and every device within its memory and energy limits."""
+    return lambda ops: budget.within(np.asarray(_population_latency(space, table, ops, split=split), np.float64),
+                                     t_const_ms) & _within_limits(space, table, lim, ops, split)
 
 
 def _winner(cfg, space, table, best, top, lim=None):
@@ -348,15 +363,21 @@ def evolve(cfg: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
                        population_bytes(space, cfg.evolve.population), f", evolve.population={cfg.evolve.population}")
     lim = pipeline.check_limits(cfg, space, table)
     W.claim(workdir, resume, stored, "evolve")
-    e = cfg.evolve
+    e, t_const = cfg.evolve, float(cfg.t_const_ms)
     mesh = train.data_mesh()
     fp = W.fingerprint(cfg, S.to_dict(space))
-    ckpts = os.path.join(workdir, "checkpoints")
+    made = (space, cfg.search.weight_lr, cfg.search.lambda1, e.num_random, cfg.dw_impl)
+    _, _, eval_step = pipeline.search_steps(cfg, space, table)
+    problem = Problem(
+        space.mask(), lambda k: supernet.init(k, space, shared_weights=cfg.shared_weights),
+        programs.persistent_jit(make_sandwich_step(*made), name="evolve.sandwich_step", identity=made,
+                                donate_argnums=0),
+        lambda st, epoch, m: _epoch_entry(cfg, space, table, ds, mesh, st, eval_step, epoch, m),
+        within_budget(space, table, t_const, cfg.split, lim),
+        lambda st, ops: fitness(space, table, st.params, st.bn, ops, fd, t_const, cfg.split, e.chunk, e.evaluator,
+                                lim))
     with tb.run(workdir, tb.enabled(cfg)):
-        st, history = _train_supernet(cfg, space, table, ds, mesh, Checkpointer(os.path.join(ckpts, "supernet")),
-                                      fp, resume, progress)
-        log, best, top = _evolution(cfg, space, table, st, fd, make_strategy(space.mask(), e),
-                                    Checkpointer(os.path.join(ckpts, "evolution")), fp, resume, progress, lim)
+        st, history, log, best, top = search(cfg, problem, ds, mesh, workdir, fp, resume, progress)
         ops, fix, note = _winner(cfg, space, table, best, top, lim)
         split = pipeline.assignment(cfg, space, table, ops, lim)
         rt, history = pipeline.retrain(cfg, space, ds, mesh, st, ops, workdir, fp, resume, progress, history)

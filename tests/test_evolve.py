@@ -89,7 +89,7 @@ def stepped():
     space = small_space()
     chex.clear_trace_counter()
     step = jax.jit(chex.assert_max_traces(evolve.sandwich_step(space, LR, L1, R, "xla"), n=1))
-    st0 = evolve.init_sandwich_state(jax.random.PRNGKey(0), space, LR)
+    st0 = evolve.init_sandwich_state(jax.random.PRNGKey(0), lambda k: supernet.init(k, space), LR)
     rng = np.random.default_rng(0)
     batches = [(rng.normal(size=(4, 6, 6, 3)).astype(np.float32), rng.integers(0, 5, 4).astype(np.int32))
                for _ in range(3)]
@@ -162,12 +162,12 @@ def test_population_latency_matches_arch_latency():
 def test_initial_population_is_feasible_where_possible():
     space, table = tiny_space()
     key = jax.random.PRNGKey(2)
-    pop = evolve.feasible_population(key, space, table, 0.85, "fixed", 8, tries=64)
+    pop = evolve.feasible_population(key, space.mask(), evolve.within_budget(space, table, 0.85, "fixed"), 8, 64)
     assert pop.shape == (8, space.num_layers)
     assert space.mask()[np.arange(space.num_layers)[None], pop].all()
     assert all(float(arch_latency(space, table, o).total) <= 0.85 for o in pop)
     # below the fastest architecture nothing is feasible: the population is still filled, with valid draws
-    low = evolve.feasible_population(key, space, table, 0.5, "fixed", 8, tries=64)
+    low = evolve.feasible_population(key, space.mask(), evolve.within_budget(space, table, 0.5, "fixed"), 8, 64)
     np.testing.assert_array_equal(low, np.asarray(sample_valid(key, jnp.asarray(space.mask()), 512))[:8])
 
 

@@ -1,15 +1,12 @@
 """SplitNets' search (paper 000, section 3.2) as ``jmsnas evolve`` runs it for a config with a ``splitnets`` block.
 
-Stage 1 trains the split-aware supernet with the sandwich rule: every step adds the gradients of the largest
-network, the smallest and ``evolve.num_random`` uniformly sampled ones (single view: each random one also carries,
-with probability ``splitnets.extra_modules``, extra reduce/recover pairs in the other phases, Appendix D) and makes
-one Adam step. Stage 2 is evolution (``strategies.make("evolution")``, 512 x 20 by default) with the supernet as
-the accuracy predictor (BN recalibrated per network) and two HARD constraints: end-to-end latency <= T_const and
-sensor peak memory <= the sensor's memory; a network that breaks either has fitness -inf and is never kept, and
-accuracy (ties: lower latency) ranks the others. Before anything is trained the limits are checked against the
-smallest values the space can reach (``reachable``): a limit no network meets is an error naming that value. The
-winner is retrained (weights inherited) and written as result.json (with the split position, d, the bytes on the
-bus and the sensor peak memory), history.json, evolution.json, the report plots and parts/ (sensor, aggregator).
+What differs from ``jmsnas evolve``'s space is a problem description (``problem``: the split-aware supernet, its
+sandwich step, its epoch row and a fitness under two HARD limits, end-to-end latency and sensor peak memory) that
+``evolve.search`` trains and evolves (``strategies.make("evolution")``, 512 x 20 by default). Before anything is
+trained the limits are checked against the smallest values the space can reach (``reachable``): a limit no network
+meets is an error naming that value. The winner is retrained (weights inherited) and written as result.json (with
+the split position, d, the bytes on the bus and the sensor peak memory), history.json, evolution.json, the report
+plots and parts/ (sensor, aggregator).
 """
 from __future__ import annotations
 
@@ -28,7 +25,6 @@ from jmsnas import data, evolve as EV, tensorboard as tb, timing, train
 from jmsnas.checkpoint import Checkpointer
 from jmsnas.objectives import cross_entropy, l2_norm_sq
 from jmsnas.run import directory, loop, processes
-from jmsnas.run.evolution import evolution as run_evolution
 from jmsnas.run import workdir as W
 from jmsnas import runcheck
 from jmsnas.runcheck import ConfigError
@@ -46,7 +42,8 @@ DEFAULTS = dict(views=1, view_size=12, stem_channels=8, phase_channels=(16, 24, 
 BOUNDS = {"splitnets.views": dict(low=1, integer=True), "splitnets.extra_modules": dict(low=0, high=1),
           "t_const_ms": dict(low=0, low_open=True), "search.batch_size": dict(low=1, integer=True),
           "retrain.epochs": dict(low=0, integer=True), "checkpoint_every": dict(low=1, integer=True),
-          "checkpoint_min_interval_s": dict(low=0)}  # runcheck.number's keyword arguments
+          "checkpoint_min_interval_s": dict(low=0),
+          "evolve.bn_batches": dict(low=1, integer=True)}  # runcheck.number's keyword arguments
 
 
 # ----------------------------------------------------------------------------------------------- configuration
@@ -92,7 +89,7 @@ def validate(cfg) -> None:
     if s.init not in INITS:
         raise ConfigError(f"unknown splitnets.init {s.init!r}; expected one of {list(INITS)}")
     data.check_name(cfg.dataset)
-    runcheck.check_bounds(cfg, {**BOUNDS, **EV.BOUNDS})
+    runcheck.check_bounds(cfg, {**EV.BOUNDS, **BOUNDS})
     try:
         hardware(cfg)
         build_space(cfg, s.view_size, 1, 2)
@@ -165,32 +162,56 @@ class CostCache:
         return (np.array([c.total_ms for c in cs]), np.array([c.sensor_peak_bytes for c in cs]))
 
 
-# ----------------------------------------------------------------------------------------------- stage 1
+# ----------------------------------------------------------------------------------------------- the problem
 
-def sandwich_step(space: SplitSpace, lr: float, lambda1: float, num_random: int, extra_prob: float):
-    """Pure ``(state, x, y) -> (state, metrics)``: largest + smallest + ``num_random`` random networks, summed
-    gradients, one Adam step (``evolve.sandwich_update``). x float32[B, V, H, W, C], y int32[B]."""
-    mask = jnp.asarray(space.mask())
+def problem(cfg, space: SplitSpace, costs: CostCache, fd: EV.FitnessData) -> EV.Problem:
+    """What ``evolve.search`` runs for SplitNets: the split-aware supernet (``net``), its sandwich step (largest +
+    smallest + ``evolve.num_random`` random networks; single view: each random one also carries, with probability
+    ``splitnets.extra_modules``, extra reduce/recover pairs in the other phases, Appendix D), its epoch row, and
+    the two HARD limits (end-to-end latency <= T_const, sensor peak memory <= the sensor's memory) of the fitness:
+    supernet accuracy on ``fd`` (BN recalibrated per network), ties broken by lower latency."""
+    e, s, t_const, mem = cfg.evolve, cfg.search, float(cfg.t_const_ms), costs.hw.sensor_memory_bytes
+    mask, P = space.mask(), space.num_phases
     big, small = jnp.asarray(space.extreme(True)), jnp.asarray(space.extreme(False))
-    P = space.num_phases
-    update = EV.sandwich_update(optax.adam(lr), lambda1, lambda p, bn, arch, x: N.apply(
-        space, p, bn, arch[0], x, train=True, extras=arch[1]))
+    extra = float(cfg.splitnets.extra_modules) if space.views == 1 else 0.0
 
-    def step(st: train.SupernetState, x, y):
-        key, k1, k2 = jax.random.split(st.key, 3)
-        genes = jnp.concatenate([big[None], small[None], sample_valid(k1, mask, num_random)]).astype(jnp.int32)
-        extras = jax.random.bernoulli(k2, extra_prob, (genes.shape[0], P)).astype(jnp.float32)
-        extras = extras.at[:2].set(0.0)
-        st, ce, acc = update(st, key, (genes, extras), x, y)
-        return st, {"loss": jnp.mean(ce), "acc": jnp.mean(acc), "loss_largest": ce[0], "loss_smallest": ce[1]}
+    def sample(k1, k2):
+        genes = jnp.concatenate([big[None], small[None], sample_valid(k1, jnp.asarray(mask), e.num_random)])
+        extras = jax.random.bernoulli(k2, extra, (genes.shape[0], P)).astype(jnp.float32)
+        return genes.astype(jnp.int32), extras.at[:2].set(0.0)
 
-    return step
+    def end_epoch(st, epoch, m):
+        accs = np.asarray(population_accuracy(space, jax.device_get(st.params), np.stack([big, small]), fd.bn,
+                                              fd.x, fd.y))
+        return {"epoch": epoch, "stage": "search", "train_loss": float(m["loss"]), "train_acc": float(m["acc"]),
+                "val_acc": float(accs[0]), "val_acc_smallest": float(accs[1]), "expected_latency_ms": None,
+                "derived_latency_ms": None}
+
+    def within(pop):
+        lat, peak = costs.arrays(pop)
+        return (lat <= t_const + 1e-12) & (peak <= mem)
+
+    def fitness(st, pop):
+        (lat, peak), ok = costs.arrays(pop), within(pop)
+        acc = processes.spread(lambda p, _, rows: population_accuracy(space, p, rows, fd.bn, fd.x, fd.y),
+                               jax.device_get(st.params), None, pop)
+        return {"accuracy": acc, "latency_ms": lat, "sensor_peak_bytes": peak, "feasible": ok,
+                "fitness": np.where(ok, acc - lat / t_const / (2 * len(fd.y)), -np.inf)}
+
+    step = EV.sandwich(s.weight_lr, s.lambda1, sample, lambda p, bn, arch, x: N.apply(
+        space, p, bn, arch[0], x, train=True, extras=arch[1]), keys=2)
+    return EV.Problem(mask, lambda k: N.init(k, space, cfg.splitnets.init), jax.jit(step, donate_argnums=0),
+                      end_epoch, within, fitness, tries=32, fold=False)
 
 
-def init_state(key, space: SplitSpace, lr: float, init_mode: str) -> train.SupernetState:
-    k_init, k_run = jax.random.split(key)
-    params, bn = N.init(k_init, space, init_mode)
-    return train.SupernetState(params, bn, optax.adam(lr).init(params), k_run, jnp.zeros((), jnp.int32))
+def winner(space: SplitSpace, hw: H.HMD, best) -> tuple:
+    """(genes int32[G], note): the evolution's best network, or (none met both limits) the fastest smallest-op
+    network within them (``reachable``)."""
+    if best:
+        return (np.asarray(best["ops"], np.int32),
+                "the evolution's best network meets both hard limits (latency and sensor memory)")
+    return (np.asarray(reachable(space, hw).fastest_within_memory, np.int32),
+            "no evolved candidate met both limits; the fastest smallest-op network within them is used")
 
 
 def population_accuracy(space: SplitSpace, params, pop, calib, x, y, chunk: int = 8):
@@ -223,92 +244,18 @@ _pop_acc = jax.jit(lambda space, params, pop, calib, x, y: jax.lax.map(
     lambda g: _acc_one(space, params, g, calib, x, y), pop), static_argnums=0)
 
 
-def train_supernet(cfg, space, ds, init_mode: str, progress: bool = True, *, ckpt=None, fp: str = "",
-                   resume: bool = False, mesh=None):
-    """Stage 1 on the run layer's epoch loop (checkpoints in ``ckpt``, None: none); returns (state, history)."""
-    e, s = cfg.evolve, cfg.search
-    mesh = train.data_mesh() if mesh is None else mesh
-    step = jax.jit(sandwich_step(space, s.weight_lr, s.lambda1, e.num_random, float(cfg.splitnets.extra_modules)
-                                 if space.views == 1 else 0.0), donate_argnums=0)
-    calib, xv, yv = _eval_data(cfg, ds)
-    extremes = np.stack([space.extreme(True), space.extreme(False)])
-
-    def end_epoch(st, epoch, m):
-        accs = np.asarray(population_accuracy(space, jax.device_get(st.params), extremes, calib, xv, yv))
-        row = {"epoch": epoch, "stage": "search", "train_loss": float(m["loss"]), "train_acc": float(m["acc"]),
-               "val_acc": float(accs[0]), "val_acc_smallest": float(accs[1]), "expected_latency_ms": None,
-               "derived_latency_ms": None}
-        tb.log(epoch, tb.history_scalars(row))
-        return row
-
-    return loop.epochs(
-        init_state(jax.random.PRNGKey(cfg.seed), space, s.weight_lr, init_mode), cfg=cfg, ckpt=ckpt, fp=fp,
-        resume=resume, total=e.epochs, split=ds.train, batch_size=s.batch_size, seed=cfg.seed,
-        step=lambda st, epoch, i, batch: step(st, *train.shard_batch(batch, mesh)),
-        place=lambda st: train.replicate(st, mesh), end_epoch=end_epoch, desc="supernet", progress=progress,
-        postfix=lambda st, m: {"loss": f"{float(m['loss']):.3f}"})
-
-
-def _eval_data(cfg, ds):
-    e = cfg.evolve
-    n = min(e.fitness_examples, len(ds.val.labels))
-    batches = data.epoch_batches(ds.train, min(e.bn_batch_size, len(ds.train.labels)), seed=cfg.seed + 3, epoch=0)
-    calib = np.stack([next(batches)[0] for _ in range(max(1, e.bn_batches))])
-    return calib, ds.val.images[:n], ds.val.labels[:n]
-
-
-# ----------------------------------------------------------------------------------------------- stage 2
-
-def feasible_population(key, space, costs: CostCache, t_const, mem, size: int, tries: int = 32) -> np.ndarray:
-    """int32[size, G]: uniform draws, those meeting both limits first (rejection sampling)."""
-    cand = np.asarray(sample_valid(key, jnp.asarray(space.mask()), size * tries))
-    lat, peak = costs.arrays(cand)
-    ok = (lat <= t_const + 1e-12) & (peak <= mem)
-    return cand[np.argsort(~ok, kind="stable")[:size]]
-
-
-def evolution(cfg, space, params, costs: CostCache, calib, xv, yv, progress=True, *, ckpt=None, fp: str = "",
-              resume: bool = False):
-    """Stage 2 on the run layer's evolution loop (``jmsnas.run.evolution``: checkpoints in ``ckpt``, the population
-    shared out among the processes). Returns (winner genes int32[G], per-generation log, best record)."""
-    e, t_const, mem = cfg.evolve, float(cfg.t_const_ms), costs.hw.sensor_memory_bytes
-    strat = EV.make_strategy(space.mask(), e)
-    key = jax.random.PRNGKey(cfg.seed + 4)
-    k0, kp = jax.random.split(key)
-    es = strat.init(k0)
-    es = es._replace(population=jnp.asarray(feasible_population(kp, space, costs, t_const, mem, e.population)))
-
-    def fitness(pop):
-        lat, peak = costs.arrays(pop)
-        ok = (lat <= t_const + 1e-12) & (peak <= mem)
-        acc = processes.spread(lambda p, _, rows: population_accuracy(space, p, rows, calib, xv, yv), params, None,
-                               pop)
-        return {"accuracy": acc, "latency_ms": lat, "sensor_peak_bytes": peak, "feasible": ok,
-                "fitness": np.where(ok, acc - lat / t_const / (2 * len(yv)), -np.inf)}
-
-    log, best, _ = run_evolution(strat, es, key, fitness, ckpt=ckpt, fp=fp, resume=resume, total=e.generations,
-                                progress=progress)
-    winner = np.asarray(best["ops"] if best else reachable(space, costs.hw).fastest_within_memory, np.int32)
-    return winner, log, best
-
-
 # ----------------------------------------------------------------------------------------------- retrain
 
-def train_fixed(cfg, space, ds, params, genes, epochs: int, *, pos=None, module="split", lr=None,
+def train_fixed(cfg, space, ds, params, genes, epochs: int, calib, *, pos=None, module="split", lr=None,
                 progress=True, desc="retrain", ckpt=None, fp: str = "", resume: bool = False):
-    """Trains one network (genes fixed; ``pos``/``module`` as in ``net.apply_fixed``, None: the genes' split,
-    which computes what ``net.apply`` computes for these genes) from ``params`` for ``epochs`` on the run layer's
-    epoch loop (checkpoints in ``ckpt``, None: none); returns (params, bn state with running statistics, history
-    rows, evaluate)."""
-    s = cfg.search
-    lr = cfg.retrain.lr if lr is None else lr
-    tx = optax.adam(lr)
-    genes = jnp.asarray(genes, jnp.int32)
-
-    pos = space.decode(genes).split if pos is None else pos  # static: only this network is compiled
-
-    def fwd(p, st, x, train):
-        return N.apply_fixed(space, p, st, genes, x, train=train, pos=pos, module=module)
+    """Trains one network (genes fixed; ``pos``/``module`` as in ``net.apply_fixed``, None: the genes' split, which
+    computes what ``net.apply`` computes for these genes: only this network is compiled) from ``params``, its BN
+    recalibrated on calib float32[K, B, V, H, W, C], for ``epochs`` on the run layer's epoch loop (checkpoints in
+    ``ckpt``, None: none); returns (params, bn state with running statistics, history rows, evaluate)."""
+    s, genes = cfg.search, jnp.asarray(genes, jnp.int32)
+    tx = optax.adam(cfg.retrain.lr if lr is None else lr)
+    pos = space.decode(genes).split if pos is None else pos
+    fwd = lambda p, st, x, train: N.apply_fixed(space, p, st, genes, x, train=train, pos=pos, module=module)
 
     @jax.jit
     def step(fs: train.RetrainState, x, y):
@@ -319,8 +266,7 @@ def train_fixed(cfg, space, ds, params, genes, epochs: int, *, pos=None, module=
         up, opt = tx.update(g, fs.opt, fs.params)
         return train.RetrainState(optax.apply_updates(fs.params, up), st2, opt, fs.step + 1), {"loss": l}
 
-    calib, _, _ = _eval_data(cfg, ds)
-    st = N.recalibrate(lambda p, b, x, t: fwd(p, b, x, t), params, _zero_state(space, params), jnp.asarray(calib))
+    st = N.recalibrate(fwd, params, _zero_state(space, params), jnp.asarray(calib))
     evaluate = jax.jit(lambda p, st, x: jnp.argmax(fwd(p, st, x, False)[0], -1))
     fs, hist = loop.epochs(
         train.RetrainState(params, st, tx.init(params), jnp.zeros((), jnp.int32)), cfg=cfg, ckpt=ckpt, fp=fp,
@@ -442,49 +388,40 @@ def prepare(cfg):
 
 @timing.measured
 def evolve(cfg, workdir: str, *, resume: bool = False, progress: bool = True) -> dict:
-    """Stage 1, stage 2, retrain, each on the run layer (checkpoints under ``checkpoints/``, so ``resume``
-    continues a killed run to the same result); writes result.json, history.json, evolution.json, plots and
-    parts/ (atomically, process 0)."""
+    """Stages 1 and 2 (``evolve.search`` over ``problem``) and the winner's retraining, each on the run layer
+    (checkpoints under ``checkpoints/``, so ``resume`` continues a killed run to the same result); writes
+    result.json, history.json, evolution.json, plots and parts/ (atomically, process 0)."""
     cfg, hw, space, ds = prepare(cfg)
+    fd = EV.fitness_data(cfg, ds)
     stored = W.plain(cfg)
     W.check_workdir(workdir, resume, stored, "evolve")
     W.claim(workdir, resume, stored, "evolve")
+    fp, costs = W.fingerprint(cfg), CostCache(space, hw)
     with tb.run(workdir, tb.enabled(cfg)):
-        return _evolve(cfg, hw, space, ds, workdir, resume, progress)
-
-
-def _evolve(cfg, hw, space, ds, workdir: str, resume: bool, progress: bool) -> dict:
-    fp = W.fingerprint(cfg)
-    ckpts = lambda stage: Checkpointer(os.path.join(workdir, "checkpoints", stage))
-    st, history = train_supernet(cfg, space, ds, cfg.splitnets.init, progress, ckpt=ckpts("supernet"), fp=fp,
-                                 resume=resume)
-    calib, xv, yv = _eval_data(cfg, ds)
-    costs = CostCache(space, hw)
-    params = jax.device_get(st.params)
-    genes, log, best = evolution(cfg, space, params, costs, jnp.asarray(calib), xv, yv, progress,
-                                 ckpt=ckpts("evolution"), fp=fp, resume=resume)
-    note = ("the evolution's best network meets both hard limits (latency and sensor memory)" if best else
-            "no evolved candidate met both limits; the fastest smallest-op network within them is used")
-    params, bn, hist2, evaluate = train_fixed(cfg, space, ds, params, genes, cfg.retrain.epochs,
-                                              progress=progress, ckpt=ckpts("retrain"), fp=fp, resume=resume)
-    for i, row in enumerate(hist2):
-        tb.log(len(history) + i, tb.history_scalars(row))
-    history += hist2
-    cost = costs(genes)
-    n_params = sum(int(np.size(v)) for part in compact_parts(space, params, bn, genes).values()
-                   for v in jax.tree_util.tree_leaves(part["params"]))
-    result = result_dict(cfg, space, hw, genes, cost, accuracy(evaluate, params, bn, ds.val),
-                         accuracy(evaluate, params, bn, ds.test), n_params, ds.name, note)
-    result["evolution"] = {"population": cfg.evolve.population, "generations": cfg.evolve.generations,
-                           "supernet_val_acc": None if best is None else best["accuracy"]}
-    if timing.active() is not None:  # compile and run time (wall, CPU): the only entry that varies by run
-        result["time"] = timing.summary()
-    for h in history:
-        h["derived_latency_ms"] = cost.total_ms
-    directory.write_json(workdir, directory.EVOLUTION, {"generations": log, "best": best,
-                                                        "winner": [int(g) for g in genes]})
-    figures = directory.write_outputs(workdir, result, history,
-                                      lambda: write_parts(space, params, bn, genes, workdir, hw.bus_mbps))
-    tb.log(len(history), tb.result_scalars(result))
-    tb.images(len(history), tb.figures(figures))
-    return result
+        st, history, log, best, _ = EV.search(cfg, problem(cfg, space, costs, fd), ds, train.data_mesh(), workdir,
+                                              fp, resume, progress)
+        genes, note = winner(space, hw, best)
+        params, bn, hist2, evaluate = train_fixed(
+            cfg, space, ds, jax.device_get(st.params), genes, cfg.retrain.epochs, fd.bn, progress=progress,
+            ckpt=Checkpointer(os.path.join(workdir, "checkpoints", "retrain")), fp=fp, resume=resume)
+        for i, row in enumerate(hist2):
+            tb.log(len(history) + i, tb.history_scalars(row))
+        history += hist2
+        cost = costs(genes)
+        n_params = sum(int(np.size(v)) for part in compact_parts(space, params, bn, genes).values()
+                       for v in jax.tree_util.tree_leaves(part["params"]))
+        result = result_dict(cfg, space, hw, genes, cost, accuracy(evaluate, params, bn, ds.val),
+                             accuracy(evaluate, params, bn, ds.test), n_params, ds.name, note)
+        result["evolution"] = {"population": cfg.evolve.population, "generations": cfg.evolve.generations,
+                               "supernet_val_acc": None if best is None else best["accuracy"]}
+        if timing.active() is not None:  # compile and run time (wall, CPU): the only entry that varies by run
+            result["time"] = timing.summary()
+        for h in history:
+            h["derived_latency_ms"] = cost.total_ms
+        directory.write_json(workdir, directory.EVOLUTION, {"generations": log, "best": best,
+                                                            "winner": [int(g) for g in genes]})
+        figures = directory.write_outputs(workdir, result, history,
+                                          lambda: write_parts(space, params, bn, genes, workdir, hw.bus_mbps))
+        tb.log(len(history), tb.result_scalars(result))
+        tb.images(len(history), tb.figures(figures))
+        return result
