@@ -356,7 +356,7 @@ def test_control_group_is_uniform_decisions_judged_on_the_controller_arms_weight
     """Section 4.5's control group: at every controller step, population-many uniform decisions evaluated on the
     controller arm's network (trained this round, fixed during the controller steps) and the validation data."""
     cfg = sconfig.tiny(sconfig.default_config())
-    cfg.search.rounds = 1
+    cfg.search.rounds, cfg.reference = 1, False  # the non-separated network plays no part here
     run, cfg = search.prepare(cfg, str(tmp_path / "run"), resume=False)
     state, entry = run.round(run.init_state(), 0)
     control = entry["controller"]["random_on_controller_weights"]
