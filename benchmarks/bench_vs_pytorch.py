@@ -305,8 +305,9 @@ def build_mode(mode, args, space, data):
 
 
 def check_reference(space, batch: int = 4) -> float:
-    """Max |logit difference| between jmsnas and the torch reference (exact padding, eval mode) on one random
-    batch, over the full mixture and one sampled path per layer; raises if it exceeds float32 round-off."""
+    """Max |logit difference| between jmsnas and the torch reference (exact padding, eval mode, on the CPU) on one
+    random batch, over the full mixture and one sampled path per layer; raises if it exceeds float32 round-off.
+    jmsnas computes at full float32 precision here on any backend: this checks what is computed, not TF32."""
     params, state = supernet.init(jax.random.PRNGKey(1), space)
     model = TS.Supernet(space, exact_padding=True)
     TS.load_jax_params(model, space, params, state)
@@ -317,7 +318,8 @@ def check_reference(space, batch: int = 4) -> float:
     alpha = jnp.asarray(rng.standard_normal((space.num_layers, NUM_OPS)), jnp.float32)
     worst = 0.0
     for gates in (G.softmax_gates(alpha, mask), G.single_path_gates(jax.random.PRNGKey(2), alpha, mask)):
-        ref, _ = supernet.apply(space, params, state, gates, jnp.asarray(x), train=False)
+        with jax.default_matmul_precision("highest"):  # float32 on a GPU too (its default is TF32)
+            ref, _ = supernet.apply(space, params, state, gates, jnp.asarray(x), train=False)
         paths = None if gates.paths is None else np.asarray(gates.paths).tolist()
         with torch.no_grad():
             got = model(torch.from_numpy(x.transpose(0, 3, 1, 2).copy()), TS._t(gates.weights), paths)
