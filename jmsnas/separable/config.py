@@ -68,7 +68,8 @@ BOUNDS = {**{f"search.{n}": dict(low=1, integer=True) for n in _POS_INT},
           **{f"search.{n}": dict(low=0, low_open=True) for n in ("lr", "ctrl_lr", "finetune_lr")},
           "search.entropy_coef": dict(low=0), "search.comm_cost": dict(low=0),
           "search.baseline_decay": dict(low=0, high=1, high_open=True),
-          "cluster.efficiency": {}, "cluster.link_latency_ms": {}}
+          "cluster.efficiency": {}, "cluster.link_latency_ms": {},
+          "cluster.num_devices": dict(low=2, integer=True, optional=True)}
 
 
 def validate(cfg) -> None:

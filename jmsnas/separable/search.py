@@ -65,9 +65,7 @@ def build_cluster(cfg):
             raise TopologyError(f"cluster.topology {c.topology!r} is a {topo.kind!r} topology; a separable network "
                                 f"needs a link between every ordered pair of its devices")
         return topo
-    m = cfg.net.num_groups if c.num_devices is None else c.num_devices
-    if isinstance(m, bool) or not isinstance(m, int) or m < 2:
-        raise TopologyError(f"cluster.num_devices must be an integer >= 2, got {m!r}")
+    m = cfg.net.num_groups if c.num_devices is None else c.num_devices  # config.BOUNDS: an integer >= 2
     gflops = _per("peak_gflops", c.peak_gflops, m)
     devices = [DeviceProfile(f"node{i}", gflops[i], 1e9, efficiency=c.efficiency,
                              note="Raspberry Pi 3B+ class (paper 004, section 4.6)") for i in range(m)]

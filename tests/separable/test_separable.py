@@ -241,6 +241,7 @@ def test_bad_decisions_and_cluster():
 @pytest.mark.parametrize("override, needle", [
     ("--config.net.num_groups=1", "G (number of groups/nodes) must be an integer >= 2, got 1"),
     ("--config.cluster.num_devices=3", "G=4 does not match topology 'cluster3' with 3 devices"),
+    ("--config.cluster.num_devices=1", "cluster.num_devices must be an integer >= 2, got 1"),
     ("--config.net.alpha=0", "alpha (staleness factor) must be an integer >= 1, got 0"),
     ("--config.net.num_levels=0", "K (sparsity levels) must be an integer >= 1, got 0"),
     ("--config.search.baseline_decay=1.0", "search.baseline_decay must be a finite number >= 0 and < 1, got 1.0"),
