@@ -9,6 +9,10 @@
 - ``trained_run``: a tiny run trained by ``jmsnas search --config TINY_CONFIG`` in its own process, as a user runs
   it (result.json, history.json, summary, figures, parts/, checkpoints/); ``tiny_compile_cache`` is the persistent
   compile cache that run filled, for tests that start more runs of the same configuration.
+- ``evolved_run``: a tiny run of ``jmsnas evolve --config`` ``EVOLVE_CONFIG`` (the tiny config under a 0.85 ms
+  budget, 2 generations of 9) in its own process with ``tiny_compile_cache``, as a user runs it (result.json,
+  evolution.json, history.json, checkpoints/supernet and checkpoints/evolution, ...); ``evolve_config_file`` is that
+  configuration as a file.
 - ``fast_compiles``: XLA's optimisation passes off for a whole module whose programs are tiny
   (``pytestmark = pytest.mark.usefixtures("fast_compiles")``).
 
@@ -75,6 +79,39 @@ def _trained_run_once(tmp_path_factory, tiny_compile_cache):
 @pytest.fixture
 def trained_run(_trained_run_once, tmp_path_factory):
     return shutil.copytree(_trained_run_once, tmp_path_factory.mktemp("trained_run") / "run", symlinks=True)
+
+
+EVOLVE_CONFIG = textwrap.dedent("""
+    from jmsnas.configs import default_config, tiny
+    def get_config(arg=None):
+        c = tiny(default_config())
+        c.dw_impl = "xla"
+        c.t_const_ms = 0.85  # the tiny chain spans about 0.80-0.90 ms: the largest networks are over budget
+        # 9 rows: two processes evaluate 5 and 4 of them plus a repeated row (tests/test_multiprocess.py)
+        c.evolve = dict(epochs=1, num_random=1, population=9, generations=2, fitness_examples=48, bn_batches=1,
+                        bn_batch_size=32)
+        return c
+""")
+
+
+@pytest.fixture
+def evolve_config_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("evolve_config") / "evolve.py"  # beside the test's tmp_path, not in it
+    path.write_text(EVOLVE_CONFIG)
+    return path
+
+
+@pytest.fixture(scope="session")
+def _evolved_run_once(tmp_path_factory, tiny_compile_cache):
+    root = tmp_path_factory.mktemp("evolved_run")
+    (root / "evolve.py").write_text(EVOLVE_CONFIG)
+    procs.finish(procs.start(procs.env(tiny_compile_cache), "evolve", root / "evolve.py", root / "run"))
+    return root / "run"
+
+
+@pytest.fixture
+def evolved_run(_evolved_run_once, tmp_path_factory):
+    return shutil.copytree(_evolved_run_once, tmp_path_factory.mktemp("evolved_run") / "run", symlinks=True)
 
 
 @pytest.fixture(scope="module")

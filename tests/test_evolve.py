@@ -1,11 +1,7 @@
 """The two-stage weight-sharing flow: sandwich-rule step (sub-networks, gradient, one compilation), fitness under the
 hard latency constraint, configuration errors, and ``jmsnas evolve`` end to end with resume."""
 import json
-import os
 import shutil
-import subprocess
-import sys
-import textwrap
 import types
 
 import chex
@@ -16,6 +12,7 @@ import numpy as np
 import optax
 import pytest
 
+import procs
 import tinyrun
 from jmsnas import cli, configs, evolve, pipeline, supernet, tensorboard
 from jmsnas.cost.latency import arch_latency, best_chain_assignment
@@ -249,35 +246,15 @@ def test_too_few_training_examples_for_recalibration(tmp_path):
 
 # ----------------------------------------------------------------------------------------------- end to end
 
-TINY = textwrap.dedent("""
-    from jmsnas.configs import default_config, tiny
-    def get_config(arg=None):
-        c = tiny(default_config())
-        c.dw_impl = "xla"
-        c.t_const_ms = 0.85  # the tiny chain spans about 0.80-0.90 ms: the largest networks are over budget
-        c.evolve = dict(epochs=1, num_random=1, population=8, generations=2, fitness_examples=48, bn_batches=1,
-                        bn_batch_size=32)
-        return c
-""")
 SEARCH_KEYS = {"topology", "space", "t_const_ms", "architecture", "split", "latency_ms", "accuracy", "params", "budget",
                "dataset", "seed", "memory", "energy"}
 
 
-def _evolve(cfg, workdir, env, *extra):
-    cmd = [sys.executable, "-m", "jmsnas.cli", "evolve", "--config", cfg, "--workdir", str(workdir), "--no-progress",
-           *extra]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
-
-
 @pytest.mark.slow
-def test_evolve_end_to_end_meets_the_budget_and_resumes(tmp_path):
-    cfg_file = tmp_path / "tiny.py"
-    cfg_file.write_text(TINY)
-    env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(tmp_path / "cache"),
-               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PLATFORMS="cpu")
-    run = tmp_path / "run"
-    out = _evolve(str(cfg_file), run, env)
-    assert out.returncode == 0, out.stderr
+def test_evolve_end_to_end_meets_the_budget_and_resumes(evolved_run, evolve_config_file, tiny_compile_cache):
+    """conftest's evolved_run (``jmsnas evolve`` of the tiny config under a 0.85 ms budget, in its own process),
+    checked, then cut back and resumed by another process."""
+    run = evolved_run
     for name in ("result.json", "history.json", "evolution.json", "summary.txt", "history.png",
                  "latency_breakdown.png", "architecture.png", "parts/manifest.json"):
         assert (run / name).exists(), name
@@ -324,8 +301,7 @@ def test_evolve_end_to_end_meets_the_budget_and_resumes(tmp_path):
     shutil.rmtree(run / "checkpoints" / "evolution" / "2")
     for name in ("result.json", "evolution.json", "history.json"):
         (run / name).unlink()
-    out = _evolve(str(cfg_file), run, env, "--resume")
-    assert out.returncode == 0, out.stderr
+    procs.finish(procs.start(procs.env(tiny_compile_cache), "evolve", evolve_config_file, run, "--resume"))
     again = json.loads((run / "result.json").read_text())
     assert again["architecture"] == result["architecture"]
     assert again["accuracy"] == pytest.approx(result["accuracy"])

@@ -105,26 +105,15 @@ def test_a_killed_process_ends_the_other_with_one_line(run_env, tmp_path):
     assert lines and "jmsnas search: error:" in lines[-1] and "process" in lines[-1], err[-3000:]
 
 
-EVOLVE = textwrap.dedent("""
-    from jmsnas.configs import default_config, tiny
-    def get_config():
-        c = tiny(default_config())
-        c.dw_impl = "xla"
-        c.t_const_ms = 0.85
-        c.evolve = dict(epochs=1, num_random=1, population=9, generations=2, fitness_examples=48, bn_batches=1,
-                        bn_batch_size=32)
-        return c
-""")
-
-
 @pytest.mark.slow
-def test_evolve_shares_the_population_out_and_gives_the_one_process_result(run_env, tmp_path):
+def test_evolve_shares_the_population_out_and_gives_the_one_process_result(run_env, evolved_run,
+                                                                          evolve_config_file, tmp_path):
     """``jmsnas evolve`` as two processes evaluates each population half and half (9 rows: 5 and 4 plus a repeated
     row) and gathers the fitness. Both runs start the evolution from the same trained supernet (the one-process
-    run's checkpoint, resumed by two processes), so the evolution must be the one-process evolution exactly."""
-    (tmp_path / "tiny.py").write_text(EVOLVE)
-    one, two = tmp_path / "one", tmp_path / "two"
-    procs.finish(run_env(one, cmd="evolve"))
+    run's checkpoint, resumed by two processes), so the evolution must be the one-process evolution exactly. The
+    one-process run is conftest's evolved_run (``jmsnas evolve`` of the same config)."""
+    (tmp_path / "tiny.py").write_text(evolve_config_file.read_text())
+    one, two = evolved_run, tmp_path / "two"
     (two / "checkpoints").mkdir(parents=True)
     shutil.copy(one / "config.json", two / "config.json")
     shutil.copytree(one / "checkpoints" / "supernet", two / "checkpoints" / "supernet")
