@@ -81,7 +81,7 @@ def bench_net(net, lm, kmax: int, reps: int, root: str, hw: int, rng) -> dict:
     for k in ks:
         ratio_load = np.array(load[1]) / np.array(load[k])
         ratio_first = np.array(first[1]) / np.array(first[k])
-        child = L.child_ms(lm, costs, cuts[k])
+        child = lm.overhead_ms + P.child_costs(costs, cuts[k])
         rows.append({"k": k, "cuts": cuts[k], "load_ms_median": float(np.median(load[k])),
                      "first_prediction_ms_median": float(np.median(first[k])),
                      "speedup_load": [float(np.median(ratio_load)), float(ratio_load.min()), float(ratio_load.max())],

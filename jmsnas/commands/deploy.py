@@ -73,7 +73,7 @@ def add_parser(sub) -> None:
     q.add_argument("--timeout", type=number_flag(float, 0, 86400, low_open=True), default=10.0,
                    help="seconds without progress before a device is declared hung (default 10)")
     q.add_argument("--base-port", type=number_flag(int, 0, MAX_PORT), default=0,
-                   help="coordinator port; devices use the next ones (default 0: free ports)")
+                   help="the first device's data port; the others use the next ones (default 0: free ports)")
     q.add_argument("--check", action="store_true", help="compare the outputs with the whole compact network")
     q.add_argument("--hosts", default=None,
                    help="YAML/JSON file device -> HOST:PORT of a 'jmsnas worker --listen' per device (default: "

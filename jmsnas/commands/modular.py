@@ -104,8 +104,6 @@ def _modularize(args) -> int:
 
 def _load(args) -> int:
     from jmsnas.modular import api
-    if args.batch < 1:
-        raise ValueError(f"--batch must be >= 1, got {args.batch}")
     say = (lambda msg: None) if args.no_progress or args.json else (lambda msg: print(msg, file=sys.stderr))
     report = api.load(args.directory, parallel=args.parallel, infer=args.infer, batch=args.batch, cold=args.cold,
                       say=say)

@@ -136,20 +136,6 @@ def _check_weights(device: str, flat: dict, entry: dict, space: SearchSpace, ste
                           + "; ".join(problems))
 
 
-def write_programs(out: str, programs: dict, parts: dict) -> None:
-    """Writes every device's ``<device>.jaxexport`` and ``<device>.npz`` from {device: (serialized program,
-    {name: weight})} into ``out`` and records the file names and their SHA-256 in ``parts[device]``."""
-    os.makedirs(out, exist_ok=True)
-    for dev, (blob, weights) in programs.items():
-        prog = safeio.child_path(out, dev, ".jaxexport", "device name")
-        wfile = safeio.child_path(out, dev, ".npz", "device name")
-        with open(prog, "wb") as f:
-            f.write(bytes(blob))
-        np.savez(wfile, **weights)
-        parts[dev].update(program=f"{dev}.jaxexport", program_sha256=sha256(prog),
-                          weights=f"{dev}.npz", weights_sha256=sha256(wfile))
-
-
 def program_with_weights(fn, weights: dict, in_specs, platforms) -> tuple:
     """(Exported, flat weights {name: array}) of ``fn(params, state, *inputs)`` with the weights as arguments."""
     flat = dict(directory.flat_arrays(weights.get("params", {}), "params"))
@@ -164,12 +150,19 @@ def program_with_weights(fn, weights: dict, in_specs, platforms) -> tuple:
 
 
 def write_export(out: str, programs: dict, parts: dict, manifest: dict) -> dict:
-    """The export folder ``out`` as one unit (``safeio.atomic_dir``): every program and weights file
-    (``write_programs``; ``parts``: the entries they are recorded in) and ``manifest``; returns the manifest read
-    back. Disk errors are one DeployError line."""
+    """The export folder ``out`` as one unit (``safeio.atomic_dir``): every device's ``<device>.jaxexport`` and
+    ``<device>.npz`` from {device: (serialized program, {name: weight})}, their names and SHA-256 recorded in
+    ``parts[device]``, and ``manifest``; returns the manifest read back. Disk errors are one DeployError line."""
     try:
         with safeio.write_errors(f"the export to {out!r}"), safeio.atomic_dir(out) as tmp:
-            write_programs(tmp, programs, parts)
+            for dev, (blob, weights) in programs.items():
+                prog = safeio.child_path(tmp, dev, ".jaxexport", "device name")
+                wfile = safeio.child_path(tmp, dev, ".npz", "device name")
+                with open(prog, "wb") as f:
+                    f.write(bytes(blob))
+                np.savez(wfile, **weights)
+                parts[dev].update(program=f"{dev}.jaxexport", program_sha256=sha256(prog),
+                                  weights=f"{dev}.npz", weights_sha256=sha256(wfile))
             with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:
                 json.dump(manifest, f, indent=2)
     except ValueError as e:

@@ -81,25 +81,6 @@ def _chunk(rate: float) -> int:
     return max(256, int(rate * CHUNK_S))
 
 
-def _paced_send(sock: socket.socket, payload: memoryview, bandwidth_mbps: float | None, t0: float | None = None,
-                sent: int = 0) -> tuple:
-    """Sends ``payload[sent:]`` on the schedule t0 + bytes * 8 / bandwidth (t0: now, or when the first ``sent``
-    bytes went out); returns (t0, end of transmission)."""
-    t0 = now() if t0 is None else t0
-    if not bandwidth_mbps:
-        sock.sendall(payload[sent:])
-        return t0, now()
-    rate = bandwidth_mbps * 1e6 / 8.0  # bytes per second
-    chunk = _chunk(rate)
-    while True:
-        sleep_until(t0 + sent / rate)
-        if sent >= len(payload):
-            return t0, now()
-        part = payload[sent:sent + chunk]
-        sock.sendall(part)
-        sent += len(part)
-
-
 def _encode(kind: int, image: int, value) -> tuple:
     """(header bytes with the payload length, payload memoryview) of a frame."""
     if kind == ARRAY:
@@ -135,8 +116,20 @@ def start_frame(sock: socket.socket, kind: int, image: int = -1, value=None, pac
 
 
 def finish_frame(sock: socket.socket, payload, t0: float, sent: int, pace: Pace = Pace()) -> tuple:
-    """Sends the rest of a frame begun by ``start_frame`` on its schedule and the trailer; (tx_start, tx_end)."""
-    t0, t1 = _paced_send(sock, payload, pace.bandwidth_mbps, t0, sent)
+    """Sends the rest of a frame begun by ``start_frame`` and the trailer; (tx_start, tx_end). Paced: byte k goes
+    out at t0 + k * 8 / bandwidth, an absolute schedule; unpaced (no bandwidth): at once."""
+    if not pace.bandwidth_mbps:
+        sock.sendall(payload[sent:])
+    else:
+        rate = pace.bandwidth_mbps * 1e6 / 8.0  # bytes per second
+        while True:
+            sleep_until(t0 + sent / rate)
+            if sent >= len(payload):
+                break
+            part = payload[sent:sent + _chunk(rate)]
+            sock.sendall(part)
+            sent += len(part)
+    t1 = now()
     sock.sendall(_TRAILER.pack(t0, t1))
     return t0, t1
 
@@ -259,15 +252,10 @@ def release_time(frame: Frame, latency_ms: float, shift_s: float = 0.0) -> float
     return max(frame.arrival, frame.tx_end + shift_s + latency_ms / 1e3)
 
 
-def address(addr) -> tuple:
-    """(host, port) from a port number (127.0.0.1) or a (host, port) pair."""
-    return ("127.0.0.1", int(addr)) if isinstance(addr, int) else (str(addr[0]), int(addr[1]))
-
-
 def connect(addr, timeout_s: float = 10.0, retry: bool = True) -> socket.socket:
     """A TCP connection to ``addr`` (a port on 127.0.0.1 or (host, port)); with ``retry`` a refused connection is
     tried again until ``timeout_s`` (the peer may still be starting), else the first refusal raises."""
-    host, port = address(addr)
+    host, port = ("127.0.0.1", int(addr)) if isinstance(addr, int) else (str(addr[0]), int(addr[1]))
     deadline = now() + timeout_s
     while True:
         try:

@@ -105,29 +105,23 @@ def image_shape(manifest: dict) -> list:
     return [int(d) for d in manifest["parts"][manifest["order"][0]]["inputs"][0]["shape"][1:]]
 
 
-def _verify_files(export_dir: str, manifest: dict) -> None:
-    """Every part's files exist and have their recorded SHA-256 (before any process starts)."""
-    for d in manifest["order"]:
-        for entry, key in part_files(manifest["parts"][d]):
-            check_file(export_dir, d, entry, key)
-
-
-def _ports(manifest: dict, base_port: int) -> tuple:
-    """(control port, {device: data port}); with a base port every port is checked free before anything starts."""
+def _ports(manifest: dict, base_port: int) -> dict:
+    """{device: data port} (0: a free one); with a base port, consecutive ports from it, each checked free before
+    anything starts."""
     order = manifest["order"]
     if not base_port:
-        return 0, {d: 0 for d in order}
-    if base_port + len(order) > 65535:
-        raise DeployError(f"--base-port {base_port} leaves no room for the {len(order)} device ports after it "
-                          f"(ports end at 65535); choose a --base-port <= {65535 - len(order)}")
-    ports = {d: base_port + 1 + k for k, d in enumerate(order)}
-    for who, port in [("the coordinator", base_port)] + [(f"device {d!r}", p) for d, p in ports.items()]:
+        return {d: 0 for d in order}
+    if base_port + len(order) - 1 > 65535:
+        raise DeployError(f"--base-port {base_port} leaves no room for the {len(order)} device ports from it "
+                          f"(ports end at 65535); choose a --base-port <= {65536 - len(order)}")
+    ports = {d: base_port + k for k, d in enumerate(order)}
+    for d, port in ports.items():
         try:
             L.listen(port).close()
         except OSError as e:
-            raise DeployError(f"port 127.0.0.1:{port} for {who} is in use ({e.strerror}); choose another "
+            raise DeployError(f"port 127.0.0.1:{port} for device {d!r} is in use ({e.strerror}); choose another "
                               "--base-port") from None
-    return base_port, ports
+    return ports
 
 
 def _connect_remote(device: str, addr: tuple, source: str, timeout_s: float):
@@ -152,80 +146,53 @@ def _connect_remote(device: str, addr: tuple, source: str, timeout_s: float):
 
 
 class _Cluster:
-    """The worker processes (local) or sessions (remote), their control connections and one event queue fed by a
-    reader per connection."""
+    """The worker sessions, their control connections and one event queue fed by a reader per connection. A local
+    session is a worker process given its end of a socket pair (as ``jmsnas worker`` hands a remote one the
+    connection it accepted)."""
 
-    def __init__(self, export_dir, manifest, control_port, ports, log_dir, hosts=None, connect_timeout_s=5.0,
+    def __init__(self, export_dir, manifest, ports, log_dir, hosts=None, connect_timeout_s=5.0,
                  hosts_source="the hosts"):
         self.manifest, self.order = manifest, manifest["order"]
         self.events: queue.Queue = queue.Queue()
         self.procs, self.ctl, self.logs, self.where = {}, {}, {}, {}
         self.errors, self.bye, self.sent = {}, set(), []
         self.remote_pids: dict = {}
-        self.server = None
-        if hosts is not None:
-            try:
-                for d in self.order:
-                    conn = _connect_remote(d, hosts[d], hosts_source, connect_timeout_s)
-                    self.ctl[d], self.where[d] = conn, f"{hosts[d][0]}:{hosts[d][1]}"
-                    threading.Thread(target=self._reader, args=(conn, d), daemon=True).start()
-            except DeployError:
-                self.end()
-                raise
-            return
-        try:
-            self.server = L.listen(control_port)
-        except OSError as e:
-            raise DeployError(f"port 127.0.0.1:{control_port} for the coordinator is in use ({e.strerror})") from None
-        self.server.settimeout(0.2)
-        port = self.server.getsockname()[1]
         env = {**os.environ, "JMSNAS_DEPLOY_EXPORT": export_dir}  # marks the processes of this export
-        for d in self.order:
-            log = open(os.path.join(log_dir, f"{d}.log"), "wb")
-            self.logs[d] = log
-            cmd = [sys.executable, "-m", "jmsnas.deploy.worker", "--connect", f"127.0.0.1:{port}", "--device", d,
-                   "--port", str(ports[d])]
-            self.procs[d] = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                             env=env)
-            self.where[d] = "127.0.0.1"
+        try:
+            for d in self.order:
+                if hosts is not None:
+                    self.ctl[d] = _connect_remote(d, hosts[d], hosts_source, connect_timeout_s)
+                    self.where[d] = f"{hosts[d][0]}:{hosts[d][1]}"
+                else:
+                    self.ctl[d], theirs = socket.socketpair()
+                    self.logs[d] = open(os.path.join(log_dir, f"{d}.log"), "wb")
+                    cmd = [sys.executable, "-m", "jmsnas.deploy.worker", "--fd", str(theirs.fileno()), "--host",
+                           "127.0.0.1", "--port", str(ports[d])]
+                    with theirs:
+                        self.procs[d] = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+                                                         stdout=self.logs[d], stderr=subprocess.STDOUT, env=env)
+                    self.where[d] = "127.0.0.1"
+                threading.Thread(target=self._reader, args=(self.ctl[d], d), daemon=True).start()
+        except DeployError:
+            self.end()
+            raise
 
     def pids(self) -> dict:
         return {**{d: p.pid for d, p in self.procs.items()}, **self.remote_pids}
 
-    def _reader(self, conn, dev=None) -> None:
+    def _reader(self, conn, dev) -> None:
         try:
-            if dev is None:  # a local worker names itself
-                dev = L.recv_frame(conn).value["device"]
-                self.ctl[dev] = conn
-            self.events.put((dev, "connected", None))
             while True:
                 self.events.put((dev, "frame", L.recv_frame(conn)))
-        except (OSError, L.LinkClosed, KeyError, TypeError):
+        except (OSError, L.LinkClosed):
             self.events.put((dev, "eof", None))
-
-    def accept_all(self, deadline: float) -> None:
-        while self.server is not None and len(self.ctl) < len(self.order):
-            try:
-                conn = L.accept(self.server)
-                threading.Thread(target=self._reader, args=(conn,), daemon=True).start()
-            except OSError:  # TimeoutError (no worker this 0.2 s) is one
-                pass
-            self.check_alive()
-            while not self.events.empty():  # names arrive through the readers
-                self.handle(self.events.get())
-            if time.time() > deadline:
-                missing = [d for d in self.order if d not in self.ctl]
-                raise DeployError(f"devices {missing} did not start within the startup timeout")
-            time.sleep(0.01)
 
     def handle(self, event):
         """Records an error / bye / EOF event; returns the frame for other events (None otherwise)."""
         dev, what, fr = event
         if what == "eof":
-            if dev is not None and dev not in self.bye:
+            if dev not in self.bye:
                 self.errors.setdefault(dev, ("eof", "its control connection closed"))
-            return None
-        if what == "connected":
             return None
         if fr.kind == L.JSON and isinstance(fr.value, dict):
             if "error" in fr.value:
@@ -236,14 +203,21 @@ class _Cluster:
                 return None
         return dev, fr
 
-    def send_parts(self, export_dir: str) -> None:
-        """Step 2 of the control protocol: every worker gets the manifest and its part's two files (a staged
-        part: two per stage, in order)."""
+    def send_parts(self, export_dir: str, deadline: float) -> None:
+        """Step 1 of the control protocol: every worker gets the manifest and its part's two files (a staged
+        part: two per stage, in order); a session that has not taken them by ``deadline`` fails the startup."""
         for d in self.order:
-            self.send(d, L.JSON, value={"part": d, "manifest": self.manifest})
-            for entry, key in part_files(self.manifest["parts"][d]):
-                with open(os.path.join(export_dir, entry[key]), "rb") as f:
-                    self.send(d, L.ARRAY, value=np.frombuffer(f.read(), np.uint8))
+            self.ctl[d].settimeout(max(1e-3, deadline - time.time()))
+            try:
+                L.send_frame(self.ctl[d], L.JSON, value={"part": d, "manifest": self.manifest})
+                for entry, key in part_files(self.manifest["parts"][d]):
+                    with open(os.path.join(export_dir, entry[key]), "rb") as f:
+                        L.send_frame(self.ctl[d], L.ARRAY, value=np.frombuffer(f.read(), np.uint8))
+            except TimeoutError:
+                raise DeployError(f"device {d!r} did not take its part within the startup timeout") from None
+            except OSError:  # the session is gone: _diagnose names how
+                raise _Failure() from None
+            self.ctl[d].settimeout(None)
 
     def check_alive(self, raise_: bool = True) -> None:
         """Records every process that exited without its bye as an error; _Failure when there is one (with
@@ -266,7 +240,10 @@ class _Cluster:
         return ev
 
     def send(self, dev, kind, image=-1, value=None):
-        L.send_frame(self.ctl[dev], kind, image, value)
+        try:
+            L.send_frame(self.ctl[dev], kind, image, value)
+        except OSError:  # the session is gone: _diagnose names how
+            raise _Failure() from None
 
     def end(self) -> None:
         """Ends every process started (SIGTERM, then SIGKILL after 2 s) and closes the sockets and logs."""
@@ -280,7 +257,7 @@ class _Cluster:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-        for s in list(self.ctl.values()) + ([self.server] if self.server is not None else []):
+        for s in self.ctl.values():
             try:  # shutdown first: a reader thread blocked in recv would keep the connection open past close()
                 s.shutdown(socket.SHUT_RDWR)
             except OSError:
@@ -305,7 +282,7 @@ def _describe_exit(rc: int) -> str:
 
 def _who(cl: _Cluster, d: str) -> str:
     pid = cl.pids().get(d)
-    at = f" at {cl.where[d]}" if d in cl.remote_pids or cl.server is None else ""
+    at = f" at {cl.where[d]}" if d not in cl.procs else ""
     return f"device {d!r}{at}" + (f" (pid {pid})" if pid is not None else "")
 
 
@@ -400,21 +377,18 @@ def run_pipeline(export_dir: str, images: np.ndarray, *, bandwidth_scale: float 
         lacking = [d for d in manifest["order"] if d not in predicted_compute_ms]
         if lacking:
             raise DeployError(f"the predicted compute has no term for devices {lacking}")
-    _verify_files(export_dir, manifest)
-    if hosts is not None:
-        hosts = check_hosts(hosts, manifest["order"], hosts_source)
-        control_port, ports = 0, {d: 0 for d in manifest["order"]}
-    else:
-        control_port, ports = _ports(manifest, base_port)
+    for d in manifest["order"]:  # every part's files exist and have their recorded SHA-256, before anything starts
+        for entry, key in part_files(manifest["parts"][d]):
+            check_file(export_dir, d, entry, key)
+    hosts = None if hosts is None else check_hosts(hosts, manifest["order"], hosts_source)
+    ports = _ports(manifest, 0 if hosts is not None else base_port)
     order, b = manifest["order"], manifest["batch"]
     with tempfile.TemporaryDirectory(prefix="jmsnas_pipeline_") as logs:
-        cl = _Cluster(os.path.abspath(export_dir), manifest, control_port, ports, logs, hosts, connect_timeout_s,
-                      hosts_source)
+        cl = _Cluster(os.path.abspath(export_dir), manifest, ports, logs, hosts, connect_timeout_s, hosts_source)
         done = {d: set() for d in order}
         in_flight, hang_s, src = None, timeout_s, []
         try:
-            cl.accept_all(time.time() + startup_timeout_s)
-            cl.send_parts(export_dir)
+            cl.send_parts(export_dir, time.time() + startup_timeout_s)
             hello = _collect(cl, "hello", time.time() + startup_timeout_s)
             if hosts is not None:
                 cl.remote_pids.update({d: int(hello[d]["pid"]) for d in order})

@@ -15,18 +15,13 @@ _COLORS = ("#2a9d8f", "#e9c46a", "#457b9d", "#f4a261", "#a8dadc", "#90be6d", "#b
            "#b56576", "#355070", "#e56b6f", "#8d99ae", "#264653")
 
 
-def _label(a: dict) -> str:
-    s = a["settings"]
-    return f"bandwidth x{s['bandwidth_scale']:g}, compute {s['compute']}"
-
-
 def format_table(analyses: list, manifest: dict) -> str:
     """The predicted-vs-measured table (ms, images/s, Mbit/s) of every analysed setting."""
     eq = equation(manifest)
     lines = []
     for a in analyses:
-        p, m = a["predicted"], a.get("measured", {})
-        lines.append(f"{_label(a)}  ({a['settings']['images']} images)")
+        p, m, s = a["predicted"], a.get("measured", {}), a["settings"]
+        lines.append(f"bandwidth x{s['bandwidth_scale']:g}, compute {s['compute']}  ({s['images']} images)")
         lines.append(f"  {'term':<24}{'predicted':>11}{'measured':>11}{'diff':>9}")
         rows = [(d, p["per_device"][d], m.get("per_device", {}).get(d)) for d in manifest["order"]]
         rows += [(k, v, m.get("per_link", {}).get(k)) for k, v in p["per_link"].items()]
@@ -47,7 +42,7 @@ def format_table(analyses: list, manifest: dict) -> str:
             k = f"{l['src']}->{l['dst']}"
             got = m.get("link_wire_mbps" if wire else "link_mbps", {}).get(k)
             if got is not None and math.isfinite(got):
-                want = l["bandwidth_mbps"] * a["settings"]["bandwidth_scale"]
+                want = l["bandwidth_mbps"] * s["bandwidth_scale"]
                 lines.append(f"  {('wire Mbit/s ' if wire else 'Mbit/s ') + k:<24}{want:11.2f}{got:11.2f}"
                              f"{100 * (got / want - 1):+8.1f}%")
         for d, c in a.get("clock", {}).items():

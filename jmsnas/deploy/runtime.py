@@ -153,8 +153,10 @@ def part_files(entry: dict) -> list:
     return [(st, key) for st in entry.get("stages", [entry]) for key in ("program", "weights")]
 
 
-def _avals(shapes_dtypes) -> list:
-    return [(tuple(int(d) for d in s["shape"]), str(np.dtype(s["dtype"]))) for s in shapes_dtypes]
+def _avals(items) -> list:
+    """(shape, dtype name) of arrays, avals or manifest entries {"shape", "dtype"}."""
+    get = lambda a, k: a[k] if isinstance(a, dict) else getattr(a, k)
+    return [(tuple(int(d) for d in get(a, "shape")), str(np.dtype(get(a, "dtype")))) for a in items]
 
 
 def load_part(directory: str, device: str, manifest: dict | None = None) -> Part:
@@ -186,14 +188,12 @@ def load_part(directory: str, device: str, manifest: dict | None = None) -> Part
         raise DeployError(f"part {device!r}: {w_path} does not match the manifest's weights "
                           f"(extra {extra[:3]}, missing {lacking[:3]})")
     weights = tuple(stored[k] for k in names)
-    want = [(tuple(w.shape), str(w.dtype)) for w in weights] + _avals(entry["inputs"])
-    got = [(tuple(int(d) for d in a.shape), str(a.dtype)) for a in exported.in_avals]
+    want, got = _avals(weights) + _avals(entry["inputs"]), _avals(exported.in_avals)
     if want != got:
         raise DeployError(f"part {device!r}: the program's arguments {got[len(weights):]} (after "
                           f"{len(weights)} weights) do not match the manifest's inputs and weights "
                           f"{want[len(weights):]}")
-    out = _avals([entry["output"]])
-    got_out = [(tuple(int(d) for d in a.shape), str(a.dtype)) for a in exported.out_avals]
+    out, got_out = _avals([entry["output"]]), _avals(exported.out_avals)
     if got_out != out:
         raise DeployError(f"part {device!r}: the program returns {got_out}, the manifest says {out}")
     platform = jax.default_backend()

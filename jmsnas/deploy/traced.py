@@ -30,8 +30,8 @@ from jax import export as jax_export
 
 from jmsnas import safeio
 from jmsnas import topology as topo_mod
-from jmsnas.deploy.export import check_export_args, device_graph, write_programs
-from jmsnas.deploy.runtime import FORMAT, MANIFEST, DeployError, export_versions
+from jmsnas.deploy.export import check_export_args, device_graph, write_export
+from jmsnas.deploy.runtime import FORMAT, DeployError, export_versions
 
 RECORD = "traced.json"
 
@@ -204,10 +204,7 @@ def export_traced(model, topology, workdir: str, *, method: str = "chain_dp", cu
             with safeio.atomic_dir(os.path.join(workdir, "reference")) as tmp:
                 _write(os.path.join(tmp, "whole.jaxexport"), reference[0])
                 np.savez(os.path.join(tmp, "whole.npz"), **reference[1])
-            with safeio.atomic_dir(os.path.join(workdir, "export")) as tmp:
-                write_programs(tmp, programs, parts)
-                with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:
-                    json.dump(manifest, f, indent=2)
+            write_export(os.path.join(workdir, "export"), programs, parts, manifest)
             with safeio.atomic_write(os.path.join(workdir, RECORD), encoding="utf-8") as f:
                 json.dump({**record, "topology": topo_mod.to_dict(topo), "predicted_latency_ms": predicted}, f,
                           indent=2)

@@ -1,28 +1,27 @@
-"""One device of the pipeline as its own OS process (a session): ``python -m jmsnas.deploy.worker`` with either
-``--connect HOST:PORT --device NAME`` (the local pipeline starts it and it connects to the coordinator) or ``--fd N``
-(``jmsnas worker --listen HOST:PORT``, ``daemon``, accepted the coordinator's connection and hands it over). Imports
-only the standard library, numpy, jax and the jax+numpy modules ``runtime`` and ``links``.
+"""One device of the pipeline as its own OS process (a session): ``python -m jmsnas.deploy.worker --fd N``, started
+with its control connection as file descriptor N: one end of a socket pair (the local pipeline, ``pipeline``) or the
+connection ``jmsnas worker --listen HOST:PORT`` (``daemon``) accepted from the coordinator. Imports only the
+standard library, numpy, jax and the jax+numpy modules ``runtime`` and ``links``.
 
 The control protocol (frames of ``links``; JSON unless said; the worker's times are its own CLOCK_MONOTONIC, s):
 
-1. (``--connect`` only) worker: ``{"device": name}``.
-2. coordinator: ``{"part": device, "manifest": export manifest}``, then two ARRAY uint8 frames, the bytes of the
+1. coordinator: ``{"part": device, "manifest": export manifest}``, then two ARRAY uint8 frames, the bytes of the
    part's ``program`` and ``weights`` files. The worker stores them in a private temporary directory, loads and checks
-   them (``runtime.load_part``: SHA-256, signature, versions, platform), listens for data on the address the control
-   connection reached it at (or 127.0.0.1), compiles the part and answers ``{"hello": device, "host", "port",
-   "pid", "versions": runtime.versions()}``.
-3. any number, in any order: ``{"clock": t1}`` -> ``{"clock": [t1, t2, t3]}`` (t2 receipt, t3 answer; the four-
+   them (``runtime.load_part``: SHA-256, signature, versions, platform), listens for data on ``--host`` (default:
+   the address the control connection reached it at), compiles the part and answers ``{"hello": device, "host",
+   "port", "pid", "versions": runtime.versions()}``.
+2. any number, in any order: ``{"clock": t1}`` -> ``{"clock": [t1, t2, t3]}`` (t2 receipt, t3 answer; the four-
    timestamp exchange of ``clock``); ``{"calibrate": n[, "warmup": w]}`` -> ``{"calib_ms": median, "times_ms": [n
    call times]}`` (host time of the part on zeros, after 1 + w untimed calls; this is how a remote machine times an
    exported program: ``jmsnas.deploy.timer``); another ``{"part": ...}`` with its two files, which replaces the part
    and is answered with a new hello (a client timing several programs in one session); ``{"end": true}`` -> the
    worker exits 0 (a session that only timed parts).
-4. ``{"peers": {device: [host, port]}, "to": [...], "stretch": S, "out": {dst: [Mbit/s or null, latency ms]},
+3. ``{"peers": {device: [host, port]}, "to": [...], "stretch": S, "out": {dst: [Mbit/s or null, latency ms]},
    "in": {src: [latency ms, receiver - sender clock s]}}``: the worker connects to the devices its output goes to
    (sending ``{"from": device, "framing": [MSS, header bytes]}``), accepts one connection per input and answers
    ``{"ready": true, "framing": {src: [MSS, header bytes]}}``; a null bandwidth means the network shapes the link (no
    user-space pacing).
-5. for every image (one thread reads all inputs through a selector): waits until every input is released (the
+4. for every image (one thread reads all inputs through a selector): waits until every input is released (the
    link's latency after the sender's end of transmission, on this clock), runs the part, sleeps ``(stretch - 1) x``
    the call time when it is to play a slower device, starts the transmission on every idle outgoing link (``_Link``)
    or sends the output to the coordinator (ARRAY frame, unthrottled) on the last device, and reports ``{"done":
@@ -31,7 +30,7 @@ The control protocol (frames of ``links``; JSON unless said; the worker's times 
    A staged part (``runtime.Stages``, a separable network's group; any other part is one stage) runs its stages in
    order for every image (``_StageRunner``): stage k waits for the frames its remote inputs send it, sends F(y) to
    its ``send`` destinations and keeps y for the next stage; one record per image.
-6. on STOP from every input: forwards STOP, waits for its senders, sends ``{"bye": true}`` and exits 0 (a staged
+5. on STOP from every input: forwards STOP, waits for its senders, sends ``{"bye": true}`` and exits 0 (a staged
    part forwards STOP once its first stage's source stopped and no image is left: its links form cycles).
 
 Errors are sent as ``{"error": one line, "cause": "own" | "upstream"}`` and end the process with exit code 2.
@@ -157,7 +156,7 @@ def _watch_control(sock) -> None:
 
 
 def _receive_part(ctl: _Control, msg: dict):
-    """Step 2 (``msg``: the ``{"part", "manifest"}`` message): the part's files from the coordinator, stored and
+    """Step 1 (``msg``: the ``{"part", "manifest"}`` message): the part's files from the coordinator, stored and
     loaded (``runtime.load_stages``)."""
     device, manifest = msg["part"], msg["manifest"]
     entry = manifest["parts"][device]
@@ -337,31 +336,19 @@ class _StageRunner:
         return True
 
 
-def _control(args) -> _Control:
-    if args.fd is not None:
-        return _Control(socket.socket(fileno=args.fd))
-    host, _, port = args.connect.rpartition(":")
-    return _Control(L.connect((host, int(port))))
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="jmsnas.deploy.worker")
-    how = p.add_mutually_exclusive_group(required=True)
-    how.add_argument("--connect", help="HOST:PORT of the coordinator's control port (the local pipeline)")
-    how.add_argument("--fd", type=int, help="an accepted control connection handed over by ``jmsnas worker``")
-    p.add_argument("--device", help="the device this process plays (--connect)")
+    p.add_argument("--fd", type=int, required=True, help="the control connection (a connected socket's descriptor)")
     p.add_argument("--port", type=int, default=0, help="data port (default 0: a free one)")
     p.add_argument("--host", default=None, help="data address (default: where the control connection arrived)")
     args = p.parse_args(argv)
     _die_with_parent()
     try:
-        ctl = _control(args)
+        ctl = _Control(socket.socket(fileno=args.fd))
     except OSError as e:
-        print(f"device {args.device!r}: cannot reach the coordinator at {args.connect}: {e}", file=sys.stderr)
+        print(f"jmsnas.deploy.worker: --fd {args.fd} is no connected socket: {e}", file=sys.stderr)
         return 2
     try:
-        if args.connect:
-            ctl.send(L.JSON, value={"device": args.device})
         _serve(ctl, *_setup(args, ctl))
     except SystemExit as e:
         return int(e.code or 0)

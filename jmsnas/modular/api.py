@@ -56,8 +56,7 @@ def modularize(model: str, k, out: str, *, strategy: str = "exact", load_model: 
     n = len(net.blocks)
     if k != "auto" and k > n:
         raise ModularError(f"{k} children need at least {k} blocks; {net.name} has {n}")
-    hw = os.cpu_count() or 1
-    threads = hw if threads is None else threads
+    threads = (os.cpu_count() or 1) if threads is None else threads
     say(f"{net.name}: {n} blocks, {sum(B.block_bytes(b) for b in net.blocks) / 1e6:.2f} MB of parameters")
     if lm is None:
         say("measuring the loading-time model (cold reads) ...")
@@ -87,7 +86,7 @@ def modularize(model: str, k, out: str, *, strategy: str = "exact", load_model: 
     elif auto_table is None:
         cuts = P.split(strategy, costs, k, key)
     infer = L.inference_ms(net).tolist() if inference_time else None
-    child = L.child_ms(lm, costs, cuts)
+    child = lm.overhead_ms + P.child_costs(costs, cuts)  # predicted load time of each child (ms)
     report = {
         "network": net.name, "blocks": n, "children": k, "strategy": strategy, "cuts": cuts,
         "threads": threads,

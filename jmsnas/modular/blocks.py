@@ -60,15 +60,20 @@ def block_arrays(block: Block) -> int:
     return len(jax.tree_util.tree_leaves(block.params))
 
 
+def tree_sha256(tree) -> str:
+    """sha256 of a pytree's leaf paths, shapes, dtypes and bytes (in path order)."""
+    h = hashlib.sha256()
+    for path, leaf in sorted(jax.tree_util.tree_flatten_with_path(tree)[0], key=lambda t: jax.tree_util.keystr(t[0])):
+        a = np.ascontiguousarray(leaf)
+        h.update(f"{jax.tree_util.keystr(path)}|{a.shape}|{a.dtype}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
 def fingerprint(net: Network) -> str:
-    """sha256 (16 hex digits) of the name, input shape, block specs and every parameter's path and bytes."""
-    h = hashlib.sha256(json.dumps([net.name, list(net.input_shape), [b.spec for b in net.blocks]],
-                                  sort_keys=True).encode())
-    for b in net.blocks:
-        for path, leaf in jax.tree_util.tree_flatten_with_path(b.params)[0]:
-            h.update(jax.tree_util.keystr(path).encode())
-            h.update(np.ascontiguousarray(leaf).tobytes())
-    return h.hexdigest()[:16]
+    """sha256 (16 hex digits) of the name, input shape, block specs and every parameter (``tree_sha256``)."""
+    head = json.dumps([net.name, list(net.input_shape), [b.spec for b in net.blocks]], sort_keys=True)
+    return hashlib.sha256((head + tree_sha256([b.params for b in net.blocks])).encode()).hexdigest()[:16]
 
 
 # ------------------------------------------------------------------------------------------------ forward

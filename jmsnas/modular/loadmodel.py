@@ -155,13 +155,6 @@ def block_ms(model: LoadModel, blocks) -> np.ndarray:
     return np.array([model.per_array_ms * na + model.ms_per_mb * nb / 1e6 for nb, na in stats], np.float64)
 
 
-def child_ms(model: LoadModel, blocks_ms, cuts) -> np.ndarray:
-    """float64[k]: predicted load time of each child (overhead + its blocks), children ``cuts`` [0, ..., N]."""
-    cum = np.concatenate([[0.0], np.cumsum(blocks_ms)])
-    c = np.asarray(cuts)
-    return model.overhead_ms + cum[c[1:]] - cum[c[:-1]]
-
-
 def makespan_ms(children_ms, threads: int) -> float:
     """Time until every child is loaded when ``threads`` workers take the children in order, each starting the
     next child as soon as it is free (the thread pool of ``store.load``), with no contention between them."""

@@ -45,11 +45,16 @@ def check_costs(costs, k) -> tuple:
     return c, int(k)
 
 
-def max_child(costs, cuts) -> float:
-    """Load time (ms) of the heaviest child, without the per-child overhead."""
+def child_costs(costs, cuts) -> np.ndarray:
+    """float64[k]: each child's load time (ms, the sum of its blocks' ``costs``), without the per-child overhead."""
     cum = np.concatenate([[0.0], np.cumsum(costs)])
     c = np.asarray(cuts)
-    return float(np.max(cum[c[1:]] - cum[c[:-1]]))
+    return cum[c[1:]] - cum[c[:-1]]
+
+
+def max_child(costs, cuts) -> float:
+    """Load time (ms) of the heaviest child, without the per-child overhead."""
+    return float(np.max(child_costs(costs, cuts)))
 
 
 def exact(costs, k) -> list:
@@ -141,8 +146,7 @@ def choose_k(strategy: str, costs, overhead_ms: float, threads: int, k_max: int 
     table, best = {}, None
     for k in range(1, min(k_max, c.size) + 1):
         cuts = split(strategy, c, k, key)
-        cum = np.concatenate([[0.0], np.cumsum(c)])
-        ms = makespan_ms(overhead_ms + cum[np.asarray(cuts[1:])] - cum[np.asarray(cuts[:-1])], threads)
+        ms = makespan_ms(overhead_ms + child_costs(c, cuts), threads)
         table[k] = ms
         if best is None or ms < best[2] - 1e-12:
             best = (k, cuts, ms)

@@ -20,14 +20,12 @@ Any failure raises a one-line ``ModularError`` and returns nothing: no partially
 from __future__ import annotations
 
 import concurrent.futures as cf
-import hashlib
 import json
 import os
 import threading
 import time
 from typing import Callable, NamedTuple
 
-import jax
 import numpy as np
 
 import orbax.checkpoint as ocp
@@ -35,7 +33,8 @@ import orbax.checkpoint as ocp
 from jmsnas import runcheck, safeio
 from jmsnas.checkpoint import CheckpointError, file_digests, leaf_specs, verify_digests
 from jmsnas.run.directory import unflatten
-from jmsnas.modular.blocks import ModularError, Network, block_arrays, block_bytes, fingerprint, forward
+from jmsnas.modular.blocks import (ModularError, Network, block_arrays, block_bytes, fingerprint, forward,
+                                   tree_sha256)
 
 FORMAT = "jmsnas-modular/1"
 MANIFEST = "manifest.json"
@@ -48,16 +47,6 @@ def child_dir(i: int) -> str:
 
 def block_key(j: int) -> str:
     return f"block_{j:03d}"
-
-
-def tree_sha256(tree) -> str:
-    """sha256 of a pytree's leaf paths, shapes, dtypes and bytes (in path order)."""
-    h = hashlib.sha256()
-    for path, leaf in sorted(jax.tree_util.tree_flatten_with_path(tree)[0], key=lambda t: jax.tree_util.keystr(t[0])):
-        a = np.ascontiguousarray(leaf)
-        h.update(f"{jax.tree_util.keystr(path)}|{a.shape}|{a.dtype}".encode())
-        h.update(a.tobytes())
-    return h.hexdigest()
 
 
 def prune(tree):
@@ -235,17 +224,6 @@ class LoadResult(NamedTuple):
     manifest: dict
 
 
-def _restore(directory: str, m: dict, c: dict, verify: bool) -> tuple:
-    t0 = time.perf_counter()
-    a, b = c["blocks"]
-    expect = {"network": m["fingerprint"], "child": c["index"], "blocks": [a, b]}
-    where = f"child {c['index']} ({c['dir']})"
-    tree = read_child(os.path.join(directory, c["dir"]), c["leaves"], expect, where)
-    if verify and tree_sha256(tree) != c["sha256"]:
-        raise ModularError(f"{where} is corrupt: its arrays' sha256 differs from the manifest's")
-    return tree, time.perf_counter() - t0
-
-
 def load(directory: str, parallel: int | None = None, x=None, verify: bool = True,
          on_event: Callable[[Event], None] | None = None) -> LoadResult:
     """Restore every child of ``directory`` with ``parallel`` threads (default and cap: the hardware threads and the
@@ -267,8 +245,13 @@ def load(directory: str, parallel: int | None = None, x=None, verify: bool = Tru
     loaded_at, restore_s, trees = [None] * k, [None] * k, [None] * k
     emit = (lambda ev: on_event(ev)) if on_event else (lambda ev: None)
 
-    def job(c):
-        tree, dt = _restore(directory, m, c, verify)
+    def job(c):  # restore child c, checked against the manifest; (its tree, how long the restore took)
+        start, where = time.perf_counter(), f"child {c['index']} ({c['dir']})"
+        expect = {"network": m["fingerprint"], "child": c["index"], "blocks": list(c["blocks"])}
+        tree = read_child(os.path.join(directory, c["dir"]), c["leaves"], expect, where)
+        if verify and tree_sha256(tree) != c["sha256"]:
+            raise ModularError(f"{where} is corrupt: its arrays' sha256 differs from the manifest's")
+        dt = time.perf_counter() - start
         with lock:
             loaded_at[c["index"]] = time.perf_counter() - t0
             emit(Event(c["index"], "loaded", loaded_at[c["index"]]))

@@ -137,7 +137,7 @@ def autosplit(model: str, topo: Topology, memory_bytes: float, max_drop: float, 
     if select_on not in SELECT_ON:
         raise ValueError(f"--select-on must be one of {list(SELECT_ON)}, got {select_on!r}")
     bits = check_bit_set(bits)
-    compare.solvers.chain_path(topo)  # a topology without an edge -> cloud path is refused before any model loads
+    path = compare.solvers.chain_path(topo)  # a topology without an edge -> cloud path: refused before a model loads
     prob, drop, ctx = prepare(model, topo, memory_bytes, bits, select_on, data, data_dir)
     floor = solver.potential_splits(prob)
     cands = solver.candidates(prob, latency_variants)
@@ -145,7 +145,6 @@ def autosplit(model: str, topo: Topology, memory_bytes: float, max_drop: float, 
     methods = {"cloud_only": solver.cloud_only(prob), "edge_only_u8": solver.edge_only_u8(prob),
                "neurosurgeon": solver.neurosurgeon(prob), "u8_split": solver.u8_split(prob),
                "autosplit": chosen}
-    path = compare.solvers.chain_path(topo)
     out = {"model": ctx["name"], "kind": ctx["kind"], "topology": topo.name,
            "edge_device": topo.devices[path[0]].name, "cloud_device": topo.devices[path[-1]].name,
            "links_mbps": {ln: l.bandwidth_mbps for ln, l in zip(topo.link_names, topo.links)},

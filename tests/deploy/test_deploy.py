@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from jmsnas import cli, ops as O, pipeline as main_job
+from jmsnas import space as S
 from jmsnas.topology import presets
 from jmsnas.cost.latency import arch_latency, breakdown_dict
 from jmsnas.cost.tables import analytic_table
@@ -59,6 +60,7 @@ def make_run(workdir, kind: str, seed: int = 0, assignment=None, topo=None, shap
     table = analytic_table(space)
     devices = space.layer_devices() if assignment is None else assignment
     result = {"topology": kind if topo.name == kind else topo.name, "dataset": "digits", "seed": 0,
+              "space": S.to_dict(space),
               "architecture": [{"layer": s.index, "device": topo.device_names[d], "op": OP_NAMES[i]}
                                for s, i, d in zip(space.layers, ops, devices)],
               "latency_ms": breakdown_dict(space, arch_latency(space, table, np.asarray(ops), assignment))}
@@ -267,7 +269,7 @@ def test_corrupt_part_is_one_line_and_exit_2(runs, tmp_path, capsys):
 
 def test_port_in_use_is_one_line(runs):
     r = runs["chain"]
-    while True:  # a busy port whose predecessor is free (the coordinator's port when the device's is busy)
+    while True:  # a busy port whose predecessor is free (ue's port when sbs's is busy)
         busy = L.listen(0)
         port = busy.getsockname()[1]
         try:
@@ -275,11 +277,10 @@ def test_port_in_use_is_one_line(runs):
             break
         except OSError:
             busy.close()
-    try:
-        with pytest.raises(DeployError, match=rf"port 127.0.0.1:{port} for the coordinator is in use"):
-            run_pipeline(r["export"], np.zeros((2, 8, 8, 1), np.float32), base_port=port)
-        with pytest.raises(DeployError, match=rf"port 127.0.0.1:{port} for device 'ue' is in use"):
-            run_pipeline(r["export"], np.zeros((2, 8, 8, 1), np.float32), base_port=port - 1)
+    try:  # the devices take consecutive ports from --base-port: ue the first, sbs the next
+        for base, device in ((port, "ue"), (port - 1, "sbs")):
+            with pytest.raises(DeployError, match=rf"port 127.0.0.1:{port} for device '{device}' is in use"):
+                run_pipeline(r["export"], np.zeros((2, 8, 8, 1), np.float32), base_port=base)
     finally:
         busy.close()
     assert _workers_of(r["export"]) == []
