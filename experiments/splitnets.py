@@ -30,7 +30,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from jmsnas import evolve as EV, train
+from jmsnas import train
+from jmsnas.run import evolution as RE
+from jmsnas.run.supernet import train_supernet
 from jmsnas.objectives import cross_entropy
 from jmsnas.splitnets import hardware as H
 from jmsnas.splitnets import net as N
@@ -76,7 +78,7 @@ def baselines(cfg, hw, space, ds, epochs: int) -> list:
         if key not in trained:
             params, _ = N.init(jax.random.PRNGKey(cfg.seed), space, cfg.splitnets.init)
             t = time.time()
-            p, bn, hist, ev = S.train_fixed(cfg, space, ds, params, genes, epochs, EV.fitness_data(cfg, ds).bn,
+            p, bn, hist, ev = S.train_fixed(cfg, space, ds, params, genes, epochs, RE.fitness_data(cfg, ds).bn,
                                             pos=pos, module="none", lr=cfg.search.weight_lr, progress=False,
                                             desc=name)
             trained[key] = (S.accuracy(ev, p, bn, ds.test), time.time() - t)
@@ -153,8 +155,8 @@ def main(argv=None):
             t = time.time()
             fan_in = ml_collections.ConfigDict(cfg.to_dict())
             fan_in.splitnets.init = "fan_in"
-            problem = S.problem(fan_in, space, S.CostCache(space, hw), EV.fitness_data(cfg, ds))
-            hist["fan_in"] = EV.train_supernet(fan_in, problem, ds, train.data_mesh(), None, "", False, False)[1]
+            problem = S.problem(fan_in, space, S.CostCache(space, hw), RE.fitness_data(cfg, ds))
+            hist["fan_in"] = train_supernet(fan_in, problem, ds, train.data_mesh(), None, "", False, False)[1]
             summary["init_ablation"] = {m: [h for h in hs if h["stage"] == "search"] for m, hs in hist.items()}
             summary["init_ablation_seconds"] = time.time() - t
             print("init ablation", summary["init_ablation"], flush=True)

@@ -1,47 +1,41 @@
-"""``jmsnas evolve``: the two-stage weight-sharing flow (SplitNets, paper 000, section 3.2; OFA/BigNAS training).
+"""``jmsnas evolve``: the two-stage weight-sharing flow (SplitNets, paper 000, section 3.2; OFA/BigNAS training) on
+the main job's search space: that space's ``run.evolution.Problem``, which ``run.evolution.search`` runs.
 
-Stage 1 trains the supernet alone with the sandwich rule: every step computes the gradient of the largest
-sub-network (the widest valid candidate of each layer: kernel 7, expansion 6, with shortcut where allowed), of
-the smallest (identity where allowed, else kernel 3 / expansion 3) and of ``num_random`` uniformly sampled ones,
-adds them up (plus the L2 term once) and makes one Adam update. Weights are shared (``supernet.init``), so every
-sampled path trains weights the others use; the largest and smallest bound the range the search will query.
+Stage 1 trains the supernet alone with the sandwich rule (``run.supernet.sandwich``): every step adds the gradients
+of the largest sub-network (the widest valid candidate of each layer: kernel 7, expansion 6, with shortcut where
+allowed), of the smallest (identity where allowed, else kernel 3 / expansion 3) and of ``num_random`` uniformly
+sampled ones. Weights are shared (``supernet.init``), so every sampled path trains weights the others use; the
+largest and smallest bound the range the search will query.
 
-Stage 2 is evolution (``strategies.make("evolution")``) with the supernet as a fixed accuracy predictor; its
-initial population is drawn inside the budget where possible (``feasible_population``). Fitness
-of a population is its accuracy on a fixed validation subset from ``evaluate.evaluate_population`` (BN statistics
-recalibrated per sub-network on a few training batches); the hard constraint T <= T_const discards a candidate
-(fitness -inf) and the soft ranking is by that accuracy, ties broken by lower latency (a term below half an
-example, so it never outweighs one correctly classified image). The winner is then retrained as in ``jmsnas
-search`` (its weights inherited from the supernet) and the run writes the same outputs: result.json (plus
-``"flow": "evolve"`` and an ``evolution`` summary), history.json, the report plots, parts/, and evolution.json
-(per-generation statistics). Both stages checkpoint (``checkpoints/supernet``, ``checkpoints/evolution``) and a
-run resumes from where it stopped, to the same result.
+Stage 2 is evolution (``strategies.make("evolution")``) with the supernet as a fixed accuracy predictor, from an
+initial population inside the budget where possible. Fitness of a population is its accuracy on a fixed validation
+subset from ``evaluate.evaluate_population`` (BN statistics recalibrated per sub-network on a few training
+batches); the hard constraint T <= T_const discards a candidate (fitness -inf) and the soft ranking is by that
+accuracy, ties broken by lower latency (a term below half an example, so it never outweighs one correctly
+classified image). The winner is then retrained as in ``jmsnas search`` (its weights inherited from the supernet)
+and the run writes the same outputs: result.json (plus ``"flow": "evolve"`` and an ``evolution`` summary),
+history.json, the report plots, parts/, and evolution.json (per-generation statistics). Both stages checkpoint
+(``checkpoints/supernet``, ``checkpoints/evolution``) and a run resumes from where it stopped, to the same result.
 
 Settings live in ``cfg.evolve`` (``DEFAULTS`` fills what is missing); the supernet's batch size, learning rate and
 L2 weight are ``cfg.search.batch_size``, ``weight_lr`` and ``lambda1``, the retrain is ``cfg.retrain``.
 """
 from __future__ import annotations
 
-import os
-from typing import Callable, NamedTuple
-
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 
-from jmsnas import budget, data, limits, pipeline, programs, runcheck, strategies, supernet, timing, train
+from jmsnas import budget, limits, pipeline, programs, runcheck, supernet, timing, train
 from jmsnas import space as S
 from jmsnas import tensorboard as tb
-from jmsnas.checkpoint import Checkpointer
-from jmsnas.run import directory, loop, processes
-from jmsnas.run.evolution import evolution
+from jmsnas.run import directory, processes
+from jmsnas.run import evolution as RE, supernet as RS
 from jmsnas.run import workdir as W
 from jmsnas.cost.latency import arch_latency, latency, searched_latency
 from jmsnas.evaluate import evaluate_loop, evaluate_population
 from jmsnas.gates import onehot_gates
-from jmsnas.objectives import cross_entropy, l2_norm_sq
 from jmsnas.pipeline import ConfigError
 from jmsnas.space import IDENTITY, NUM_OPS, OPS, SearchSpace
 from jmsnas.strategies.base import sample_valid
@@ -83,7 +77,7 @@ def validate(cfg) -> None:
     if e.evaluator not in EVALUATORS:
         raise ConfigError(f"evolve.evaluator must be one of {list(EVALUATORS)}, got {e.evaluator!r}")
     try:  # the strategy's own checks of its hyperparameters, on a one-layer mask
-        make_strategy(np.ones((1, 1), bool), e)
+        RE.make_strategy(np.ones((1, 1), bool), e)
     except ValueError as err:
         raise ConfigError(f"evolve.{err}") from None
 
@@ -106,111 +100,19 @@ def sandwich_archs(key, mask, largest, smallest, num_random: int) -> jnp.ndarray
     return jnp.concatenate([jnp.asarray(largest)[None], jnp.asarray(smallest)[None], rand]).astype(jnp.int32)
 
 
-def init_sandwich_state(key, init, lr: float) -> train.SupernetState:
-    """The sandwich step's first state: the supernet of ``init(key) -> (params, bn)``, Adam's zero moments."""
-    k_init, k_run = jax.random.split(key)
-    params, bn = init(k_init)
-    return train.SupernetState(params, bn, train.init_optimizer(optax.adam(lr), params), k_run,
-                               train.zeros((), np.int32))
-
-
-def sandwich(lr: float, lambda1: float, sample, apply, keys: int = 1):
-    """The pure step ``(state, x, y) -> (state, metrics)`` of every supernet trained with the sandwich rule
-    (``jmsnas evolve``, SplitNets); jit it. ``sample(*keys) -> archs`` draws the step's K sub-networks (a pytree
-    with a leading axis K: the largest, the smallest, then random ones) with ``keys`` keys split off the state's;
-    ``apply(params, bn, arch, x) -> (logits, bn)`` runs one. They run in turn inside one ``lax.scan`` (one compiled
-    body whatever they are); each updates the running statistics of the BN it used, the next starts from those.
-    The update is one Adam step on sum_k grad CE_k + lambda1 grad ||w||^2. Metrics: ``loss``/``acc`` (mean CE /
-    accuracy over the sub-networks), ``*_largest``, ``*_smallest``."""
-    tx = optax.adam(lr)
-
-    def loss_fn(p, bn, arch, x, y):
-        logits, bn = apply(p, bn, arch, x)
-        return cross_entropy(logits, y), (bn, jnp.mean((jnp.argmax(logits, -1) == y).astype(jnp.float32)))
-
-    def step(st: train.SupernetState, x, y):
-        key, *ks = jax.random.split(st.key, 1 + keys)
-
-        def body(carry, arch):
-            grads, bn = carry
-            (ce, (bn, acc)), g = jax.value_and_grad(loss_fn, has_aux=True)(st.params, bn, arch, x, y)
-            return (jax.tree_util.tree_map(jnp.add, grads, g), bn), (ce, acc)
-
-        zeros = jax.tree_util.tree_map(jnp.zeros_like, st.params)
-        (grads, bn), (ce, acc) = jax.lax.scan(body, (zeros, st.bn), sample(*ks))
-        grads = jax.tree_util.tree_map(jnp.add, grads, jax.grad(lambda p: lambda1 * l2_norm_sq(p))(st.params))
-        updates, opt = tx.update(grads, st.opt, st.params)
-        st = train.SupernetState(optax.apply_updates(st.params, updates), bn, opt, key, st.step + 1)
-        return st, {"loss": jnp.mean(ce), "acc": jnp.mean(acc), "loss_largest": ce[0], "acc_largest": acc[0],
-                    "loss_smallest": ce[1], "acc_smallest": acc[1]}
-
-    return step
-
-
 def sandwich_step(space: SearchSpace, lr: float, lambda1: float, num_random: int, dw_impl: str = "auto"):
-    """``sandwich`` over ``space``: x float32[B, H, W, C], y int32[B]; the sub-networks are ``sandwich_archs``."""
+    """``run.supernet.sandwich`` over ``space``: x float32[B, H, W, C], y int32[B]; the sub-networks are
+    ``sandwich_archs``."""
     largest, smallest = sandwich_ops(space)
     mask = space.mask()
-    return sandwich(lr, lambda1, lambda k: sandwich_archs(k, mask, largest, smallest, num_random),
-                    lambda p, bn, ops, x: supernet.apply(space, p, bn, onehot_gates(ops, NUM_OPS), x, train=True,
-                                                         dw_impl=dw_impl))
+    return RS.sandwich(lr, lambda1, lambda k: sandwich_archs(k, mask, largest, smallest, num_random),
+                       lambda p, bn, ops, x: supernet.apply(space, p, bn, onehot_gates(ops, NUM_OPS), x, train=True,
+                                                            dw_impl=dw_impl))
 
 
 def make_sandwich_step(space: SearchSpace, lr: float, lambda1: float, num_random: int, dw_impl: str = "auto"):
     """``sandwich_step`` jitted once, with the state donated."""
     return jax.jit(sandwich_step(space, lr, lambda1, num_random, dw_impl), donate_argnums=0)
-
-
-class Problem(NamedTuple):
-    """What a weight-sharing search differs in (``jmsnas evolve``'s space, SplitNets'); ``search`` runs the rest:
-    the supernet's epoch loop, the evolution from a population inside the limits, their checkpoints and resume."""
-
-    mask: np.ndarray  # bool[N, R]: the valid choices of each of the N genes
-    init: Callable  # key -> (params, bn): the supernet
-    step: Callable  # the jitted sandwich step (``sandwich``)
-    end_epoch: Callable  # (state, epoch, metrics) -> the supernet epoch's history row
-    within: Callable  # ops int32[P, N] -> bool[P]: inside every hard limit (costs only, no network is run)
-    fitness: Callable  # (state, ops int32[P, N]) -> the dict of ``run.evolution.evolution``
-    tries: int = 64  # uniform draws per member of the initial population (``feasible_population``)
-    fold: bool = True  # the initial population's key: fold_in(key, 0) (SplitNets: the key, as it always was)
-
-
-def search(cfg, problem: Problem, ds, mesh, workdir: str, fp: str, resume: bool, progress: bool):
-    """Stage 1 (``train_supernet``) and stage 2 (``evolve_population``), checkpointed under ``workdir/checkpoints``;
-    returns (state, history, per-generation log, best feasible candidate, most accurate candidate)."""
-    ckpt = lambda stage: Checkpointer(os.path.join(workdir, "checkpoints", stage))
-    st, history = train_supernet(cfg, problem, ds, mesh, ckpt("supernet"), fp, resume, progress)
-    return (st, history, *evolve_population(cfg, problem, st, ckpt("evolution"), fp, resume, progress))
-
-
-def train_supernet(cfg, problem: Problem, ds, mesh, ckpt, fp: str, resume: bool, progress: bool):
-    """Stage 1 on the run layer's epoch loop (checkpoints in ``ckpt`` every ``checkpoint_every`` steps and at epoch
-    ends, None: none); returns (state, history)."""
-    def end_epoch(st, epoch, m):
-        row = problem.end_epoch(st, epoch, m)
-        tb.log(epoch, tb.history_scalars(row))
-        return row
-
-    return loop.epochs(
-        init_sandwich_state(jax.random.PRNGKey(cfg.seed), problem.init, cfg.search.weight_lr), cfg=cfg, ckpt=ckpt,
-        fp=fp, resume=resume, total=cfg.evolve.epochs, split=ds.train, batch_size=cfg.search.batch_size,
-        seed=cfg.seed, step=lambda st, epoch, i, batch: problem.step(st, *train.shard_batch(batch, mesh)),
-        place=lambda st: train.replicate(st, mesh), desc="supernet", progress=progress, end_epoch=end_epoch,
-        postfix=lambda st, m: {"loss": f"{float(m['loss']):.3f}", "big": f"{float(m['acc_largest']):.3f}",
-                               "small": f"{float(m['acc_smallest']):.3f}"})
-
-
-def evolve_population(cfg, problem: Problem, st, ckpt, fp: str, resume: bool, progress: bool):
-    """Stage 2: ``run.evolution.evolution`` with ``problem.fitness`` of the supernet ``st``, from an initial
-    population inside the limits (``feasible_population``); returns (log, best, most accurate)."""
-    e, key = cfg.evolve, jax.random.PRNGKey(cfg.seed + 4)
-    strategy = make_strategy(problem.mask, e)
-    k_init, k_pop = jax.random.split(jax.random.fold_in(key, 0) if problem.fold else key)
-    es = strategy.init(k_init)  # generation 0 asks for es.population: start it inside the limits
-    es = es._replace(population=jnp.asarray(feasible_population(k_pop, problem.mask, problem.within, e.population,
-                                                                problem.tries)))
-    return evolution(strategy, es, key, lambda ops: problem.fitness(st, ops), ckpt=ckpt, fp=fp, resume=resume,
-                     total=e.generations, progress=progress)
 
 
 def _epoch_entry(cfg, space, table, ds, mesh, st, eval_step, epoch, m) -> dict:
@@ -243,31 +145,7 @@ def population_latency(space: SearchSpace, table, ops, split: str = "fixed") -> 
 _population_latency = jax.jit(population_latency, static_argnames=("space", "split"))
 
 
-class FitnessData(NamedTuple):
-    """Fixed inputs of the fitness: x float32[n, H, W, C], y int32[n], bn float32[K, B, H, W, C] or None."""
-
-    x: np.ndarray
-    y: np.ndarray
-    bn: np.ndarray | None
-
-
-def fitness_data(cfg, ds) -> FitnessData:
-    """The first ``fitness_examples`` validation examples and the first ``bn_batches`` training batches (of
-    ``bn_batch_size``, shuffled with seed + 3): the same every generation, so fitness is deterministic."""
-    e = cfg.evolve
-    n = min(e.fitness_examples, len(ds.val.labels))
-    bn = None
-    if e.bn_batches:
-        if data.num_batches(ds.train, e.bn_batch_size) < e.bn_batches:
-            raise ConfigError(f"evolve.bn_batches={e.bn_batches} batches of evolve.bn_batch_size="
-                              f"{e.bn_batch_size} need {e.bn_batches * e.bn_batch_size} training examples, "
-                              f"the split has {len(ds.train.labels)}")
-        batches = data.epoch_batches(ds.train, e.bn_batch_size, seed=cfg.seed + 3, epoch=0)
-        bn = np.stack([next(batches)[0] for _ in range(e.bn_batches)])
-    return FitnessData(ds.val.images[:n], ds.val.labels[:n], bn)
-
-
-def fitness(space, table, params, bn, ops, fd: FitnessData, t_const_ms: float, split: str, chunk: int,
+def fitness(space, table, params, bn, ops, fd: RE.FitnessData, t_const_ms: float, split: str, chunk: int,
             evaluator: str = "batched", lim: limits.DeviceLimits | None = None) -> dict:
     """Per architecture of ops int32[P, N]: ``accuracy`` (supernet, BN recalibrated), ``latency_ms``,
     ``feasible`` (T <= T_const and every device within its memory and energy limits) and ``fitness`` = accuracy -
@@ -299,25 +177,10 @@ def _within_limits(space, table, lim, ops, split) -> np.ndarray:
     return limits.population_within(space, table, lim, ops, split)
 
 
-def make_strategy(mask, e) -> strategies.Strategy:
-    """The evolution strategy over ``mask`` bool[N, R] with the settings of ``cfg.evolve`` (``e``)."""
-    return strategies.make("evolution", mask=mask, population=e.population, parent_ratio=e.parent_ratio,
-                           mutation_prob=e.mutation_prob, mutation_ratio=e.mutation_ratio)
-
-
 def population_bytes(space: SearchSpace, size: int, tries: int = 64) -> int:
-    """Bytes ``feasible_population`` holds at once: ``size * tries`` architectures of int32[N] with a float32
-    per candidate of every layer for their latencies, and a float64 latency each."""
+    """Bytes ``run.evolution.feasible_population`` holds at once: ``size * tries`` architectures of int32[N] with a
+    float32 per candidate of every layer for their latencies, and a float64 latency each."""
     return int(size) * tries * (space.num_layers * 4 * (1 + len(OPS)) + 8)
-
-
-def feasible_population(key, mask, within, size: int, tries: int = 64) -> np.ndarray:
-    """int32[size, N]: an initial population inside the limits where it can (rejection sampling, as OFA's
-    evolution finder starts). ``size * tries`` uniform valid architectures of ``mask`` bool[N, R] are drawn and
-    ``within(ops) -> bool[P]`` judges them (costs only: no network is run); those inside come first, in draw order,
-    and others fill what is left."""
-    cand = np.asarray(sample_valid(key, jnp.asarray(mask), size * tries))
-    return cand[np.argsort(~np.asarray(within(cand)), kind="stable")[:size]]
 
 
 def within_budget(space: SearchSpace, table, t_const_ms: float, split: str, lim: limits.DeviceLimits | None = None):
@@ -357,7 +220,7 @@ def evolve(cfg: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
     stored = W.plain(cfg)
     W.check_workdir(workdir, resume, stored, "evolve")
     ds = pipeline.load_data(cfg)
-    fd = fitness_data(cfg, ds)
+    fd = RE.fitness_data(cfg, ds)
     space, table = pipeline.build(cfg, ds)
     pipeline.check_run(cfg, space, ds, cfg.search.batch_size, 2 + cfg.evolve.num_random,
                        population_bytes(space, cfg.evolve.population), f", evolve.population={cfg.evolve.population}")
@@ -368,7 +231,7 @@ def evolve(cfg: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
     fp = W.fingerprint(cfg, S.to_dict(space))
     made = (space, cfg.search.weight_lr, cfg.search.lambda1, e.num_random, cfg.dw_impl)
     _, _, eval_step = pipeline.search_steps(cfg, space, table)
-    problem = Problem(
+    problem = RE.Problem(
         space.mask(), lambda k: supernet.init(k, space, shared_weights=cfg.shared_weights),
         programs.persistent_jit(make_sandwich_step(*made), name="evolve.sandwich_step", identity=made,
                                 donate_argnums=0),
@@ -377,7 +240,7 @@ def evolve(cfg: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
         lambda st, ops: fitness(space, table, st.params, st.bn, ops, fd, t_const, cfg.split, e.chunk, e.evaluator,
                                 lim))
     with tb.run(workdir, tb.enabled(cfg)):
-        st, history, log, best, top = search(cfg, problem, ds, mesh, workdir, fp, resume, progress)
+        st, history, log, best, top = RE.search(cfg, problem, ds, mesh, workdir, fp, resume, progress)
         ops, fix, note = _winner(cfg, space, table, best, top, lim)
         split = pipeline.assignment(cfg, space, table, ops, lim)
         rt, history = pipeline.retrain(cfg, space, ds, mesh, st, ops, workdir, fp, resume, progress, history)

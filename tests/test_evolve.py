@@ -21,7 +21,7 @@ from jmsnas.evaluate import evaluate_loop
 from jmsnas.gates import onehot_gates
 from jmsnas.objectives import cross_entropy, l2_norm_sq
 from jmsnas.pipeline import ConfigError
-from jmsnas.run import processes
+from jmsnas.run import evolution as RE, processes, supernet as RS
 from jmsnas.space import NUM_OPS, OP_NAMES, OPS, build_space, op_index
 from jmsnas.strategies.base import sample_valid
 from jmsnas.topology import DeviceProfile, chain
@@ -86,7 +86,7 @@ def stepped():
     space = small_space()
     chex.clear_trace_counter()
     step = jax.jit(chex.assert_max_traces(evolve.sandwich_step(space, LR, L1, R, "xla"), n=1))
-    st0 = evolve.init_sandwich_state(jax.random.PRNGKey(0), lambda k: supernet.init(k, space), LR)
+    st0 = RS.init_sandwich_state(jax.random.PRNGKey(0), lambda k: supernet.init(k, space), LR)
     rng = np.random.default_rng(0)
     batches = [(rng.normal(size=(4, 6, 6, 3)).astype(np.float32), rng.integers(0, 5, 4).astype(np.int32))
                for _ in range(3)]
@@ -159,12 +159,12 @@ def test_population_latency_matches_arch_latency():
 def test_initial_population_is_feasible_where_possible():
     space, table = tiny_space()
     key = jax.random.PRNGKey(2)
-    pop = evolve.feasible_population(key, space.mask(), evolve.within_budget(space, table, 0.85, "fixed"), 8, 64)
+    pop = RE.feasible_population(key, space.mask(), evolve.within_budget(space, table, 0.85, "fixed"), 8, 64)
     assert pop.shape == (8, space.num_layers)
     assert space.mask()[np.arange(space.num_layers)[None], pop].all()
     assert all(float(arch_latency(space, table, o).total) <= 0.85 for o in pop)
     # below the fastest architecture nothing is feasible: the population is still filled, with valid draws
-    low = evolve.feasible_population(key, space.mask(), evolve.within_budget(space, table, 0.5, "fixed"), 8, 64)
+    low = RE.feasible_population(key, space.mask(), evolve.within_budget(space, table, 0.5, "fixed"), 8, 64)
     np.testing.assert_array_equal(low, np.asarray(sample_valid(key, jnp.asarray(space.mask()), 512))[:8])
 
 
@@ -178,7 +178,7 @@ def test_fitness_discards_over_budget_and_ranks_by_accuracy(stepped):
     u = np.unique(lat)
     t_const = float(u[len(u) // 2 - 1] + u[len(u) // 2]) / 2  # about half of them over the budget
     (x, y), (xb, _) = batches[0], batches[1]
-    fd = evolve.FitnessData(x, y, xb[None])
+    fd = RE.FitnessData(x, y, xb[None])
     st = states[-1]
     f = evolve.fitness(space, table, st.params, st.bn, ops, fd, t_const, "fixed", chunk=4)
     ref = evaluate_loop(space, table, st.params, st.bn, ops, x, y, bn_batches=xb[None])

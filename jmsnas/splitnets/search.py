@@ -2,7 +2,7 @@
 
 What differs from ``jmsnas evolve``'s space is a problem description (``problem``: the split-aware supernet, its
 sandwich step, its epoch row and a fitness under two HARD limits, end-to-end latency and sensor peak memory) that
-``evolve.search`` trains and evolves (``strategies.make("evolution")``, 512 x 20 by default). Before anything is
+``run.evolution.search`` trains and evolves (``strategies.make("evolution")``, 512 x 20 by default). Before anything is
 trained the limits are checked against the smallest values the space can reach (``reachable``): a limit no network
 meets is an error naming that value. The winner is retrained (weights inherited) and written as result.json (with
 the split position, d, the bytes on the bus and the sensor peak memory), history.json, evolution.json, the report
@@ -25,6 +25,7 @@ from jmsnas import data, evolve as EV, tensorboard as tb, timing, train
 from jmsnas.checkpoint import Checkpointer
 from jmsnas.objectives import cross_entropy, l2_norm_sq
 from jmsnas.run import directory, loop, processes
+from jmsnas.run import evolution as RE, supernet as RS
 from jmsnas.run import workdir as W
 from jmsnas import runcheck
 from jmsnas.runcheck import ConfigError
@@ -164,8 +165,8 @@ class CostCache:
 
 # ----------------------------------------------------------------------------------------------- the problem
 
-def problem(cfg, space: SplitSpace, costs: CostCache, fd: EV.FitnessData) -> EV.Problem:
-    """What ``evolve.search`` runs for SplitNets: the split-aware supernet (``net``), its sandwich step (largest +
+def problem(cfg, space: SplitSpace, costs: CostCache, fd: RE.FitnessData) -> RE.Problem:
+    """What ``run.evolution.search`` runs for SplitNets: the split-aware supernet (``net``), its sandwich step (largest +
     smallest + ``evolve.num_random`` random networks; single view: each random one also carries, with probability
     ``splitnets.extra_modules``, extra reduce/recover pairs in the other phases, Appendix D), its epoch row, and
     the two HARD limits (end-to-end latency <= T_const, sensor peak memory <= the sensor's memory) of the fitness:
@@ -198,9 +199,9 @@ def problem(cfg, space: SplitSpace, costs: CostCache, fd: EV.FitnessData) -> EV.
         return {"accuracy": acc, "latency_ms": lat, "sensor_peak_bytes": peak, "feasible": ok,
                 "fitness": np.where(ok, acc - lat / t_const / (2 * len(fd.y)), -np.inf)}
 
-    step = EV.sandwich(s.weight_lr, s.lambda1, sample, lambda p, bn, arch, x: N.apply(
+    step = RS.sandwich(s.weight_lr, s.lambda1, sample, lambda p, bn, arch, x: N.apply(
         space, p, bn, arch[0], x, train=True, extras=arch[1]), keys=2)
-    return EV.Problem(mask, lambda k: N.init(k, space, cfg.splitnets.init), jax.jit(step, donate_argnums=0),
+    return RE.Problem(mask, lambda k: N.init(k, space, cfg.splitnets.init), jax.jit(step, donate_argnums=0),
                       end_epoch, within, fitness, tries=32, fold=False)
 
 
@@ -388,17 +389,17 @@ def prepare(cfg):
 
 @timing.measured
 def evolve(cfg, workdir: str, *, resume: bool = False, progress: bool = True) -> dict:
-    """Stages 1 and 2 (``evolve.search`` over ``problem``) and the winner's retraining, each on the run layer
+    """Stages 1 and 2 (``run.evolution.search`` over ``problem``) and the winner's retraining, each on the run layer
     (checkpoints under ``checkpoints/``, so ``resume`` continues a killed run to the same result); writes
     result.json, history.json, evolution.json, plots and parts/ (atomically, process 0)."""
     cfg, hw, space, ds = prepare(cfg)
-    fd = EV.fitness_data(cfg, ds)
+    fd = RE.fitness_data(cfg, ds)
     stored = W.plain(cfg)
     W.check_workdir(workdir, resume, stored, "evolve")
     W.claim(workdir, resume, stored, "evolve")
     fp, costs = W.fingerprint(cfg), CostCache(space, hw)
     with tb.run(workdir, tb.enabled(cfg)):
-        st, history, log, best, _ = EV.search(cfg, problem(cfg, space, costs, fd), ds, train.data_mesh(), workdir,
+        st, history, log, best, _ = RE.search(cfg, problem(cfg, space, costs, fd), ds, train.data_mesh(), workdir,
                                               fp, resume, progress)
         genes, note = winner(space, hw, best)
         params, bn, hist2, evaluate = train_fixed(

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import tinyrun
-from jmsnas import cli, evolve as EV, tensorboard, train
+from jmsnas import cli, tensorboard, train
+from jmsnas.run import evolution as RE
 from jmsnas.cost.memory import peak_memory_bytes
 from jmsnas.pipeline import ConfigError
 from jmsnas.splitnets import hardware as H
@@ -306,8 +307,8 @@ def test_evolution_never_returns_a_network_over_either_limit(monkeypatch, seed, 
         [(hash(tuple(int(v) for v in g)) % 97) / 97 + 0.01 * float(np.sum(g)) for g in np.asarray(genes)])
     monkeypatch.setattr(S, "population_accuracy", fake)
     costs = S.CostCache(sp, hw)
-    problem = S.problem(cfg, sp, costs, EV.FitnessData(None, np.zeros(8), None))
-    _, best, _ = EV.evolve_population(cfg, problem, train.SupernetState(*[None] * 5), None, "", False, False)
+    problem = S.problem(cfg, sp, costs, RE.FitnessData(None, np.zeros(8), None))
+    _, best, _ = RE.evolve_population(cfg, problem, train.SupernetState(*[None] * 5), None, "", False, False)
     genes, _ = S.winner(sp, hw, best)
     c = costs(genes)
     assert c.total_ms <= t_const + 1e-12 and c.sensor_peak_bytes <= limit
