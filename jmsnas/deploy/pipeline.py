@@ -447,7 +447,7 @@ def run_pipeline(export_dir: str, images: np.ndarray, *, bandwidth_scale: float 
             in_flight = min((i for i in cl.sent if i not in done[order[-1]]), default=None)
             raise DeployError(_diagnose(cl, done, in_flight, hang_s)) from None
         except _Hung as h:
-            raise DeployError(_diagnose(cl, done, h.image, hang_s)) from None
+            raise DeployError(_diagnose(cl, done, h.args[0], hang_s)) from None
         finally:
             for sock, _ in src:
                 sock.close()
@@ -468,9 +468,7 @@ def run_pipeline(export_dir: str, images: np.ndarray, *, bandwidth_scale: float 
 
 
 class _Hung(Exception):
-    def __init__(self, image):
-        super().__init__(image)
-        self.image = image
+    """Internal: no progress while image ``args[0]`` was in flight."""
 
 
 def _collect(cl: _Cluster, key: str, deadline: float, devices=None, frames: bool = False) -> dict:

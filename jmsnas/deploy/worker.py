@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import errno
-import json
 import os
 import queue
 import selectors
@@ -168,8 +167,6 @@ def _receive_part(ctl: _Control, msg: dict):
         with open(os.path.join(folder, name), "wb") as f:
             f.write(np.asarray(blob, np.uint8).tobytes())
         stage[key] = name
-    with open(os.path.join(folder, "manifest.json"), "w", encoding="utf-8") as f:
-        json.dump(manifest, f)
     return device, load_stages(folder, device, manifest)
 
 
