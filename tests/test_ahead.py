@@ -153,7 +153,9 @@ def test_the_search_state_has_the_shapes_of_its_initialisation_without_running_i
 
 
 @pytest.mark.slow
-def test_the_main_job_compiles_every_step_ahead_with_the_same_result(tmp_path, monkeypatch):
+def test_the_main_job_compiles_every_step_ahead_with_the_same_result(tmp_path, monkeypatch, fast_compiles):
+    """Both runs compile with XLA's optimisation passes off (``fast_compiles``; this module's last test): what is
+    checked is where and how often the steps compile and that both runs agree, not the optimised code."""
     cfg = configs.tiny(configs.default_config())
     cfg.dw_impl = "xla"
     cfg.retrain.epochs = 2
