@@ -98,6 +98,7 @@ def test_four_cpu_devices_match_one(tmp_path):
     for n in (1, 4):
         env = _env(tmp_path)
         env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={n}"
+        env["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"  # both compile alike, faster: the sharding is what is checked
         out = subprocess.run([sys.executable, "-c", FOUR_DEVICES], env=env, capture_output=True, text=True,
                              timeout=900)
         assert out.returncode == 0, out.stderr
