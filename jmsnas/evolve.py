@@ -38,7 +38,6 @@ from jmsnas.evaluate import evaluate_loop, evaluate_population
 from jmsnas.gates import onehot_gates
 from jmsnas.pipeline import ConfigError
 from jmsnas.space import IDENTITY, NUM_OPS, OPS, SearchSpace
-from jmsnas.strategies.base import sample_valid
 
 DEFAULTS = dict(
     epochs=10,  # supernet training epochs (stage 1)
@@ -94,25 +93,14 @@ def sandwich_ops(space: SearchSpace) -> tuple:
     return np.asarray(largest, np.int32), np.asarray(smallest, np.int32)
 
 
-def sandwich_archs(key, mask, largest, smallest, num_random: int) -> jnp.ndarray:
-    """int32[2 + num_random, N]: the largest, the smallest, then ``num_random`` uniform valid sub-networks."""
-    rand = sample_valid(key, jnp.asarray(mask), num_random)
-    return jnp.concatenate([jnp.asarray(largest)[None], jnp.asarray(smallest)[None], rand]).astype(jnp.int32)
-
-
 def sandwich_step(space: SearchSpace, lr: float, lambda1: float, num_random: int, dw_impl: str = "auto"):
     """``run.supernet.sandwich`` over ``space``: x float32[B, H, W, C], y int32[B]; the sub-networks are
-    ``sandwich_archs``."""
+    ``run.supernet.sandwich_archs`` (largest and smallest: ``sandwich_ops``)."""
     largest, smallest = sandwich_ops(space)
     mask = space.mask()
-    return RS.sandwich(lr, lambda1, lambda k: sandwich_archs(k, mask, largest, smallest, num_random),
+    return RS.sandwich(lr, lambda1, lambda k: RS.sandwich_archs(k, mask, largest, smallest, num_random),
                        lambda p, bn, ops, x: supernet.apply(space, p, bn, onehot_gates(ops, NUM_OPS), x, train=True,
                                                             dw_impl=dw_impl))
-
-
-def make_sandwich_step(space: SearchSpace, lr: float, lambda1: float, num_random: int, dw_impl: str = "auto"):
-    """``sandwich_step`` jitted once, with the state donated."""
-    return jax.jit(sandwich_step(space, lr, lambda1, num_random, dw_impl), donate_argnums=0)
 
 
 def _epoch_entry(cfg, space, table, ds, mesh, st, eval_step, epoch, m) -> dict:
@@ -233,8 +221,8 @@ def evolve(cfg: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
     _, _, eval_step = pipeline.search_steps(cfg, space, table)
     problem = RE.Problem(
         space.mask(), lambda k: supernet.init(k, space, shared_weights=cfg.shared_weights),
-        programs.persistent_jit(make_sandwich_step(*made), name="evolve.sandwich_step", identity=made,
-                                donate_argnums=0),
+        programs.persistent_jit(jax.jit(sandwich_step(*made), donate_argnums=0), name="evolve.sandwich_step",
+                                identity=made, donate_argnums=0),
         lambda st, epoch, m: _epoch_entry(cfg, space, table, ds, mesh, st, eval_step, epoch, m),
         within_budget(space, table, t_const, cfg.split, lim),
         lambda st, ops: fitness(space, table, st.params, st.bn, ops, fd, t_const, cfg.split, e.chunk, e.evaluator,

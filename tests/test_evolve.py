@@ -7,7 +7,6 @@ import types
 import chex
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 import pytest
@@ -22,7 +21,7 @@ from jmsnas.gates import onehot_gates
 from jmsnas.objectives import cross_entropy, l2_norm_sq
 from jmsnas.pipeline import ConfigError
 from jmsnas.run import evolution as RE, processes, supernet as RS
-from jmsnas.space import NUM_OPS, OP_NAMES, OPS, build_space, op_index
+from jmsnas.space import NUM_OPS, OP_NAMES, build_space, op_index
 from jmsnas.strategies.base import sample_valid
 from jmsnas.topology import DeviceProfile, chain
 
@@ -68,14 +67,14 @@ def test_sandwich_archs_rows():
     space = tiny_space()[0]
     largest, smallest = evolve.sandwich_ops(space)
     mask = space.mask()
-    archs = np.asarray(evolve.sandwich_archs(jax.random.PRNGKey(3), mask, largest, smallest, 5))
+    archs = np.asarray(RS.sandwich_archs(jax.random.PRNGKey(3), mask, largest, smallest, 5))
     assert archs.shape == (7, space.num_layers) and archs.dtype == np.int32
     np.testing.assert_array_equal(archs[0], largest)
     np.testing.assert_array_equal(archs[1], smallest)
     assert mask[np.arange(space.num_layers)[None], archs[2:]].all()  # random rows pick valid ops only
-    other = np.asarray(evolve.sandwich_archs(jax.random.PRNGKey(4), mask, largest, smallest, 5))
+    other = np.asarray(RS.sandwich_archs(jax.random.PRNGKey(4), mask, largest, smallest, 5))
     assert not np.array_equal(other[2:], archs[2:]) and np.array_equal(other[:2], archs[:2])
-    assert evolve.sandwich_archs(jax.random.PRNGKey(3), mask, largest, smallest, 0).shape == (2, space.num_layers)
+    assert RS.sandwich_archs(jax.random.PRNGKey(3), mask, largest, smallest, 0).shape == (2, space.num_layers)
 
 
 # ----------------------------------------------------------------------------------------------- the step
@@ -116,7 +115,7 @@ def test_sandwich_step_is_one_adam_update_of_the_summed_gradients(stepped):
     plus the L2 term once."""
     space, st0, batches, states, metrics = stepped
     x, y = batches[0]
-    archs = np.asarray(evolve.sandwich_archs(jax.random.split(st0.key)[1], space.mask(),
+    archs = np.asarray(RS.sandwich_archs(jax.random.split(st0.key)[1], space.mask(),
                                              *evolve.sandwich_ops(space), R))
     with jax.disable_jit():
         bn, total, ces = st0.bn, jax.tree_util.tree_map(jnp.zeros_like, st0.params), []

@@ -65,18 +65,13 @@ class EpochSaves:
         return True
 
 
-def _resuming(ckpt: Checkpointer | None, resume: bool) -> bool:
-    return resume and ckpt is not None and ckpt.latest_step() is not None
-
-
-def restore(ckpt: Checkpointer | None, state, fp: str, resume: bool, extra_meta: dict | None = None):
-    """(state, epoch, batch, history): from the latest checkpoint when resuming one (its fingerprint must be
-    ``fp`` and its meta hold ``extra_meta``), else ``state`` at the start."""
-    if _resuming(ckpt, resume):
-        state, meta = ckpt.restore(jax.device_get(state), expect_meta={"fingerprint": fp, **(extra_meta or {})},
-                                   meta_types=META_TYPES)
-        return state, meta["epoch"], meta["batch"], meta["history"]
-    return state, 0, 0, []
+def restore(ckpt: Checkpointer | None, state, fp: str, resume: bool, meta_types: dict, extra_meta: dict | None = None):
+    """(state, meta) of the latest checkpoint when resuming one (its fingerprint must be ``fp`` and its meta hold
+    ``extra_meta``), else (``state``, None)."""
+    if resume and ckpt is not None and ckpt.latest_step() is not None:
+        return ckpt.restore(jax.device_get(state), expect_meta={"fingerprint": fp, **(extra_meta or {})},
+                            meta_types=meta_types)
+    return state, None
 
 
 def epochs(state, *, cfg, ckpt: Checkpointer | None, fp: str, resume: bool, total: int, split: data.Split,
@@ -93,9 +88,10 @@ def epochs(state, *, cfg, ckpt: Checkpointer | None, fp: str, resume: bool, tota
     architecture). ``place(state)`` puts the (restored) host state on the devices (e.g. ``train.replicate``).
     """
     extra = dict(extra_meta or {})
-    state, epoch, start, restored = restore(ckpt, state, fp, resume, extra)
+    state, meta = restore(ckpt, state, fp, resume, META_TYPES, extra)
     state = place(state)
-    history = restored if _resuming(ckpt, resume) else list(history or [])
+    epoch, start, history = (0, 0, list(history or [])) if meta is None else (meta["epoch"], meta["batch"],
+                                                                            meta["history"])
     nb = data.num_batches(split, batch_size)
     progress_bar = bar(total * nb, epoch * nb + start, desc, "step", progress)
     saves, metrics = EpochSaves(cfg), {}
@@ -124,11 +120,8 @@ def generations(state, *, ckpt: Checkpointer | None, fp: str, resume: bool, tota
     ``generation(state, g, carry) -> (state, carry)``; ``carry`` is JSON data (logs, the best so far) saved with the
     state and restored on resume. ``postfix(carry) -> dict`` is shown on the bar.
     """
-    g = 0
-    if _resuming(ckpt, resume):
-        state, meta = ckpt.restore(jax.device_get(state), expect_meta={"fingerprint": fp},
-                                   meta_types={"generation": "count", "carry": dict})
-        g, carry = meta["generation"], meta["carry"]
+    state, meta = restore(ckpt, state, fp, resume, {"generation": "count", "carry": dict})
+    g, carry = (0, carry) if meta is None else (meta["generation"], meta["carry"])
     progress_bar = bar(total, g, desc, unit, progress)
     while g < total:
         state, carry = generation(state, g, carry)

@@ -11,6 +11,7 @@ import optax
 from jmsnas import tensorboard as tb, train
 from jmsnas.objectives import cross_entropy, l2_norm_sq
 from jmsnas.run import loop
+from jmsnas.strategies.base import sample_valid
 
 
 def init_sandwich_state(key, init, lr: float) -> train.SupernetState:
@@ -19,6 +20,13 @@ def init_sandwich_state(key, init, lr: float) -> train.SupernetState:
     params, bn = init(k_init)
     return train.SupernetState(params, bn, train.init_optimizer(optax.adam(lr), params), k_run,
                                train.zeros((), np.int32))
+
+
+def sandwich_archs(key, mask, largest, smallest, num_random: int) -> jnp.ndarray:
+    """int32[2 + num_random, N]: the largest, the smallest, then ``num_random`` uniform valid sub-networks of
+    ``mask`` bool[N, R]."""
+    rand = sample_valid(key, jnp.asarray(mask), num_random)
+    return jnp.concatenate([jnp.asarray(largest)[None], jnp.asarray(smallest)[None], rand]).astype(jnp.int32)
 
 
 def sandwich(lr: float, lambda1: float, sample, apply, keys: int = 1):

@@ -156,7 +156,8 @@ def apply_fixed(space: SplitSpace, params, state, genes, x, *, train: bool, pos:
 
 def recalibrate(fwd, params, state, calib_x):
     """BN statistics of one architecture: the average over K calibration batches (calib_x float32[K, B, ...]) of
-    each batch's mean and biased variance (``fwd(params, state, x, train=True) -> (logits, new_state)``)."""
+    each batch's mean and biased variance (``fwd(params, state, x, train=True) -> (logits, new_state)``); only the
+    shapes of ``state`` are used (arrays, or ``jax.ShapeDtypeStruct``s)."""
     zero = jax.tree_util.tree_map(jnp.zeros_like, state)
     stats = jax.lax.map(lambda xk: fwd(params, zero, xk, True)[1], calib_x)
     return jax.tree_util.tree_map(lambda a: jnp.mean(a, axis=0) * _ZERO_STATS_SCALE, stats)

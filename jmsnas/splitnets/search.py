@@ -2,11 +2,11 @@
 
 What differs from ``jmsnas evolve``'s space is a problem description (``problem``: the split-aware supernet, its
 sandwich step, its epoch row and a fitness under two HARD limits, end-to-end latency and sensor peak memory) that
-``run.evolution.search`` trains and evolves (``strategies.make("evolution")``, 512 x 20 by default). Before anything is
-trained the limits are checked against the smallest values the space can reach (``reachable``): a limit no network
-meets is an error naming that value. The winner is retrained (weights inherited) and written as result.json (with
-the split position, d, the bytes on the bus and the sensor peak memory), history.json, evolution.json, the report
-plots and parts/ (sensor, aggregator).
+``run.evolution.search`` trains and evolves (``strategies.make("evolution")``, 512 x 20 by default). Before anything
+is trained the limits are checked against the smallest values the space can reach (``reachable``): a limit no
+network meets is an error naming that value. The winner is retrained (weights inherited) and written as
+result.json (with the split position, d, the bytes on the bus and the sensor peak memory), history.json,
+evolution.json, the report plots and parts/ (sensor, aggregator).
 """
 from __future__ import annotations
 
@@ -34,7 +34,6 @@ from jmsnas.splitnets import net as N
 from jmsnas.splitnets import views as VW
 from jmsnas.splitnets.module import INITS
 from jmsnas.splitnets.space import SplitArch, SplitSpace
-from jmsnas.strategies.base import sample_valid
 
 DEFAULTS = dict(views=1, view_size=12, stem_channels=8, phase_channels=(16, 24, 32), phase_strides=(2, 2, 2),
                 max_depth=3, kernels=(3, 5), expands=(3, 6), reductions=(2, 4, 8), split_kernel=1,
@@ -166,20 +165,20 @@ class CostCache:
 # ----------------------------------------------------------------------------------------------- the problem
 
 def problem(cfg, space: SplitSpace, costs: CostCache, fd: RE.FitnessData) -> RE.Problem:
-    """What ``run.evolution.search`` runs for SplitNets: the split-aware supernet (``net``), its sandwich step (largest +
-    smallest + ``evolve.num_random`` random networks; single view: each random one also carries, with probability
-    ``splitnets.extra_modules``, extra reduce/recover pairs in the other phases, Appendix D), its epoch row, and
-    the two HARD limits (end-to-end latency <= T_const, sensor peak memory <= the sensor's memory) of the fitness:
-    supernet accuracy on ``fd`` (BN recalibrated per network), ties broken by lower latency."""
+    """What ``run.evolution.search`` runs for SplitNets: the split-aware supernet (``net``), its sandwich step
+    (largest + smallest + ``evolve.num_random`` random networks; single view: each random one also carries, with
+    probability ``splitnets.extra_modules``, extra reduce/recover pairs in the other phases, Appendix D), its epoch
+    row, and the two HARD limits (end-to-end latency <= T_const, sensor peak memory <= the sensor's memory) of the
+    fitness: supernet accuracy on ``fd`` (BN recalibrated per network), ties broken by lower latency."""
     e, s, t_const, mem = cfg.evolve, cfg.search, float(cfg.t_const_ms), costs.hw.sensor_memory_bytes
     mask, P = space.mask(), space.num_phases
     big, small = jnp.asarray(space.extreme(True)), jnp.asarray(space.extreme(False))
     extra = float(cfg.splitnets.extra_modules) if space.views == 1 else 0.0
 
     def sample(k1, k2):
-        genes = jnp.concatenate([big[None], small[None], sample_valid(k1, jnp.asarray(mask), e.num_random)])
+        genes = RS.sandwich_archs(k1, mask, big, small, e.num_random)
         extras = jax.random.bernoulli(k2, extra, (genes.shape[0], P)).astype(jnp.float32)
-        return genes.astype(jnp.int32), extras.at[:2].set(0.0)
+        return genes, extras.at[:2].set(0.0)
 
     def end_epoch(st, epoch, m):
         accs = np.asarray(population_accuracy(space, jax.device_get(st.params), np.stack([big, small]), fd.bn,
@@ -230,15 +229,14 @@ def population_accuracy(space: SplitSpace, params, pop, calib, x, y, chunk: int 
 
 def _acc_one(space, params, genes, calib, x, y):
     fwd = lambda p, st, xx, train: N.apply(space, p, st, genes, xx, train=train)
-    state = N.recalibrate(fwd, params, _zero_state(space, params), calib)
+    state = N.recalibrate(fwd, params, _bn_shapes(space), calib)
     logits, _ = fwd(params, state, x, False)
     return jnp.mean((jnp.argmax(logits, -1) == y).astype(jnp.float32))
 
 
-def _zero_state(space, params):
-    """A BN state pytree of the supernet's shapes, zeros (``net.recalibrate`` fills it)."""
-    shapes = jax.eval_shape(lambda: N.init(jax.random.PRNGKey(0), space)[1])
-    return jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
+def _bn_shapes(space):
+    """The supernet's BN state as shapes (``net.recalibrate`` needs only those)."""
+    return jax.eval_shape(lambda: N.init(jax.random.PRNGKey(0), space)[1])
 
 
 _pop_acc = jax.jit(lambda space, params, pop, calib, x, y: jax.lax.map(
@@ -267,7 +265,7 @@ def train_fixed(cfg, space, ds, params, genes, epochs: int, calib, *, pos=None, 
         up, opt = tx.update(g, fs.opt, fs.params)
         return train.RetrainState(optax.apply_updates(fs.params, up), st2, opt, fs.step + 1), {"loss": l}
 
-    st = N.recalibrate(fwd, params, _zero_state(space, params), jnp.asarray(calib))
+    st = N.recalibrate(fwd, params, _bn_shapes(space), jnp.asarray(calib))
     evaluate = jax.jit(lambda p, st, x: jnp.argmax(fwd(p, st, x, False)[0], -1))
     fs, hist = loop.epochs(
         train.RetrainState(params, st, tx.init(params), jnp.zeros((), jnp.int32)), cfg=cfg, ckpt=ckpt, fp=fp,
@@ -338,26 +336,16 @@ def write_parts(space, params, bn, genes, workdir: str, bus_mbps: float | None =
          "splitnets_space": dataclasses.asdict(space), "bus_mbps": None if bus_mbps is None else float(bus_mbps)})
 
 
-def describe(space: SplitSpace, genes, cost: H.Cost) -> dict:
-    """The ``splitnets`` block of result.json: where the split is and what it costs."""
+def result_dict(cfg, space, hw, genes, cost: H.Cost, val_acc, test_acc, n_params, ds_name, note) -> dict:
+    """result.json: the common top level and a ``splitnets`` block (where the split is and what it costs)."""
     a = space.decode(genes)
     p, m = a.split
     before = sum(a.depth[:p]) + m
-    return {"views": space.views, "split_phase": p, "blocks_on_sensor": before,
-            "blocks_on_aggregator": sum(a.depth) - before, "depth": list(a.depth), "d": a.d,
-            "c": space.phase_channels[p], "feature_shape": [space.phase_hw(p), space.phase_hw(p), a.d],
-            "bytes_per_sensor": cost.bytes_per_sensor, "bus_bytes": cost.bus_bytes,
-            "bus_bytes_without_module": float(space.phase_hw(p) ** 2 * space.phase_channels[p] * space.views),
-            "sensor_peak_memory_bytes": cost.sensor_peak_bytes, "genes": [int(g) for g in genes]}
-
-
-def result_dict(cfg, space, hw, genes, cost: H.Cost, val_acc, test_acc, n_params, ds_name, note) -> dict:
-    a = space.decode(genes)
     arch = []
-    for p in range(space.num_phases):
-        for j in range(a.depth[p]):
-            arch.append({"layer": len(arch), "device": "sensor" if (p, j) < a.split else "aggregator",
-                         "op": space.op_name(p, j, a.ops[p][j])})
+    for q in range(space.num_phases):
+        for j in range(a.depth[q]):
+            arch.append({"layer": len(arch), "device": "sensor" if (q, j) < a.split else "aggregator",
+                         "op": space.op_name(q, j, a.ops[q][j])})
     met_t = cost.total_ms <= cfg.t_const_ms + 1e-12
     met_m = cost.sensor_peak_bytes <= hw.sensor_memory_bytes
     return {"topology": cfg.splitnets.topology or f"hmd_{space.views}_sensors", "t_const_ms": float(cfg.t_const_ms),
@@ -369,7 +357,14 @@ def result_dict(cfg, space, hw, genes, cost: H.Cost, val_acc, test_acc, n_params
             "budget": {"met": bool(met_t and met_m), "repaired": False, "min_reachable_ms": None, "note": note},
             "memory": {"sensor_peak_bytes": cost.sensor_peak_bytes, "limit_bytes": hw.sensor_memory_bytes,
                        "met": bool(met_m)},
-            "splitnets": describe(space, genes, cost), "dataset": ds_name, "seed": cfg.seed, "flow": "splitnets"}
+            "splitnets": {
+                "views": space.views, "split_phase": p, "blocks_on_sensor": before,
+                "blocks_on_aggregator": sum(a.depth) - before, "depth": list(a.depth), "d": a.d,
+                "c": space.phase_channels[p], "feature_shape": [space.phase_hw(p), space.phase_hw(p), a.d],
+                "bytes_per_sensor": cost.bytes_per_sensor, "bus_bytes": cost.bus_bytes,
+                "bus_bytes_without_module": float(space.phase_hw(p) ** 2 * space.phase_channels[p] * space.views),
+                "sensor_peak_memory_bytes": cost.sensor_peak_bytes, "genes": [int(g) for g in genes]},
+            "dataset": ds_name, "seed": cfg.seed, "flow": "splitnets"}
 
 
 # ----------------------------------------------------------------------------------------------- the flow
@@ -394,9 +389,7 @@ def evolve(cfg, workdir: str, *, resume: bool = False, progress: bool = True) ->
     result.json, history.json, evolution.json, plots and parts/ (atomically, process 0)."""
     cfg, hw, space, ds = prepare(cfg)
     fd = RE.fitness_data(cfg, ds)
-    stored = W.plain(cfg)
-    W.check_workdir(workdir, resume, stored, "evolve")
-    W.claim(workdir, resume, stored, "evolve")
+    W.check_and_claim(workdir, resume, cfg, "evolve")
     fp, costs = W.fingerprint(cfg), CostCache(space, hw)
     with tb.run(workdir, tb.enabled(cfg)):
         st, history, log, best, _ = RE.search(cfg, problem(cfg, space, costs, fd), ds, train.data_mesh(), workdir,
