@@ -46,11 +46,28 @@ def tiny_config():
     return cfg
 
 
+def _config_file(tmp_path_factory, name: str, text: str):
+    """``text`` as ``config.py`` in a new folder ``name``."""
+    path = tmp_path_factory.mktemp(name) / "config.py"  # beside the test's tmp_path, not in it
+    path.write_text(text)
+    return path
+
+
+def _copy(run, tmp_path_factory, name: str):
+    """A test's own copy of a session's run directory (in a folder of its own beside its tmp_path)."""
+    return shutil.copytree(run, tmp_path_factory.mktemp(name) / "run", symlinks=True)
+
+
+def _command_run(tmp_path_factory, cache, command: str, text: str, name: str):
+    """``jmsnas COMMAND --config <text>`` in its own process with the persistent compile cache ``cache``."""
+    config = _config_file(tmp_path_factory, name, text)
+    procs.finish(procs.start(procs.env(cache), command, config, config.parent / "run"))
+    return config.parent / "run"
+
+
 @pytest.fixture
 def tiny_config_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny_config") / "tiny.py"  # beside the test's tmp_path, not in it
-    path.write_text(TINY_CONFIG)
-    return path
+    return _config_file(tmp_path_factory, "tiny_config", TINY_CONFIG)
 
 
 @pytest.fixture(scope="session")
@@ -60,7 +77,7 @@ def _tiny_run_once(tmp_path_factory):
 
 @pytest.fixture
 def tiny_run(_tiny_run_once, tmp_path_factory):
-    return shutil.copytree(_tiny_run_once, tmp_path_factory.mktemp("tiny_run") / "run", symlinks=True)
+    return _copy(_tiny_run_once, tmp_path_factory, "tiny_run")
 
 
 @pytest.fixture(scope="session")
@@ -70,15 +87,12 @@ def tiny_compile_cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def _trained_run_once(tmp_path_factory, tiny_compile_cache):
-    root = tmp_path_factory.mktemp("trained_run")
-    (root / "tiny.py").write_text(TINY_CONFIG)
-    procs.finish(procs.start(procs.env(tiny_compile_cache), "search", root / "tiny.py", root / "run"))
-    return root / "run"
+    return _command_run(tmp_path_factory, tiny_compile_cache, "search", TINY_CONFIG, "trained_run")
 
 
 @pytest.fixture
 def trained_run(_trained_run_once, tmp_path_factory):
-    return shutil.copytree(_trained_run_once, tmp_path_factory.mktemp("trained_run") / "run", symlinks=True)
+    return _copy(_trained_run_once, tmp_path_factory, "trained_run")
 
 
 EVOLVE_CONFIG = textwrap.dedent("""
@@ -96,22 +110,17 @@ EVOLVE_CONFIG = textwrap.dedent("""
 
 @pytest.fixture
 def evolve_config_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("evolve_config") / "evolve.py"  # beside the test's tmp_path, not in it
-    path.write_text(EVOLVE_CONFIG)
-    return path
+    return _config_file(tmp_path_factory, "evolve_config", EVOLVE_CONFIG)
 
 
 @pytest.fixture(scope="session")
 def _evolved_run_once(tmp_path_factory, tiny_compile_cache):
-    root = tmp_path_factory.mktemp("evolved_run")
-    (root / "evolve.py").write_text(EVOLVE_CONFIG)
-    procs.finish(procs.start(procs.env(tiny_compile_cache), "evolve", root / "evolve.py", root / "run"))
-    return root / "run"
+    return _command_run(tmp_path_factory, tiny_compile_cache, "evolve", EVOLVE_CONFIG, "evolved_run")
 
 
 @pytest.fixture
 def evolved_run(_evolved_run_once, tmp_path_factory):
-    return shutil.copytree(_evolved_run_once, tmp_path_factory.mktemp("evolved_run") / "run", symlinks=True)
+    return _copy(_evolved_run_once, tmp_path_factory, "evolved_run")
 
 
 @pytest.fixture(scope="module")
