@@ -16,8 +16,10 @@ markdown table with the load average. Extra arguments (``--config.KEY=VALUE``) g
 ``PYTHONPATH`` pointing at it) on the same machine: ``--pairs`` times, COMMIT's first run and this code's first run,
 each with an empty cache of its own, one right after the other (which goes first alternates from pair to pair),
 then this code's second run on its cache. It prints every run, the ratio of the first runs (this code / COMMIT)
-per pair and their median, this code's second / first, and whether every ``result.json`` (apart from "time")
-and ``history.json`` is identical across both codes and all runs. Exit status 1 when any differs.
+per pair and their median, this code's second / first, and whether this code's ``result.json`` (apart from
+"time") and ``history.json`` are identical in all its runs and agree with COMMIT's: every entry COMMIT's result
+also writes (apart from "space", whose format a later code may extend) equal, and the same history data. Exit
+status 1 when any differs.
 ``--json FILE`` also writes the runs' times, the ratios and the checks. ``--xla-flags FLAGS`` sets ``XLA_FLAGS`` for
 this code's runs only (with ``--pair HEAD``: the same code with and without the XLA options, see
 ``benchmarks/compile_flags.py``). ``--prefill N`` puts N entries of other programs (JAX's file layout, 18 kB each,
@@ -92,6 +94,12 @@ def prefill(cache: str, n: int, entry_bytes: int = 18_000) -> str:
 
 def strip(result: dict) -> dict:
     return {k: v for k, v in result.items() if k != "time"}
+
+
+def shared(result: dict, other: dict) -> dict:
+    """The entries of ``result`` that ``other`` (another code's result.json) also writes, apart from "time" and
+    "space" (whose format a later code extends): what two codes' results must agree on."""
+    return {k: v for k, v in result.items() if k in other and k not in ("time", "space")}
 
 
 def row(label: str, r: dict) -> str:
@@ -175,15 +183,20 @@ def paired(args, extra, root: str) -> int:
             runs.append(got[who])
         print(rows[-3], rows[-2], rows[-1], sep="\n", flush=True)
     load1 = os.getloadavg()
-    same = all(strip(r["result"]) == strip(runs[0]["result"]) for r in runs)
-    same_history = all(r["history"] == runs[0]["history"] for r in runs)
+    ours = [r for i, r in enumerate(runs) if i % 3]  # this code's first and second runs
+    theirs = runs[0::3]
+    same = all(strip(r["result"]) == strip(ours[0]["result"]) for r in ours) and all(
+        shared(r["result"], ours[0]["result"]) == shared(ours[0]["result"], r["result"]) for r in theirs)
+    same_history = all(r["history"] == ours[0]["history"] for r in ours) and all(
+        json.loads(r["history"]) == json.loads(ours[0]["history"]) for r in theirs)
     print("\n" + HEADER)
     print("\n".join(rows))
     print(f"\nfirst run, this code / {args.pair}: {', '.join(f'{v:.2f}' for v in ratios)} "
           f"(median {statistics.median(ratios):.2f}); this code's second / first: "
           f"{', '.join(f'{v:.2f}' for v in seconds)} (median {statistics.median(seconds):.2f})")
-    print(f"result.json identical apart from 'time' in all {len(runs)} runs (both codes): {same}; "
-          f"history.json identical: {same_history}")
+    print(f"result.json identical apart from 'time' in this code's {len(ours)} runs, and in every entry "
+          f"{args.pair}'s {len(theirs)} runs also write (apart from 'space', whose format may have grown): {same}; "
+          f"history.json identical (the same data in {args.pair}'s runs): {same_history}")
     r = runs[0]["result"]
     print(f"result: test accuracy {r['accuracy']['test']:.4f}, T = {r['latency_ms']['total']:.4f} ms, "
           f"{r['params']:,} parameters")
