@@ -12,6 +12,9 @@ Safety:
   temporary directory, which is never listed as a step, so the previous good step stays the latest one.
   Old steps are deleted only after the new one is committed; ``max_to_keep >= 2`` always leaves one older
   step next to the newest.
+* After the commit, process 0 stores the sha256 of every file of the step in ``jmsnas_checksums.json``
+  (written to a temporary name, then renamed). A process killed between the commit and that rename leaves a
+  whole step without its checksum file; the next Checkpointer opened on the directory stores it.
 * :meth:`Checkpointer.restore` compares the stored tree structure, shapes and dtypes and the expected
   metadata against the caller's template before reading any array, and reports any difference, or a corrupt
   or missing checkpoint, as a one-line :class:`CheckpointError`. Nothing is deleted or written on error.
@@ -273,6 +276,8 @@ class Checkpointer:
             self._manager = ocp.CheckpointManager(self.directory, item_handlers=handlers, options=options)
         except Exception as exc:  # orbax reads existing step metadata here
             raise CheckpointError(f"cannot open checkpoints in {self.directory}: {safeio.error_line(exc)}") from None
+        if jax.process_index() == 0:
+            self._finish_interrupted_saves()
 
     def all_steps(self) -> list:
         """Committed steps, ascending (temporary directories of unfinished saves are not steps)."""
@@ -306,6 +311,18 @@ class Checkpointer:
         except Exception as exc:
             raise CheckpointError(f"saving checkpoint step {step} in {self.directory} failed: "
                                   f"{safeio.error_line(exc)}") from None
+
+    def _finish_interrupted_saves(self) -> None:
+        """A process killed after orbax committed a step but before its checksum file was in place leaves the step
+        without one (and perhaps a half-written ``CHECKSUMS.tmp``). The commit is orbax's atomic rename after every
+        file is written, so the step is whole: drop the temporary file and store the step's checksums now."""
+        for step in self.all_steps():
+            step_dir = os.path.join(self.directory, str(step))
+            tmp = os.path.join(step_dir, CHECKSUMS + ".tmp")
+            if os.path.lexists(tmp):
+                os.remove(tmp)
+            if not os.path.isfile(os.path.join(step_dir, CHECKSUMS)):
+                self._write_digests(step)
 
     def _write_digests(self, step: int) -> None:
         """Store the sha256 of every file of the committed step (atomically), verified by :meth:`restore`."""

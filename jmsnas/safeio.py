@@ -353,6 +353,26 @@ def npz_folder(path, arrays: dict, manifest: dict) -> None:
             json.dump(manifest, f, indent=2)
 
 
+def remove_partial_writes(directory) -> list:
+    """Delete what :func:`atomic_write` and :func:`atomic_dir` leave when their process is killed mid-write (a
+    file or folder named ``.<name>.<random>.tmp`` or ``.old``) anywhere under ``directory``; the caller must be its
+    only writer (e.g. it holds the workdir's lock). Returns the removed paths, relative to ``directory``."""
+    directory = os.fspath(directory)
+    removed = []
+    for root, dirs, files in os.walk(directory):
+        for name in [*files, *dirs]:
+            if name.startswith(".") and name.endswith((".tmp", ".old")) and name.count(".") >= 3:
+                path = os.path.join(root, name)
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    with contextlib.suppress(OSError):
+                        os.remove(path)
+                removed.append(os.path.relpath(path, directory))
+        dirs[:] = [d for d in dirs if os.path.isdir(os.path.join(root, d))]
+    return sorted(removed)
+
+
 @contextlib.contextmanager
 def atomic_dir(path):
     """Yield a new temporary folder next to ``path``; on success it replaces ``path`` (an existing ``path`` is

@@ -326,3 +326,25 @@ def test_failed_sibling_reads_are_dropped_for_good_and_nothing_else():
     assert not lg.filter(rec(sibling))
     assert lg.filter(rec("Task exception was never retrieved\nfuture: <Task exception=KeyError('x')>"))
     assert lg.filter(rec("Unclosed client session"))
+
+
+def test_a_kill_before_the_checksum_file_is_renamed_leaves_nothing_on_the_next_open(saved):
+    """The process died after orbax committed step 2, while writing its checksum file: the next open removes the
+    half-written temporary file and stores the step's checksums, which then catch a later change."""
+    from jmsnas.checkpoint import CHECKSUMS
+    d, state = saved
+    step = os.path.join(d, "2")
+    with open(os.path.join(step, CHECKSUMS), encoding="utf-8") as f:
+        stored = f.read()
+    os.remove(os.path.join(step, CHECKSUMS))
+    with open(os.path.join(step, CHECKSUMS + ".tmp"), "w", encoding="utf-8") as f:
+        f.write(stored[: len(stored) // 2])
+    with Checkpointer(d) as ck:
+        assert not [n for n in os.listdir(step) if n.endswith(".tmp")]
+        with open(os.path.join(step, CHECKSUMS), encoding="utf-8") as f:
+            assert f.read() == stored
+        restored, meta = ck.restore(state)
+        assert meta["epoch"] == 1
+    _garbage_arrays(d)
+    with Checkpointer(d) as ck, pytest.raises(CheckpointError, match="changed since it was saved"):
+        ck.restore(state)

@@ -176,6 +176,8 @@ def claim_workdir(workdir: str, resume: bool, config: dict, command: str) -> Non
         lock_workdir(workdir, command)
         if not resume:  # a resumed run keeps what it has (a run older than config.json stays without one)
             directory.write_config(workdir, "search" if command == "retrain" else command, config)
+        else:  # the killed run's half-written outputs (never its finished ones) go: this process is the writer
+            safeio.remove_partial_writes(workdir)
     except OSError as e:
         raise ConfigError(f"workdir {workdir!r} is not writable: {e.strerror or e}") from None
 

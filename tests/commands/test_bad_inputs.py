@@ -222,7 +222,7 @@ NOISE = textwrap.dedent("""
     state = {f"w{i}": rng.normal(size=(64, 64)).astype(np.float32) for i in range(8)}
     with Checkpointer(d) as c:
         c.save(1, state, {})
-    os.remove(os.path.join(d, "1", CHECKSUMS))  # as a checkpoint from before checksums: orbax meets the damage
+    os.remove(os.path.join(d, "1", CHECKSUMS))  # damaged after: reopening stores checksums of the damaged files, so orbax meets it
     for r, _, fs in os.walk(os.path.join(d, "1", "state")):
         for f in fs:
             if os.path.basename(r) == "d" and os.path.getsize(os.path.join(r, f)) > 4000:

@@ -459,3 +459,25 @@ def test_a_refused_resume_writes_nothing(capsys, tmp_path):
     before = tinyrun.digest(w)
     fails(capsys, ["evolve", "--config", f"{path}:tiny", "--workdir", w, "--resume"], "checkpoint")
     assert tinyrun.digest(w) == before
+
+
+def test_a_resumed_claim_removes_the_killed_runs_half_writes_and_nothing_else(tmp_path, tiny_config):
+    """A run killed inside atomic_write / atomic_dir leaves ``.<name>.<random>.tmp``; the resumed run, holding the
+    workdir's lock, removes those and keeps every finished output."""
+    w, cfg = tmp_path / "w", tiny_config
+    W.claim_workdir(str(w), False, W.plain(cfg), "search")
+    W.release_workdirs()
+    (w / "history.json").write_text("{}")
+    (w / "parts").mkdir()
+    (w / "parts" / "device_0.npz").write_bytes(b"x")
+    half = [w / ".result.json.k2j3_x.tmp", w / "parts" / ".manifest.json.a8b.tmp"]
+    for p in half:
+        p.write_text('{"half')
+    (w / ".parts.q1w2.tmp").mkdir()
+    (w / ".parts.q1w2.tmp" / "device_0.npz").write_bytes(b"y")
+    before = tinyrun.digest(w)
+    W.claim_workdir(str(w), True, W.plain(cfg), "search")
+    W.release_workdirs()
+    after = tinyrun.digest(w)
+    assert not [p for p in after if ".tmp" in p]
+    assert after == {k: v for k, v in before.items() if ".tmp" not in k and k != W.OWNER_FILE}
