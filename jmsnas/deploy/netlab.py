@@ -85,6 +85,11 @@ def _free_tag() -> str:
     raise RuntimeError("no free interface tag for the lab")
 
 
+def _names(tag: str, i: int) -> tuple:
+    """Device ``i``'s namespace, its veth inside the namespace and the veth's peer on the bridge, in lab ``tag``."""
+    return f"jmsnas-{tag}-{i}", f"j{tag}d{i}", f"j{tag}p{i}"
+
+
 def create(devices, links: dict, latencies_ms: dict | None = None) -> Lab:
     """Namespaces for ``devices`` on a bridge, links {(src, dst): Mbit/s} shaped on src's egress (``latencies_ms``
     {(src, dst): ms} adds a netem delay). Everything made is removed again if a step fails."""
@@ -99,7 +104,7 @@ def create(devices, links: dict, latencies_ms: dict | None = None) -> Lab:
         _run("ip", "addr", "add", f"{lab.bridge_address}/24", "dev", lab.bridge)
         _run("ip", "link", "set", lab.bridge, "up")
         for i, d in enumerate(devices):
-            ns, inside, outside = f"jmsnas-{tag}-{i}", f"j{tag}d{i}", f"j{tag}p{i}"
+            ns, inside, outside = _names(tag, i)
             _run("ip", "netns", "add", ns)
             lab.namespaces[d], lab.addresses[d], lab.interfaces[d] = ns, f"{prefix}.{i + 1}", inside
             _run("ip", "link", "add", inside, "type", "veth", "peer", "name", outside)
@@ -182,5 +187,5 @@ def destroy(lab: Lab) -> None:
                 time.sleep(0.05)
         _run("ip", "netns", "del", ns, check=False)
     for i in range(len(lab.namespaces)):  # the bridge-side peers, now: the kernel removes them with a namespace later
-        _run("ip", "link", "del", f"j{lab.tag}p{i}", check=False)
+        _run("ip", "link", "del", _names(lab.tag, i)[2], check=False)
     _run("ip", "link", "del", lab.bridge, check=False)
