@@ -7,7 +7,8 @@
 # Steps, each under its own time limit (a step that runs out is recorded as timed out, rc 124):
 #   tests        the tests of the paths a GPU takes (the XLA implementations "auto" picks off the CPU; no native
 #                kernels: JMSNAS_NATIVE=0, and the tests of the native kernels deselected)
-#   main_twice   the README's main job twice, empty cache first (benchmarks/bench_main_twice.py)
+#   main_twice   the README's main job twice, empty cache first (benchmarks/bench_main_twice.py); on the GPU with
+#                XLA_FLAGS=--xla_gpu_deterministic_ops=true, so "same result" says whether that makes runs repeatable
 #   vs_pytorch   benchmarks/bench_vs_pytorch.py --reps 5, JAX on the GPU and PyTorch on CUDA
 #   batched_eval benchmarks/bench_batched_eval.py at P = 64 with its PyTorch loop on CUDA
 # OUT.json (default gpu_check.json): {"device", "mode", "steps": {name: {"rc", "skipped", "seconds", "limit_s",
@@ -41,6 +42,7 @@ PY
              --layers-per-device 1 1 1 1)
     EVAL_ARGS=(--population 4 --batch 16 --reps 1 --chunks 2 --bn-batches 1)
     LIMITS=(300 600 600 300)  # generous: CI's two cores run other tests beside it
+    MAIN_ARGS=()
 else
     MODE=gpu
     export JAX_PLATFORMS=cuda
@@ -54,6 +56,9 @@ else
     # compiling; its second 41 s), and the tests, one after the other, passed 48 of 83 in 100 s; four pytest
     # processes without preallocation passed 55 in 70 s. 540 s of steps: about 9.5 minutes with the start.
     LIMITS=(90 180 150 120)
+    # on one H100 the two runs' result.json differed (XLA:GPU's scatter/reduction order varies run to run): the
+    # main job runs with XLA's deterministic GPU ops, so the check says whether that makes a run repeatable
+    MAIN_ARGS=(--xla-flags=--xla_gpu_deterministic_ops=true)
     PYTEST_PAR=(-n 4)
     export XLA_PYTHON_CLIENT_PREALLOCATE=false  # four test processes and the benchmarks share one GPU
 fi
@@ -80,7 +85,8 @@ fi
 
 step tests "${LIMITS[0]}" python -m pytest -q -x "${PYTEST_PAR[@]}" -p no:cacheprovider -o addopts="" -k "not native" \
     "${TESTS[@]}"
-step main_twice "${LIMITS[1]}" python benchmarks/bench_main_twice.py --config "$CONFIG" --json "$WORK/main_twice.json"
+step main_twice "${LIMITS[1]}" python benchmarks/bench_main_twice.py --config "$CONFIG" --json "$WORK/main_twice.json" \
+    "${MAIN_ARGS[@]}"
 if [ "$HAVE_TORCH" = "1" ]; then
     step vs_pytorch "${LIMITS[2]}" python benchmarks/bench_vs_pytorch.py --reps 5 --torch-device "$TORCH_DEVICE" \
         --json "$WORK/vs_pytorch.json" "${VS_ARGS[@]}"
