@@ -314,13 +314,12 @@ class Checkpointer:
 
     def _finish_interrupted_saves(self) -> None:
         """A process killed after orbax committed a step but before its checksum file was in place leaves the step
-        without one (and perhaps a half-written ``CHECKSUMS.tmp``). The commit is orbax's atomic rename after every
-        file is written, so the step is whole: drop the temporary file and store the step's checksums now."""
+        without one (and perhaps :func:`safeio.atomic_write`'s half-written temporary file). The commit is orbax's
+        atomic rename after every file is written, so the step is whole: drop the temporary file and store the
+        step's checksums now."""
         for step in self.all_steps():
             step_dir = os.path.join(self.directory, str(step))
-            tmp = os.path.join(step_dir, CHECKSUMS + ".tmp")
-            if os.path.lexists(tmp):
-                os.remove(tmp)
+            safeio.remove_partial_writes(step_dir)
             if not os.path.isfile(os.path.join(step_dir, CHECKSUMS)):
                 self._write_digests(step)
 
@@ -328,12 +327,8 @@ class Checkpointer:
         """Store the sha256 of every file of the committed step (atomically), verified by :meth:`restore`."""
         step_dir = os.path.join(self.directory, str(step))
         digests = file_digests(step_dir)
-        tmp = os.path.join(step_dir, CHECKSUMS + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
+        with safeio.atomic_write(os.path.join(step_dir, CHECKSUMS), encoding="utf-8") as f:
             json.dump({"sha256": digests}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, os.path.join(step_dir, CHECKSUMS))
 
     def restore(self, template, step: int | None = None, *, expect_meta: dict | None = None,
                 meta_types: dict | None = None) -> tuple[Any, dict]:

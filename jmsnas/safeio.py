@@ -353,13 +353,11 @@ def npz_folder(path, arrays: dict, manifest: dict) -> None:
             json.dump(manifest, f, indent=2)
 
 
-def remove_partial_writes(directory) -> list:
+def remove_partial_writes(directory) -> None:
     """Delete what :func:`atomic_write` and :func:`atomic_dir` leave when their process is killed mid-write (a
     file or folder named ``.<name>.<random>.tmp`` or ``.old``) anywhere under ``directory``; the caller must be its
-    only writer (e.g. it holds the workdir's lock). Returns the removed paths, relative to ``directory``."""
-    directory = os.fspath(directory)
-    removed = []
-    for root, dirs, files in os.walk(directory):
+    only writer (e.g. it holds the workdir's lock)."""
+    for root, dirs, files in os.walk(os.fspath(directory)):
         for name in [*files, *dirs]:
             if name.startswith(".") and name.endswith((".tmp", ".old")) and name.count(".") >= 3:
                 path = os.path.join(root, name)
@@ -368,9 +366,7 @@ def remove_partial_writes(directory) -> list:
                 else:
                     with contextlib.suppress(OSError):
                         os.remove(path)
-                removed.append(os.path.relpath(path, directory))
-        dirs[:] = [d for d in dirs if os.path.isdir(os.path.join(root, d))]
-    return sorted(removed)
+        dirs[:] = [d for d in dirs if os.path.isdir(os.path.join(root, d))]  # not into the folders just removed
 
 
 @contextlib.contextmanager

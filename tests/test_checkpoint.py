@@ -337,7 +337,7 @@ def test_a_kill_before_the_checksum_file_is_renamed_leaves_nothing_on_the_next_o
     with open(os.path.join(step, CHECKSUMS), encoding="utf-8") as f:
         stored = f.read()
     os.remove(os.path.join(step, CHECKSUMS))
-    with open(os.path.join(step, CHECKSUMS + ".tmp"), "w", encoding="utf-8") as f:
+    with open(os.path.join(step, f".{CHECKSUMS}.k2j3_x.tmp"), "w", encoding="utf-8") as f:  # atomic_write's name
         f.write(stored[: len(stored) // 2])
     with Checkpointer(d) as ck:
         assert not [n for n in os.listdir(step) if n.endswith(".tmp")]
