@@ -52,6 +52,24 @@ def _finite_floats(sub, args) -> None:
                 sub.error(f"{'/'.join(action.option_strings) or action.dest} must be a finite number, got {x!r}")
 
 
+CONFIG_REFERENCE = "docs/configuration.md"
+
+
+def build_parser():
+    """(the ``jmsnas`` parser, its sub-parsers' action): every sub-command with its flags (the documentation's tests
+    check the commands and flags the docs show against it)."""
+    parser = _Parser(prog="jmsnas", description=__doc__,
+                     epilog=f"Every config key, its default, unit and meaning: {CONFIG_REFERENCE}")
+    parser.add_argument("--no-compile-cache", action="store_true",
+                        help="compile every step anew (default: reuse executables from the persistent compilation "
+                             "cache in $JMSNAS_CACHE_DIR, else $XDG_CACHE_HOME/jmsnas, else ~/.cache/jmsnas; also "
+                             "JMSNAS_COMPILE_CACHE=0); accepted anywhere on the command line")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for mod in {id(m): m for m in _available().values()}.values():  # a module may serve several sub-commands
+        mod.add_parser(sub)
+    return parser, sub
+
+
 def main(argv=None) -> int:
     """Run one command; its exit code (2 for bad input, with one line on stderr)."""
     try:
@@ -66,15 +84,8 @@ def main(argv=None) -> int:
 def _main(argv=None) -> int:
     if not _host_settings():
         return 2
-    parser = _Parser(prog="jmsnas", description=__doc__)
-    parser.add_argument("--no-compile-cache", action="store_true",
-                        help="compile every step anew (default: reuse executables from the persistent compilation "
-                             "cache in $JMSNAS_CACHE_DIR, else $XDG_CACHE_HOME/jmsnas, else ~/.cache/jmsnas; also "
-                             "JMSNAS_COMPILE_CACHE=0); accepted anywhere on the command line")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser, sub = build_parser()
     mods = _available()
-    for mod in {id(m): m for m in mods.values()}.values():  # a module may serve several sub-commands
-        mod.add_parser(sub)
     argv = list(sys.argv[1:] if argv is None else argv)
     no_cache = "--no-compile-cache" in argv
     args, extra = parser.parse_known_args([a for a in argv if a != "--no-compile-cache"])

@@ -1,13 +1,14 @@
 """``jmsnas autosplit``: Auto-Split's split and mixed-precision bit widths of the edge part, with baselines.
 
-    jmsnas autosplit --model resnet50|RUN_DIR|pkg.module:factory [--data FILE.npz] --topology autosplit|chain|mesh|splitnets --memory-mb 8
+    jmsnas autosplit --model resnet50|RUN_DIR|pkg.module:factory [--data FILE.npz] --topology autosplit|chain|mesh|splitnets|FILE --memory-mb 8
                      --max-accuracy-drop 0.01 [--bits 2,4,6,8,16] [--bandwidth MBPS ...] [--json]
                      [--write-parts DIR]
 
 ``--model``: a model reference ``pkg.module:factory`` or ``file.py:factory`` (your own JAX model,
 docs/your_model.md; ``--data FILE.npz`` (images, labels) or ``--data tfds:NAME[:SPLIT] --data-dir DIR`` holds
 the evaluation data, its first half checks A, its second half reports), a zoo network (no trained weights: distortion from its shapes, see ``jmsnas.quant.autosplit``) or the
-workdir of a ``jmsnas search`` run (accuracy measured before and after quantization). ``--topology``: a preset;
+workdir of a ``jmsnas search`` run (accuracy measured before and after quantization). ``--topology``: a preset or a
+topology file (docs/topology.md);
 the edge is the first device of its chain, the cloud the last. ``--select-on val|test``: the split on which a
 candidate's accuracy drop is checked against A (run directories; default val). ``--memory-mb``: the edge memory limit M in MiB.
 ``--max-accuracy-drop``: A as a fraction (0.01 = one point of accuracy). ``--write-parts DIR`` (run directories
@@ -33,7 +34,8 @@ def add_parser(sub) -> None:
     p.add_argument("--data", default=None, help="evaluation data of a model reference: FILE.npz (images, labels) or "
                    "tfds:NAME[:SPLIT]")
     p.add_argument("--data-dir", default=None, help="tfds data directory for --data tfds:NAME")
-    p.add_argument("--topology", required=True, help="topology preset: autosplit, chain, mesh, splitnets")
+    p.add_argument("--topology", required=True, help="topology preset (autosplit, chain, mesh, splitnets) or topology file "
+                                                               "(.yaml/.json, docs/topology.md)")
     p.add_argument("--memory-mb", type=float, required=True, help="edge memory limit M in MiB")
     p.add_argument("--max-accuracy-drop", type=float, required=True, help="A, a fraction (0.01 = 1 point)")
     p.add_argument("--bits", default="2,4,6,8,16", help="candidate bit widths B (default 2,4,6,8,16)")

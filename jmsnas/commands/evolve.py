@@ -10,7 +10,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("evolve", help="two-stage weight sharing: supernet (sandwich rule), evolution under "
                                       "T <= T_const, retrain; same outputs as search",
                        epilog="Overrides: --config.KEY=VALUE, e.g. --config.evolve.population=128 "
-                              "(evolve settings: see jmsnas.evolve.DEFAULTS)")
+                              "(every key, its default, unit and meaning: docs/configuration.md)")
     p.add_argument("--config", default=None, help="config file (.py with get_config()); default: built-in chain")
     p.add_argument("--workdir", required=True, type=path_flag, help="where checkpoints, result.json, plots and parts go")
     p.add_argument("--resume", action="store_true", help="continue the run in --workdir")

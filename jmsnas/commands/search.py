@@ -39,7 +39,8 @@ def add_parser(sub) -> None:
                         ("retrain", "continue or redo stage 2 of a run in --workdir (same as search --resume)")):
         p = sub.add_parser(name, help=help_, epilog="Overrides: --config.KEY=VALUE, e.g. --config.t_const_ms=2.7; "
                                                      "--config.topology=FILE.yaml runs on your own devices "
-                                                     "(docs/topology.md)")
+                                                     "(docs/topology.md); every key, its default, unit and meaning: "
+                                                     "docs/configuration.md")
         p.add_argument("--config", default=None, help="config file (.py with get_config()); default: built-in "
                        "chain, or with --resume/retrain the one stored in --workdir")
         p.add_argument("--workdir", required=True, type=path_flag, help="where checkpoints, result.json, plots and parts go")

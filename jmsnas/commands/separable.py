@@ -10,7 +10,8 @@ from jmsnas.runcheck import path_flag
 def add_parser(sub) -> None:
     p = sub.add_parser("separable", help="separable ResNeXt over G devices: LSTM controller vs random sampler for the "
                                          "communication decisions (paper 004)",
-                       epilog="Overrides: --config.KEY=VALUE, e.g. --config.net.alpha=1 --config.search.rounds=3")
+                       epilog="Overrides: --config.KEY=VALUE, e.g. --config.net.alpha=1 --config.search.rounds=3 "
+                              "(every key, its default, unit and meaning: docs/configuration.md)")
     p.add_argument("--config", default=None, help="config file (.py with get_config()[:arg]); default: built-in "
                                                   "(jmsnas.separable.config.default_config), or with --resume the "
                                                   "one stored in --workdir")

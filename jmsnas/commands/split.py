@@ -2,8 +2,9 @@
 
     jmsnas split --model mobilenet_v2 --topology splitnets --act-bits 8 --weight-bits 8 [--bandwidth 300] [--json]
 
-``--model`` is a zoo name (``jmsnas.split.zoo.NAMES``), a search run's ``RUN_DIR/result.json`` (its derived network
-with its shapes; ``--topology`` then defaults to the run's own) or a JSON network file {"name", "input_shape", "layers":
+``--model`` is a zoo name (``jmsnas.split.zoo.NAMES``), a search run's workdir ``RUN_DIR`` or its
+``RUN_DIR/result.json`` (its derived network with its shapes; ``--topology`` then defaults to the run's own), your own
+model as a reference ``pkg.module:factory`` or ``file.py:factory`` (docs/your_model.md) or a JSON network file {"name", "input_shape", "layers":
 [{"name", "kind", "macs", "params", "out_shape", "inputs"}]}. ``--topology`` is chain, mesh, splitnets or a topology
 file (.yaml/.yml/.json, docs/topology.md);
 ``--bandwidth`` gives one Mbit/s value for every link or one per link. Layer latencies come from the roofline
@@ -29,10 +30,12 @@ from jmsnas.commands import fail
 def add_parser(sub) -> None:
     p = sub.add_parser("split", help="split a network over devices: baselines, Neurosurgeon, optimal splits",
                        description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True, help="zoo network name, a search run's result.json or a JSON network file")
+    p.add_argument("--model", required=True,
+                   help="zoo network name, a search run's workdir (or its result.json), a model reference "
+                        "pkg.module:factory or file.py:factory (docs/your_model.md), or a JSON network file")
     p.add_argument("--topology", default=None,
                    help=f"topology preset ({', '.join(sorted(topology.presets.TOPOLOGIES))}) or topology file (.yaml/.json); "
-                        "default with a result.json model: the run's topology")
+                        "default with a run as the model: the run's topology")
     p.add_argument("--bandwidth", type=float, nargs="+", metavar="MBPS",
                    help="link bandwidth(s) in Mbit/s: one for all links or one per link")
     p.add_argument("--act-bits", type=number_flag(int, 1, 64), default=32, help="activation bit width (default 32)")
@@ -65,14 +68,17 @@ def _text(setup, results) -> str:
 
 
 def run(args) -> int:
+    model = args.model
+    if os.path.isdir(model):  # a run's workdir, as autosplit and modularize take it: its result.json
+        model = os.path.join(model, "result.json")
     try:
-        net = compare.load_net(args.model)
+        net = compare.load_net(model)
         name = args.topology
         if name is None:
-            if not (os.path.isfile(args.model) and directory.is_result(directory.read_json(args.model, "result"))):
+            if not (os.path.isfile(model) and directory.is_result(directory.read_json(model, "result"))):
                 raise ValueError("--topology is required (a preset or a topology file) unless --model is a search "
-                                 "run's result.json")
-            name = args.model  # the run's topology (its space.topology)
+                                 "run's workdir or result.json")
+            name = model  # the run's topology (its space.topology)
         topo = topology.resolve(name, bandwidths_mbps=args.bandwidth)
         setup = compare.make_setup(net, topo, act_bits=args.act_bits, weight_bits=args.weight_bits)
     except (ValueError, TopologyError) as e:

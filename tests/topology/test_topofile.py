@@ -284,6 +284,9 @@ def test_split_model_result_json_splits_the_derived_network(own_run, capsys):
     assert len(out["methods"]["chain_dp"]["assignment"]) == len(net.layers)
     assert set(out["methods"]["edge_only"]["latency_ms"]["per_device"]) == {"phone", "edge", "cloud"}
     assert out["methods"]["chain_dp"]["latency_ms"]["total"] <= out["methods"]["edge_only"]["latency_ms"]["total"]
+    # the workdir itself, as autosplit and modularize take a run: the same result
+    assert cli.main(["split", "--model", str(own_run), "--json", "--methods", "edge_only", "chain_dp"]) == 0
+    assert json.loads(capsys.readouterr().out) == out
     # over another topology (the paper's chain) and with --topology missing for a zoo network
     assert cli.main(["split", "--model", path, "--topology", "chain", "--json", "--methods", "edge_only"]) == 0
     assert set(json.loads(capsys.readouterr().out)["methods"]["edge_only"]["latency_ms"]["per_device"]) == {
