@@ -1,8 +1,8 @@
-"""What the documentation says is what the code does: every dotted ``jmsnas...`` name in the README, docs/ and the
-notebooks imports; every ``jmsnas COMMAND --flag`` they show is a flag of that command's parser; every config key
-they name (``--config.KEY=VALUE``, or a backticked ``section.key``) exists in a built-in configuration; every
-relative link of the README and the notebooks names a file that exists (docs/' own links: test_docs.py). Plain text
-reading and one import of each named module: a few seconds in all."""
+"""What the documentation says is what the code does. In the README, docs/, the notebooks and the pages of
+experiments/, benchmarks/ and tests/: every dotted ``jmsnas...`` name imports; every ``jmsnas COMMAND --flag`` shown
+is a flag of that command's parser; every config key named (``--config.KEY=VALUE``, or a backticked
+``section.key``) exists in a built-in configuration; every relative link outside docs/ names a file that exists
+(docs/' own links: test_docs.py). Plain text reading and one import of each named module: a few seconds in all."""
 import functools
 import glob
 import importlib
@@ -24,9 +24,12 @@ def _notebook_text(path):
 
 
 def _documents():
-    """{relative path: text} of the README, every docs/ page and every notebook (all cells)."""
+    """{relative path: text} of the README, every docs/ page, every notebook (all cells), and the pages of
+    experiments/, benchmarks/ and tests/ a reader follows from them."""
     out = {"README.md": open(os.path.join(REPO, "README.md"), encoding="utf-8").read()}
-    for path in sorted(glob.glob(os.path.join(REPO, "docs", "*.md"))):
+    pages = [os.path.join(REPO, "docs", "*.md"), os.path.join(REPO, "experiments", "*.md"),
+             os.path.join(REPO, "benchmarks", "README.md"), os.path.join(REPO, "tests", "README.md")]
+    for path in sorted(p for pattern in pages for p in glob.glob(pattern)):
         out[os.path.relpath(path, REPO)] = open(path, encoding="utf-8").read()
     for path in sorted(glob.glob(os.path.join(REPO, "colab", "*.ipynb"))):
         out[os.path.relpath(path, REPO)] = _notebook_text(path)
@@ -192,7 +195,7 @@ def test_the_key_check_catches_a_missing_key_or_name():
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
-@pytest.mark.parametrize("doc", ["README.md"] + [d for d in DOCS if d.startswith("colab/")])
+@pytest.mark.parametrize("doc", [d for d in DOCS if not d.startswith("docs/")])  # docs/: test_docs.py
 def test_relative_links_resolve(doc):
     here = os.path.dirname(os.path.join(REPO, doc))
     for target in LINK.findall(DOCS[doc]):

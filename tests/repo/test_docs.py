@@ -26,6 +26,9 @@ def test_docs_build_strict(tmp_path):
     html = (tmp_path / "site" / "api" / "index.html").read_text(encoding="utf-8")
     for name in ("jmsnas.tensorboard", "jmsnas.runplot", "jmsnas.cost.latency", "jmsnas.splitnets.search"):
         assert name in html, name
+    # the configuration reference, generated from jmsnas.configs and friends (tests/repo/test_configref.py)
+    reference = (tmp_path / "site" / "configuration" / "index.html").read_text(encoding="utf-8")
+    assert "cost.tables" in reference and "t_const_ms" in reference and "cluster.bandwidth_mbps" in reference
 
 
 def test_the_index_links_every_page():
