@@ -203,3 +203,18 @@ def test_relative_links_resolve(doc):
             continue
         full = os.path.normpath(os.path.join(here, target.split("#")[0]))
         assert full.startswith(REPO + os.sep) and os.path.exists(full), f"{doc}: {target}"
+
+# ----------------------------------------------------------------------------------------------- the library page
+
+
+@pytest.mark.slow
+def test_the_library_page_example_runs():
+    """docs/library.md's example, as a reader pastes it (a fresh interpreter; about 15 s of compiling on 2 cores)."""
+    import subprocess
+    import sys
+    text = open(os.path.join(REPO, "docs", "library.md"), encoding="utf-8").read()
+    code = re.findall(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
+    assert len(code) == 1
+    out = subprocess.run([sys.executable, "-c", code[0]], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "'per_link'" in out.stdout and "'ue->sbs'" in out.stdout  # the printed E[T] breakdown
