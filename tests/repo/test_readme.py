@@ -63,6 +63,22 @@ def test_five_papers_cited_in_full():
         assert re.sub(r"\s+", " ", title) in index, f"docs/index.md lacks {title!r}"
 
 
+def prose_mismatches(text, bench):
+    """Every number with a unit (%, s, ms, MB, GB, ×) outside the code blocks of ``text`` that benchmarks/README.md
+    does not hold."""
+    prose = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    home = set(NUMBER.findall(bench))
+    return [f"{n} is not in benchmarks/README.md" for n in
+            re.findall(r"(?<![\w.])(\d+(?:,\d{3})*(?:\.\d+)?)(?=\s?(?:%|s\b|ms\b|MB\b|GB\b|×))", prose)
+            if n not in home]
+
+
+def test_the_main_job_page_quotes_benchmarks_figures():
+    """docs/main_job.md, the README's page for the main job, quotes the same homes."""
+    page = open(os.path.join(REPO, "docs", "main_job.md"), encoding="utf-8").read()
+    assert not prose_mismatches(page, BENCH)
+
+
 def figure_mismatches(readme, bench):
     """Every README figure row's command must be a row of benchmarks/README.md, and every number of the README's
     result must appear in that row's result; the main job's printed time and accuracy lines likewise in one line
@@ -81,11 +97,7 @@ def figure_mismatches(readme, bench):
         home = set(NUMBER.findall(homes[command]))
         bad += [f"{command}: {n} is not in its benchmarks/README.md row" for n in NUMBER.findall(result)
                 if n not in home]
-    prose = re.sub(r"^```.*?^```", "", readme, flags=re.S | re.M)
-    prose = prose.split("\n## Figures")[0]  # the pitch, install, the main job and the pages after it
-    for n in re.findall(r"(?<![\w.])(\d+(?:,\d{3})*(?:\.\d+)?)(?=\s?(?:%|s\b|ms\b|MB\b|GB\b|×))", prose):
-        if n not in NUMBER.findall(bench):
-            bad.append(f"the README's {n} is not in benchmarks/README.md")
+    bad += prose_mismatches(readme.split("\n## Figures")[0], bench)  # the pitch, install, the main job
     out = re.search(r"^```\n(Architecture per device:.*?)^```", readme, flags=re.S | re.M)
     for key in ("Time:", "Accuracy:", "Parameters:"):
         line = next((ln for ln in out.group(1).splitlines() if ln.startswith(key)), None) if out else None
