@@ -217,9 +217,11 @@ def undocumented() -> list:
 
 
 def _value(v) -> str:
-    if isinstance(v, tuple):
-        v = list(v)
-    return "None" if v is None else f"`{v!r}`".replace("|", "\\|")
+    """The default as an override would write it (``--config.KEY=VALUE``, YAML)."""
+    if v is None:
+        return "None"
+    text = v if isinstance(v, str) else repr(list(v) if isinstance(v, tuple) else v)
+    return f"`{text}`".replace("|", "\\|")
 
 
 def markdown() -> str:
