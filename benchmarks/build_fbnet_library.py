@@ -2,7 +2,8 @@
 
 For every device of HELP's fbnet_latency.json: ``jmsnas.cost.layerfit.fit`` on its networks 0-3999 (the first 3600
 fitted, 3600-3999 held out: the table's ``validation``); networks 4000-4999, the benchmark's test set, are in no
-fit. Then the device's learning curve: ``adapt_prior.adapt_library`` from the other devices' tables with K random
+fit. Then the device's learning curve (and its interval calibration: the 90% quantile of the held-out relative
+errors over the leave-one-out RMS relative error, ``interval_factor``): ``adapt_prior.adapt_library`` from the other devices' tables with K random
 networks of 0-3599 (K = 5, 10, 20, 50; ``--draws`` draws each; base: the Pixel 3 table, the Raspberry Pi 4's for
 the Pixel 3), scored on 3600-3999; the medians go in ``adaptation["learning_curve"]``.
 
@@ -52,7 +53,8 @@ def curve(data, tables, base_tables, dev, ks=KS, draws=5, seed=0) -> dict:
     lib = [t for d, t in tables.items() if d != dev]
     base = base_tables["pixel3" if dev != "pixel3" else "raspi4"]
     held = H.measured(data, dev, range(3600, 4000))
-    rows = {"networks": list(ks), "mape_pct": [], "within_10pct": [], "rms_rel": [], "coverage_90_pct": []}
+    rows = {"networks": list(ks), "mape_pct": [], "within_10pct": [], "rms_rel": [], "coverage_90_pct": [],
+            "interval_factor": []}
     for k in ks:
         got = []
         for _ in range(draws):
@@ -61,10 +63,12 @@ def curve(data, tables, base_tables, dev, ks=KS, draws=5, seed=0) -> dict:
             p = LT.predict_ms(t, held.archs)
             lo, hi = AP.interval_ms(t, held.archs) if t.adaptation["interval"] else (p, p)
             r = accuracy.report(p, held.ms)
-            got.append((r["mape_pct"], r["within_10pct"], float(np.sqrt(np.mean(((p - held.ms) / held.ms) ** 2))),
-                        float(100 * np.mean((held.ms >= lo) & (held.ms <= hi)))))
+            err = np.abs(p - held.ms) / held.ms
+            got.append((r["mape_pct"], r["within_10pct"], float(np.sqrt(np.mean(err ** 2))),
+                        float(100 * np.mean((held.ms >= lo) & (held.ms <= hi))),
+                        float(np.quantile(err, 0.9) / max(t.adaptation["interval"]["loo_rms_rel"], 1e-9))))
         med = np.median(np.array(got), axis=0)
-        for key, v in zip(("mape_pct", "within_10pct", "rms_rel", "coverage_90_pct"), med):
+        for key, v in zip(("mape_pct", "within_10pct", "rms_rel", "coverage_90_pct", "interval_factor"), med):
             rows[key].append(float(v))
     rows["how"] = (f"median over {draws} draws of K networks from 0-3599, adapted from the other library tables "
                    f"(jmsnas.cost.adapt_prior), scored on networks 3600-3999")

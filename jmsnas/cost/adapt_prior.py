@@ -20,10 +20,11 @@ Model (the argument for it: docs/device_tables.md). With library tables L_1..L_J
    the one-factor rescale (the data cannot tell that the library helps), and ``adaptation["fallback"]`` says so.
 5. Outliers. A network whose relative error under the combination fitted on all K is above 15% and 5 robust
    standard deviations (1.4826 MAD) from the median is left out (at most K // 5 of them; ``dropped``).
-6. Interval. Relative half-width h = t_{0.95, nu} sigma, sigma^2 = (nu0 s0^2 + sum_k r_k^2) / (nu0 + K) from the
-   chosen model's leave-one-out relative errors r_k and the library's learning curves (s0: their median RMS
-   relative error at K networks, nu0 = 4 pseudo-networks; none without curves), nu = nu0 + K - 1: the 90%
-   interval of a network predicted p ms is [p (1 - h), p (1 + h)] (``interval_ms``).
+6. Interval. Relative half-width h = z sigma, sigma the RMS of the chosen table's leave-one-out relative errors
+   r_k, z the library's calibration (``library.interval_factor``: for each library device adapted from the others,
+   the 90% quantile of its held-out relative errors over its sigma, median over draws; the median over the
+   library's devices at K networks), or Student's t_{0.95, K-1} without curves: the 90% interval of a network
+   predicted p ms is [p (1 - h), p (1 + h)] (``interval_ms``).
 
 Everything is a function of the sorted library and the measured networks: permuting the library changes nothing.
 """
@@ -44,7 +45,6 @@ GROUPINGS = ("expand", "kernel_expand", "op", "stage", "stage_expand")
 LAMBDAS = (1e-3, 1e-2, 1e-1, 1.0, 10.0)
 COMBINATION = "combination"
 LEVEL = 0.9
-NU0 = 4.0
 
 
 def cell_groups(op_names, num_layers: int, grouping: str, stages=None) -> np.ndarray:
@@ -183,13 +183,11 @@ def adapt_library(base: LT.LayerTable, measured: NW.Measured, library, *, stages
         entry, const, w, theta = s * base.entry_ms, s * base.const_ms, None, None
         r = one_loo if one_loo is not None else np.zeros(0)
         model = ["single_factor"]
-    s0 = expected["at"]["rms_rel"] if expected else None
-    nu0 = NU0 if s0 is not None else 0.0
-    nu = nu0 + len(r) - 1
-    h = None
-    if nu >= 1:
-        sigma = math.sqrt(((nu0 * s0 ** 2 if s0 else 0.0) + float(r @ r)) / (nu0 + len(r)))
-        h = float(stats.t.ppf(0.5 + LEVEL / 2, nu) * sigma)
+    sigma = float(np.sqrt(np.mean(r ** 2))) if len(r) >= 2 else None
+    factor, how = LB.interval_factor(lib, len(yk))
+    if factor is None and sigma is not None:
+        factor, how = float(stats.t.ppf(0.5 + LEVEL / 2, len(r) - 1)), f"Student t, {len(r) - 1} degrees of freedom"
+    h = None if sigma is None else float(factor * sigma)
     info = {"model": "library combination + per-type corrections (jmsnas.cost.adapt_prior)",
             "base": {"device": base.device, "source": base.source},
             "networks": int(len(y)), "measured_device": measured.device,
@@ -200,8 +198,8 @@ def adapt_library(base: LT.LayerTable, measured: NW.Measured, library, *, stages
             "dropped": [int(i) for i in np.flatnonzero(~keep)],
             "loo_mape_pct": float(100 * np.abs(r).mean()) if len(r) else None,
             "single_factor_loo_mape_pct": None if one_loo is None else float(100 * np.abs(one_loo).mean()),
-            "interval": None if h is None else {"level": LEVEL, "rel_halfwidth": h, "prior_rms_rel": s0,
-                                                "prior_networks": nu0},
+            "interval": None if h is None else {"level": LEVEL, "rel_halfwidth": h, "loo_rms_rel": sigma,
+                                                "factor": factor, "factor_from": how},
             "expected": expected,
             "candidates": [{k: v for k, v in c.items() if not k.startswith("_")} for c in scores]}
     return LT.make(max(float(const), 0.0), np.where(np.isnan(entry), np.nan, np.maximum(entry, 0.0)), base.op_names,

@@ -111,3 +111,16 @@ def expected_error(library, k: int) -> dict | None:
                      "within_10pct": float(np.median([at(c, kk, "within_10pct") for c in curves])),
                      "rms_rel": float(np.median([at(c, kk, "rms_rel") for c in curves]))}
     return out
+
+
+def interval_factor(library, k: int) -> tuple:
+    """(z, how): the median over the library's learning curves of ``interval_factor`` (the 90% quantile of the
+    held-out relative errors over the leave-one-out RMS relative error) at ``k`` networks, interpolated in log k;
+    (None, None) without curves."""
+    curves = [t.adaptation.get("learning_curve") for t in library if isinstance(t.adaptation, dict)]
+    curves = [c for c in curves if isinstance(c, dict) and c.get("interval_factor")]
+    if not curves:
+        return None, None
+    z = [float(np.interp(np.log(k), np.log(np.asarray(c["networks"], float)), np.asarray(c["interval_factor"], float)))
+         for c in curves]
+    return float(np.median(z)), f"median of {len(z)} library devices' calibration at {k} networks"
