@@ -5,7 +5,8 @@ Base: the Pixel 3 per-layer table (the Raspberry Pi 4's when the Pixel 3 is the 
 data: adaptation samples = HELP's 10 reference architectures, test = architectures 4000-4999 (HELP's convention).
 Reports MAPE, % within +-10% and Spearman's rho on the test set for
 (a) the base table unadapted, (b) the base rescaled by one factor fitted on the 10 (relative least squares),
-(c) ``jmsnas.cost.adapt.adapt`` (per-type scales of the base, chosen by leave-one-out on the 10),
+(c) ``jmsnas.cost.adapt.adapt`` (per-type scales of the base, chosen by leave-one-out on the 10; its 90% interval:
+    Student's t times the leave-one-out RMS error),
 (d) ``jmsnas.cost.adapt_prior.adapt_library`` with the library's tables (the shipped jmsnas/fbnet/library, fitted
     on each device's networks 0-3599; ``--library DEV,...`` names those it may use, default every device but the
     target: the target's own data is never in its prior apart from its samples), and the share of the test networks
@@ -56,6 +57,7 @@ def one_device(data, dev, base, lib, samples, held, ceiling=None) -> dict:
     out = {name: accuracy.report(LT.predict_ms(t, held.archs), held.ms) for name, t in tables.items()}
     d = tables["(d) library"]
     out["(d) library"]["coverage_90_pct"] = coverage(d, held)
+    out["(c) adapt"]["coverage_90_pct"] = coverage(tables["(c) adapt"], held)
     a = d.adaptation
     out["chosen"] = {k: a[k] for k in ("chosen", "fallback", "why", "weights", "dropped", "loo_mape_pct",
                                        "single_factor_loo_mape_pct", "interval", "expected")}

@@ -23,7 +23,7 @@ Model (the argument for it: docs/device_tables.md). With library tables L_1..L_J
 6. Interval. Relative half-width h = z sigma, sigma the RMS of the chosen table's leave-one-out relative errors
    r_k, z the library's calibration (``library.interval_factor``: for each library device adapted from the others,
    the 90% quantile of its held-out relative errors over its sigma, median over draws; the median over the
-   library's devices at K networks), or Student's t_{0.95, K-1} without curves: the 90% interval of a network
+   library's devices at K networks), or Student's t_{0.95, K-1} without curves and for the fallback: the 90% interval of a network
    predicted p ms is [p (1 - h), p (1 + h)] (``interval_ms``).
 
 Everything is a function of the sorted library and the measured networks: permuting the library changes nothing.
@@ -126,6 +126,61 @@ def _within_one_standard_error(scores) -> list:
     return [c for c in scores if c["loo_mape_pct"] <= bar + 1e-9]
 
 
+def _score(base, lib, lp, a, yk, stages, groupings, lambdas) -> tuple:
+    """(one_loo, scores): the one-factor rescale's signed leave-one-out errors and every candidate's (None, [] below
+    3 networks)."""
+    if len(yk) < 3:
+        return None, []
+    pb = LT.predict_ms(base, a)
+    one_loo = np.array([(AD.single_factor(np.delete(pb, k), np.delete(yk, k)) * pb[k] - yk[k]) / yk[k]
+                        for k in range(len(yk))])
+    scores = []
+    for grouping, lam in [(COMBINATION, math.inf)] + [(g, float(l)) for g in groupings
+                                                      for l in sorted(lambdas, reverse=True)]:
+        groups = cell_groups(base.op_names, base.num_layers, grouping, stages)
+        if groups is not None:
+            r = _loo(lp, lib, groups, lam, a, yk)
+            scores.append({"grouping": grouping, "lambda": None if math.isinf(lam) else lam,
+                           "loo_mape_pct": float(100 * np.abs(r).mean()), "_r": r, "_g": groups, "_lam": lam})
+    return one_loo, scores
+
+
+def _decide(chosen, one_loo, k: int) -> tuple:
+    """(use the library?, why, the averaged candidates' signed leave-one-out errors) (module docstring, 4)."""
+    if not chosen:
+        return False, f"{k} networks are too few to tell (need >= 3)", None
+    r = np.mean([c["_r"] for c in chosen], axis=0)
+    d = np.abs(r) - np.abs(one_loo)
+    se = d.std(ddof=1) / math.sqrt(len(d))
+    why = (f"leave-one-out MAPE {100 * np.abs(r).mean():.2f}% against {100 * np.abs(one_loo).mean():.2f}% for the "
+           f"one-factor rescale (paired difference {100 * d.mean():+.2f} +- {100 * se:.2f} points)")
+    return bool(d.mean() + se < 0), why, r
+
+
+def _average(chosen, lib, w, a, yk, valid) -> tuple:
+    """(const, entry, thetas): the average of the chosen candidates' tables fitted on all kept networks."""
+    entry, const, thetas = 0.0, 0.0, []
+    for c in chosen:
+        _, th, m_const, m_entry = _model_predict(w, lib, c["_g"], c["_lam"], a, yk, a[:1])
+        entry = entry + m_entry * th[1 + c["_g"]] / len(chosen)
+        const = const + th[0] * m_const / len(chosen)
+        thetas.append([float(v) for v in th])
+    return float(const), np.where(valid, entry, np.nan), thetas
+
+
+def _interval(r, lib, k: int, use_lib: bool) -> dict | None:
+    """The 90% interval's relative half-width (module docstring, 6); the library's calibration only for its own
+    model, Student's t for the fallback."""
+    if r is None or len(r) < 3:
+        return None
+    sigma = float(np.sqrt(np.mean(r ** 2)))
+    factor, how = LB.interval_factor(lib, k) if use_lib else (None, None)
+    if factor is None:
+        factor, how = float(stats.t.ppf(0.5 + LEVEL / 2, len(r) - 1)), f"Student t, {len(r) - 1} degrees of freedom"
+    return {"level": LEVEL, "rel_halfwidth": float(factor * sigma), "loo_rms_rel": sigma, "factor": factor,
+            "factor_from": how}
+
+
 def adapt_library(base: LT.LayerTable, measured: NW.Measured, library, *, stages=None, groupings=GROUPINGS,
                   lambdas=LAMBDAS, device: str | None = None) -> LT.LayerTable:
     """The target's table (module docstring) with ``adaptation`` holding the choice, the weights, the leave-one-out
@@ -138,69 +193,26 @@ def adapt_library(base: LT.LayerTable, measured: NW.Measured, library, *, stages
     lib_pred = np.stack([LT.predict_ms(t, archs) for t in lib], axis=1)
     keep = _drop_outliers(lib_pred, y)
     a, yk, lp = archs[keep], y[keep], lib_pred[keep]
-    one_loo = None
-    scores = []
-    if len(yk) >= 3:
-        pb = LT.predict_ms(base, a)
-        one_loo = np.array([(AD.single_factor(np.delete(pb, k), np.delete(yk, k)) * pb[k] - yk[k]) / yk[k]
-                            for k in range(len(yk))])
-        cands = [(COMBINATION, math.inf)] + [(g, float(l)) for g in groupings for l in sorted(lambdas, reverse=True)]
-        for grouping, lam in cands:
-            groups = cell_groups(base.op_names, base.num_layers, grouping, stages)
-            if groups is None:
-                continue
-            r = _loo(lp, lib, groups, lam, a, yk)
-            scores.append({"grouping": grouping, "lambda": None if math.isinf(lam) else lam,
-                           "loo_mape_pct": float(100 * np.abs(r).mean()),
-                           "_r": r, "_g": groups, "_lam": lam})
+    one_loo, scores = _score(base, lib, lp, a, yk, stages, groupings, lambdas)
     chosen = _within_one_standard_error(scores)
-    best = None if not chosen else {"_r": np.mean([c["_r"] for c in chosen], axis=0)}
-    if best is not None:
-        best["loo_mape_pct"] = float(100 * np.abs(best["_r"]).mean())
-    if best is not None:
-        d = np.abs(best["_r"]) - np.abs(one_loo)
-        se = d.std(ddof=1) / math.sqrt(len(d))
-        use_lib = bool(d.mean() + se < 0)
-        why = (f"leave-one-out MAPE {best['loo_mape_pct']:.2f}% against {100 * np.abs(one_loo).mean():.2f}% for "
-               f"the one-factor rescale (paired difference {100 * d.mean():+.2f} +- {100 * se:.2f} points)")
-    else:
-        use_lib, why = False, f"{len(yk)} networks are too few to tell (need >= 3)"
-    expected = LB.expected_error(lib, len(yk))
+    use_lib, why, r = _decide(chosen, one_loo, len(yk))
+    w = thetas = None
     if use_lib:
         w = _combine(lp, yk)
-        entry, const, theta = 0.0, 0.0, []
-        for c in chosen:
-            _, th, m_const, m_entry = _model_predict(w, lib, c["_g"], c["_lam"], a, yk, a[:1])
-            entry = entry + m_entry * th[1 + c["_g"]] / len(chosen)
-            const = const + th[0] * m_const / len(chosen)
-            theta.append([float(v) for v in th])
-        entry = np.where(base.valid, entry, np.nan)
-        r, model = best["_r"], [c["grouping"] + ("" if math.isinf(c["_lam"]) else f" lambda={c['_lam']:g}")
-                                for c in chosen]
+        const, entry, thetas = _average(chosen, lib, w, a, yk, base.valid)
+        model = [c["grouping"] + ("" if math.isinf(c["_lam"]) else f" lambda={c['_lam']:g}") for c in chosen]
     else:
-        pb = LT.predict_ms(base, a)
-        s = AD.single_factor(pb, yk)
-        entry, const, w, theta = s * base.entry_ms, s * base.const_ms, None, None
-        r = one_loo if one_loo is not None else np.zeros(0)
-        model = ["single_factor"]
-    sigma = float(np.sqrt(np.mean(r ** 2))) if len(r) >= 2 else None
-    factor, how = LB.interval_factor(lib, len(yk))
-    if factor is None and sigma is not None:
-        factor, how = float(stats.t.ppf(0.5 + LEVEL / 2, len(r) - 1)), f"Student t, {len(r) - 1} degrees of freedom"
-    h = None if sigma is None else float(factor * sigma)
+        s = AD.single_factor(LT.predict_ms(base, a), yk)
+        entry, const, r, model = s * base.entry_ms, s * base.const_ms, one_loo, ["single_factor"]
     info = {"model": "library combination + per-type corrections (jmsnas.cost.adapt_prior)",
             "base": {"device": base.device, "source": base.source},
-            "networks": int(len(y)), "measured_device": measured.device,
-            "library": [t.device for t in lib], "weights": None if w is None else dict(zip([t.device for t in lib],
-                                                                                           map(float, w))),
-            "fallback": not use_lib, "why": why, "chosen": model,
-            "theta": theta,
+            "networks": int(len(y)), "measured_device": measured.device, "library": [t.device for t in lib],
+            "weights": None if w is None else dict(zip([t.device for t in lib], map(float, w))),
+            "fallback": not use_lib, "why": why, "chosen": model, "theta": thetas,
             "dropped": [int(i) for i in np.flatnonzero(~keep)],
-            "loo_mape_pct": float(100 * np.abs(r).mean()) if len(r) else None,
+            "loo_mape_pct": None if r is None else float(100 * np.abs(r).mean()),
             "single_factor_loo_mape_pct": None if one_loo is None else float(100 * np.abs(one_loo).mean()),
-            "interval": None if h is None else {"level": LEVEL, "rel_halfwidth": h, "loo_rms_rel": sigma,
-                                                "factor": factor, "factor_from": how},
-            "expected": expected,
+            "interval": _interval(r, lib, len(yk), use_lib), "expected": LB.expected_error(lib, len(yk)),
             "candidates": [{k: v for k, v in c.items() if not k.startswith("_")} for c in scores]}
     return LT.make(max(float(const), 0.0), np.where(np.isnan(entry), np.nan, np.maximum(entry, 0.0)), base.op_names,
                    space=base.space, device=device or measured.device,
@@ -213,8 +225,8 @@ def interval_ms(table: LT.LayerTable, archs) -> tuple:
     when the table carries none."""
     iv = (table.adaptation or {}).get("interval") if isinstance(table.adaptation, dict) else None
     if not isinstance(iv, dict) or not isinstance(iv.get("rel_halfwidth"), (int, float)):
-        raise LT.TableError(f"table {table.source!r} carries no prediction interval (only jmsnas adapt --library "
-                            f"tables do)")
+        raise LT.TableError(f"table {table.source!r} carries no prediction interval (jmsnas adapt's tables from 3 "
+                            f"measured networks on do)")
     p = LT.predict_ms(table, archs)
     h = float(iv["rel_halfwidth"])
     return np.maximum(p * (1 - h), 0.0), p * (1 + h)

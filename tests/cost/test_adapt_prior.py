@@ -229,3 +229,17 @@ def test_library_file_round_trip_keeps_the_curve(shipped, tmp_path):
     LT.save(t, tmp_path / "r.json")
     back = LB.load([str(tmp_path)])
     assert back[0].adaptation == json.loads(json.dumps(t.adaptation))
+
+
+def test_the_adaptation_without_a_library_carries_a_t_interval(data, pixel3):
+    """``adapt.adapt`` too: its half-width is t_{0.95, K-1} times the RMS of its leave-one-out errors."""
+    from scipy import stats
+    from jmsnas.cost import adapt
+    sample = H.measured(data, "silver_4210r", data["reference"])
+    t = adapt.adapt(pixel3, sample)
+    iv = t.adaptation["interval"]
+    assert iv["factor"] == pytest.approx(stats.t.ppf(0.95, 9))
+    assert iv["rel_halfwidth"] == pytest.approx(iv["factor"] * iv["loo_rms_rel"])
+    lo, hi = AP.interval_ms(t, sample.archs)
+    np.testing.assert_allclose(hi / LT.predict_ms(t, sample.archs), 1 + iv["rel_halfwidth"])
+    assert adapt.adapt(pixel3, H.measured(data, "silver_4210r", data["reference"][:2])).adaptation["interval"] is None
