@@ -1,12 +1,22 @@
-"""Adapting a latency table to devices from 10 measured networks, on HELP's FBNet data (HW-NAS-Bench's space).
+"""Adapting a latency table to a device from 10 measured networks, on HELP's FBNet data (HW-NAS-Bench's space),
+leave one device out.
 
-Base: the Pixel 3 per-layer table. For each device of the data (the end-to-end measured ones first, then the
-Raspberry Pi 4 table's sums): adaptation samples = HELP's 10 reference architectures, test = architectures
-4000-4999 (HELP's convention). Reports MAPE, % within +-10% and Spearman's rho on the test set for
+Base: the Pixel 3 per-layer table (the Raspberry Pi 4's when the Pixel 3 is the target). For each device of the
+data: adaptation samples = HELP's 10 reference architectures, test = architectures 4000-4999 (HELP's convention).
+Reports MAPE, % within +-10% and Spearman's rho on the test set for
 (a) the base table unadapted, (b) the base rescaled by one factor fitted on the 10 (relative least squares),
-(c) ``jmsnas.cost.adapt.adapt`` (model chosen by leave-one-out on the 10; the test set plays no part in it).
+(c) ``jmsnas.cost.adapt.adapt`` (per-type scales of the base, chosen by leave-one-out on the 10; its 90% interval:
+    Student's t times the leave-one-out RMS error),
+(d) ``jmsnas.cost.adapt_prior.adapt_library`` with the library's tables (the shipped jmsnas/fbnet/library, fitted
+    on each device's networks 0-3599; ``--library DEV,...`` names those it may use, default every device but the
+    target: the target's own data is never in its prior apart from its samples), and the share of the test networks
+    inside its 90% interval,
+(e) the ceiling: a per-layer table fitted (``jmsnas.cost.layerfit``) on the device's own networks 0-3999.
+With ``--samples 5,10,20,50``: the learning curve of (d) (and (b)) with K random networks of 0-3999 per device,
+median over ``--draws`` draws. No test network is in any fit or choice.
 
-    python benchmarks/bench_adapt.py [--data ../shared/reference/help_fbnet] [--json OUT.json]
+    python benchmarks/bench_adapt.py [--data ../shared/reference/help_fbnet] [--library DEV,DEV] [--samples 5,10,20,50]
+                                     [--draws 5] [--json OUT.json]
 """
 from __future__ import annotations
 
@@ -14,54 +24,119 @@ import argparse
 import json
 import os
 import sys
+import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from jmsnas.cost import accuracy, adapt  # noqa: E402
+from jmsnas.cost import accuracy, adapt, adapt_prior as AP, layerfit  # noqa: E402
 from jmsnas.cost import layertable as LT  # noqa: E402
+from jmsnas.cost import library as LB  # noqa: E402
 from jmsnas.fbnet import help as H  # noqa: E402
+from build_fbnet_library import stages  # noqa: E402
 
 DEFAULT_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "reference",
                             "help_fbnet")
 END_TO_END = ("silver_4114", "silver_4210r", "titan_rtx_32", "samsung_a50")
+TEST = np.arange(4000, 5000)
+
+
+def coverage(table, held) -> float:
+    lo, hi = AP.interval_ms(table, held.archs)
+    return float(100 * np.mean((held.ms >= lo) & (held.ms <= hi)))
+
+
+def one_device(data, dev, base, lib, samples, held, ceiling=None) -> dict:
+    """{name: accuracy report on ``held``} for (a)-(e) (module docstring)."""
+    tables = {"(a) base": base, "(b) one factor": adapt.rescale(base, samples),
+              "(c) adapt": adapt.adapt(base, samples), "(d) library": AP.adapt_library(base, samples, lib,
+                                                                                       stages=stages())}
+    if ceiling is not None:
+        tables["(e) ceiling"] = ceiling
+    out = {name: accuracy.report(LT.predict_ms(t, held.archs), held.ms) for name, t in tables.items()}
+    d = tables["(d) library"]
+    out["(d) library"]["coverage_90_pct"] = coverage(d, held)
+    out["(c) adapt"]["coverage_90_pct"] = coverage(tables["(c) adapt"], held)
+    a = d.adaptation
+    out["chosen"] = {k: a[k] for k in ("chosen", "fallback", "why", "weights", "dropped", "loo_mape_pct",
+                                       "single_factor_loo_mape_pct", "interval", "expected")}
+    return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=DEFAULT_DATA, help="directory of HELP's FBNet files")
-    ap.add_argument("--base", default="pixel3")
+    ap.add_argument("--library", default=None, help="DEV,DEV,...: the devices the prior may use (default: all but "
+                                                    "the target)")
+    ap.add_argument("--samples", default=None, help="K,K,...: learning curve at these numbers of networks")
+    ap.add_argument("--draws", type=int, default=5, help="random draws per K in the learning curve")
     ap.add_argument("--json", default=None, help="write the figures here")
     args = ap.parse_args(argv)
-    base = H.tables(args.data)[args.base]
+    t0 = time.time()
     data = H.load(args.data)
-    test = np.arange(4000, 5000)
-    devices = [d for d in END_TO_END if d in data["ms"]] + [d for d in data["ms"] if d not in END_TO_END
-                                                             and d != args.base]
-    rows, out = [], {}
+    helps = H.tables(args.data)
+    shipped = {t.device: t for t in LB.load(LB.shipped_paths("fbnet_c100"))}
+    names = args.library.split(",") if args.library else None
+    if names and set(names) - set(shipped):
+        ap.error(f"--library: no table of {sorted(set(names) - set(shipped))}; the library has {sorted(shipped)}")
+    devices = [d for d in END_TO_END if d in data["ms"]] + [d for d in data["ms"] if d not in END_TO_END]
+    out, rows = {}, []
     for dev in devices:
-        samples = H.measured(data, dev, data["reference"])
-        held = H.measured(data, dev, test)
-        tables = {"(a) base": base, "(b) one factor": adapt.rescale(base, samples), "(c) adapt": adapt.adapt(base, samples)}
-        out[dev] = {}
-        for name, t in tables.items():
-            r = accuracy.report(LT.predict_ms(t, held.archs), held.ms)
-            out[dev][name] = r
-            rows.append((dev, name, r))
-        a = tables["(c) adapt"].adaptation
-        out[dev]["chosen"] = {k: a[k] for k in ("grouping", "lambda", "loo_mape_pct", "theta_const", "theta",
-                                                "single_factor")}
-    print(f"base: {args.base} table; samples: HELP's 10 reference architectures; test: architectures 4000-4999")
-    print(f"{'device':14s} {'table':16s} {'MAPE %':>8s} {'±10% %':>8s} {'Spearman':>9s}")
+        base = helps["pixel3" if dev != "pixel3" else "raspi4"]
+        lib = [t for d, t in shipped.items() if d != dev and (names is None or d in names)]
+        held = H.measured(data, dev, TEST)
+        ceiling = layerfit.fit(H.measured(data, dev, range(4000)), holdout=0.0)
+        out[dev] = one_device(data, dev, base, lib, H.measured(data, dev, data["reference"]), held, ceiling)
+        out[dev]["library"] = [t.device for t in lib]
+        rows += [(dev, name, out[dev][name]) for name in ("(a) base", "(b) one factor", "(c) adapt", "(d) library",
+                                                          "(e) ceiling")]
+    print("base: pixel3 table (raspi4 for pixel3); samples: HELP's 10 reference architectures; test: 4000-4999")
+    print(f"{'device':14s} {'table':16s} {'MAPE %':>8s} {'±10% %':>8s} {'Spearman':>9s} {'in 90% int.':>11s}")
     for dev, name, r in rows:
-        print(f"{dev:14s} {name:16s} {r['mape_pct']:8.2f} {r['within_10pct']:8.1f} {r['spearman']:9.3f}")
+        cov = f"{r['coverage_90_pct']:11.1f}" if "coverage_90_pct" in r else ""
+        print(f"{dev:14s} {name:16s} {r['mape_pct']:8.2f} {r['within_10pct']:8.1f} {r['spearman']:9.3f} {cov}")
     for dev in devices:
         c = out[dev]["chosen"]
-        lam = "inf" if c["lambda"] is None else f"{c['lambda']:g}"
-        print(f"{dev}: chosen {c['grouping']} lambda={lam} (leave-one-out MAPE {c['loo_mape_pct']:.2f}% on the 10)")
-    wins = [out[d]["(c) adapt"]["mape_pct"] < out[d]["(b) one factor"]["mape_pct"] for d in devices]
-    print(f"(c) below (b) in MAPE on {sum(wins)} of {len(devices)} devices")
+        print(f"{dev}: {'FALLBACK to one factor' if c['fallback'] else 'library'}: {c['why']}; dropped {c['dropped']};"
+              f" {len(c['chosen'])} model(s) averaged; 90% interval ±{100 * c['interval']['rel_halfwidth']:.1f}%")
+    checks = []
+    for dev in devices:
+        d, b, e = out[dev]["(d) library"], out[dev]["(b) one factor"], out[dev]["(e) ceiling"]
+        need = 90.0 if e["within_10pct"] >= 95 else e["within_10pct"] - 5
+        checks.append((dev, d["within_10pct"] >= need, d["mape_pct"] <= b["mape_pct"],
+                       e["spearman"] < 0.95 or d["spearman"] >= 0.9, 85 <= d["coverage_90_pct"] <= 95))
+    print("must show (±10% share, MAPE <= one factor, Spearman >= 0.9 where the ceiling's >= 0.95, 90% interval "
+          "holds 85-95%):")
+    for dev, *ok in checks:
+        print(f"  {dev:14s} " + "  ".join("yes" if o else "NO" for o in ok))
+    if args.samples:
+        ks = [int(k) for k in args.samples.split(",")]
+        rng = np.random.default_rng(0)
+        curve = {}
+        for dev in devices:
+            base = helps["pixel3" if dev != "pixel3" else "raspi4"]
+            lib = [t for d, t in shipped.items() if d != dev and (names is None or d in names)]
+            held = H.measured(data, dev, TEST)
+            curve[dev] = {}
+            for k in ks:
+                got = []
+                for _ in range(args.draws):
+                    s = H.measured(data, dev, rng.choice(4000, k, replace=False))
+                    t = AP.adapt_library(base, s, lib, stages=stages())
+                    r = accuracy.report(LT.predict_ms(t, held.archs), held.ms)
+                    one = accuracy.report(LT.predict_ms(adapt.rescale(base, s), held.archs), held.ms)
+                    got.append((r["mape_pct"], r["within_10pct"], r["spearman"], coverage(t, held), one["mape_pct"]))
+                curve[dev][k] = dict(zip(("mape_pct", "within_10pct", "spearman", "coverage_90_pct",
+                                          "one_factor_mape_pct"), np.median(np.array(got), axis=0).tolist()))
+        out["learning_curve"] = {"draws": args.draws, "from": "random networks of 0-3999", "devices": curve}
+        print(f"learning curve of (d), median over {args.draws} draws of K random networks of 0-3999 "
+              f"(MAPE % / within ±10% % / Spearman / in 90% interval %; one factor's MAPE %):")
+        for dev in devices:
+            print(f"  {dev:14s} " + " | ".join(
+                f"K={k}: {c['mape_pct']:.2f} / {c['within_10pct']:.1f} / {c['spearman']:.3f} / "
+                f"{c['coverage_90_pct']:.1f}; {c['one_factor_mape_pct']:.2f}" for k, c in curve[dev].items()))
+    print(f"({time.time() - t0:.0f} s)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

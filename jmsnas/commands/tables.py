@@ -2,16 +2,20 @@
 have, and how well any table predicts measured networks.
 
     jmsnas measure --space fbnet_c100 --networks 10 --out nets.json [--remote HOST:PORT] [--seed 0] [--reps 20]
-    jmsnas adapt --table BASE --measured nets.json --out target.json [--device NAME]
+    jmsnas adapt --table BASE --measured nets.json --out target.json [--device NAME] [--library TABLE|DIR|shipped ...]
+    jmsnas adapt --fit nets.json --out table.json [--holdout 0.1] [--device NAME]
     jmsnas validate --table TABLE (--measured nets.json | --networks N [--remote HOST:PORT]) [--json OUT]
                     [--plot OUT.png] [--no-record]
 
 ``measure`` times N random whole networks of the space here, or on the worker at HOST:PORT (``jmsnas worker
 --listen HOST:PORT`` on the target: each network goes there as a ``jax.export`` program, jmsnas.deploy.timer), and
 writes them as a measured-networks file (jmsnas/cost/networks.py). ``adapt`` fits the target's table from a base
-table and such a file (the model and its choice by leave-one-out: jmsnas/cost/adapt.py) and writes an ordinary
-table file. ``validate`` compares a table with measured networks (a file, or N random networks measured now) and
-reports % within +-10%, MAPE, median/max error, bias, Spearman and Kendall (jmsnas/cost/accuracy.py); unless
+table and such a file (the model and its choice by leave-one-out: jmsnas/cost/adapt.py; with ``--library``, from
+every table of the library as the prior, with a 90% interval and the expected error at this many networks and at
+10 more: jmsnas/cost/adapt_prior.py) and writes an ordinary table file; ``adapt --fit`` fits a per-layer table
+from many networks measured on the device (jmsnas/cost/layerfit.py, validated on the held-out share). ``validate`` compares a table with measured networks (a file, or N random networks measured now) and
+reports % within +-10%, MAPE, median/max error, bias, Spearman and Kendall (jmsnas/cost/accuracy.py), and for a
+table with an interval how often the measurement falls inside it (calibration); unless
 ``--no-record``, the report is stored in the table file (``validation``). A TABLE is a per-layer table file
 (jmsnas/cost/layertable.py) or HELP's relative-form file with the device after a colon
 (``fbnet_lut_pixel3_raspi4.json:raspi4``). Errors print one ``jmsnas CMD: error: ...`` line and exit with 2,
@@ -41,8 +45,15 @@ def add_parser(sub) -> None:
     _timing_flags(m)
     a = sub.add_parser("adapt", help="a device's latency table from a base table and a few measured networks",
                        description=doc)
-    a.add_argument("--table", required=True, help="base table: table file, or HELP's file:DEVICE")
-    a.add_argument("--measured", required=True, help="measured-networks file of the target device")
+    a.add_argument("--table", default=None, help="base table: table file, or HELP's file:DEVICE")
+    a.add_argument("--measured", default=None, help="measured-networks file of the target device")
+    a.add_argument("--library", nargs="+", default=None, metavar="TABLE",
+                   help="tables of devices already measured (files, directories of them, or 'shipped': the library "
+                        "that ships for the space) used as the prior; none may be the target's")
+    a.add_argument("--fit", default=None, metavar="NETS",
+                   help="instead: fit a per-layer table from the networks measured in NETS (many, e.g. 1000)")
+    a.add_argument("--holdout", type=float, default=0.1, help="with --fit: the last share of NETS held out to "
+                                                               "validate the table (default 0.1)")
     a.add_argument("--out", required=True, help="target table file to write (JSON)")
     a.add_argument("--device", default=None, help="name of the target device (default: the measured file's)")
     v = sub.add_parser("validate", help="how well a latency table predicts measured networks", description=doc)
@@ -127,22 +138,90 @@ def _measure(args) -> int:
     return 0
 
 
+def _library(specs, space: str):
+    from jmsnas.cost import library as LB
+    paths = []
+    for s in specs:
+        paths += LB.shipped_paths(space) if s == "shipped" else [s]
+    return LB.load(paths)
+
+
+def _stages(space_name: str):
+    """int[N]: the stage of each layer when the space is registered and has stages, else None."""
+    from jmsnas import spaces
+    try:
+        sp = spaces.get(space_name)
+    except ValueError:
+        return None
+    layers = getattr(sp, "stage_layers", None)
+    return None if layers is None else np.repeat(np.arange(len(layers)), layers)
+
+
 def _adapt(args) -> int:
-    from jmsnas.cost import adapt, networks as NW
+    from jmsnas.cost import adapt, adapt_prior, layerfit, networks as NW
     from jmsnas.cost import layertable as LT
+    if args.fit is not None:
+        if args.table or args.measured or args.library:
+            raise ValueError("--fit NETS takes no --table, --measured or --library")
+        measured = NW.load(args.fit)
+        _check_out(args.out)
+        out = layerfit.fit(measured, holdout=args.holdout, device=args.device)
+        LT.save(out, args.out)
+        v, f = out.validation, out.adaptation["fit"]
+        held = "no held-out networks (--holdout 0)" if v is None else (
+            f"held-out {f['networks_held_out']}: within ±10% {v['within_10pct']:.1f}%  MAPE {v['mape_pct']:.2f}%  "
+            f"Spearman {v['spearman']:.3f}")
+        print(f"fitted a per-layer table of {out.device} on {f['networks_fitted']} networks; {held}")
+        print(f"wrote {args.out}")
+        return 0
+    if not args.table or not args.measured:
+        raise ValueError("give --table BASE and --measured NETS (or --fit NETS)")
     base, _ = load_table(args.table)
     measured = NW.load(args.measured)
+    if len(measured.ms) == 0:
+        raise ValueError(f"{args.measured}: no measured networks (give at least 1; 10 recommended)")
+    lib = _library(args.library, base.space) if args.library else None
     _check_out(args.out)
-    out = adapt.adapt(base, measured, device=args.device)
+    if lib is None:
+        out = adapt.adapt(base, measured, device=args.device)
+    else:
+        out = adapt_prior.adapt_library(base, measured, lib, stages=_stages(base.space), device=args.device)
     LT.save(out, args.out)
     a = out.adaptation
-    lam = "inf (single factor)" if a["lambda"] is None else f"{a['lambda']:g}"
-    loo = "n/a (one network)" if a["loo_mape_pct"] is None else f"{a['loo_mape_pct']:.2f}% (max {a['loo_max_pct']:.2f}%)"
-    print(f"adapted {base.device} -> {out.device} from {a['networks']} networks: types {a['grouping']}, "
-          f"lambda {lam}; leave-one-out MAPE {loo}")
-    print("scales: const x" + f"{a['theta_const']:.4g}; " + "; ".join(f"{k} x{v:.4g}" for k, v in a["theta"].items()))
+    if lib is None:
+        lam = "inf (single factor)" if a["lambda"] is None else f"{a['lambda']:g}"
+        loo = "n/a (one network)" if a["loo_mape_pct"] is None else \
+            f"{a['loo_mape_pct']:.2f}% (max {a['loo_max_pct']:.2f}%)"
+        print(f"adapted {base.device} -> {out.device} from {a['networks']} networks: types {a['grouping']}, "
+              f"lambda {lam}; leave-one-out MAPE {loo}")
+        print("scales: const x" + f"{a['theta_const']:.4g}; " + "; ".join(f"{k} x{v:.4g}" for k, v in
+                                                                        a["theta"].items()))
+    else:
+        _print_library_adaptation(base, out)
     print(f"wrote {args.out}")
     return 0
+
+
+def _print_library_adaptation(base, out) -> None:
+    a = out.adaptation
+    if a["fallback"]:
+        print(f"adapted {base.device} -> {out.device} from {a['networks']} networks: FELL BACK to the one-factor "
+              f"rescale of the base: the data cannot tell that the library helps ({a['why']})")
+    else:
+        w = ", ".join(f"{d} x{v:.3g}" for d, v in a["weights"].items() if v > 0)
+        print(f"adapted {out.device} from {a['networks']} networks and a library of {len(a['library'])}: "
+              f"{w}, + corrections ({len(a['chosen'])} model(s) averaged); {a['why']}")
+    if a["dropped"]:
+        print(f"left out as outliers: measured network(s) {a['dropped']}")
+    iv = a["interval"]
+    if iv:
+        print(f"90% interval: prediction ±{100 * iv['rel_halfwidth']:.1f}% ({iv['factor_from']})")
+    e = a["expected"]
+    if e:
+        at, more = e["at"], e["plus_10"]
+        print(f"expected error at {at['networks']} networks (library's learning curves, {e['devices']} devices): "
+              f"MAPE {at['mape_pct']:.2f}%, {at['within_10pct']:.1f}% within ±10%; with 10 more "
+              f"({more['networks']}): MAPE {more['mape_pct']:.2f}%, {more['within_10pct']:.1f}% within ±10%")
 
 
 def _validate(args) -> int:
@@ -170,13 +249,24 @@ def _validate(args) -> int:
     pred = LT.predict_ms(table, archs)
     rep = accuracy.report(pred, ms)
     rep["against"] = where
+    iv = (table.adaptation or {}).get("interval") if isinstance(table.adaptation, dict) else None
+    if iv:
+        from jmsnas.cost import adapt_prior
+        lo, hi = adapt_prior.interval_ms(table, archs)
+        rep["interval_level_pct"] = 100 * iv["level"]
+        rep["interval_coverage_pct"] = float(100 * np.mean((np.asarray(ms) >= lo) & (np.asarray(ms) <= hi)))
     print(f"{table.source} against {where}:")
     print(f"  within ±10%: {rep['within_10pct']:.1f}%   MAPE {rep['mape_pct']:.2f}%   median error "
           f"{rep['median_error_pct']:.2f}%   max {rep['max_error_pct']:.2f}%   bias {rep['bias_pct']:+.2f}%")
     print(f"  Spearman {rep['spearman']:.3f}   Kendall {rep['kendall']:.3f}   (n = {rep['n']})")
+    if iv:
+        print(f"  inside the {rep['interval_level_pct']:.0f}% interval: {rep['interval_coverage_pct']:.1f}% "
+              f"(calibrated: close to {rep['interval_level_pct']:.0f}%)")
     if args.json:
         with safeio.atomic_write(args.json) as f:
-            json.dump({**rep, "predicted_ms": pred.tolist(), "measured_ms": list(map(float, ms))}, f, indent=1)
+            extra = {"interval_low_ms": lo.tolist(), "interval_high_ms": hi.tolist()} if iv else {}
+            json.dump({**rep, "predicted_ms": pred.tolist(), "measured_ms": list(map(float, ms)), **extra}, f,
+                      indent=1)
     if args.plot:
         accuracy.scatter(args.plot, pred, ms, f"{table.device}: {rep['within_10pct']:.0f}% within ±10%, "
                                               f"rho {rep['spearman']:.2f}")

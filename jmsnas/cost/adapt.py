@@ -22,6 +22,9 @@ Selection. Every (grouping, lam) in the grid, and the single factor itself, is s
 measured networks (fit on K - 1, relative error on the one left out, mean over the K); the lowest mean wins (ties:
 the simpler model, i.e. larger lam, then fewer types). Nothing else is looked at: no test set enters the choice.
 With one network only the single factor is fitted (no leave-one-out is possible).
+
+Interval: from 3 networks on, ``adaptation["interval"]`` holds the relative half-width of a 90% prediction interval
+(``interval``; ``adapt_prior.interval_ms`` applies it).
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ import re
 from typing import NamedTuple
 
 import numpy as np
+from scipy import stats
 from scipy.optimize import lsq_linear
 
 from jmsnas.cost import layertable as LT
@@ -109,6 +113,17 @@ def loo_errors(f: np.ndarray, y: np.ndarray, lam: float) -> np.ndarray:
     return out
 
 
+def interval(loo, level: float = 0.9) -> dict | None:
+    """The relative half-width h of a ``level`` prediction interval [p (1 - h), p (1 + h)] from the chosen model's
+    leave-one-out relative errors: Student's t_{(1 + level) / 2, K - 1} times their RMS (None below 3 networks)."""
+    if loo is None or len(loo) < 3:
+        return None
+    sigma = float(np.sqrt(np.mean(np.asarray(loo) ** 2)))
+    factor = float(stats.t.ppf(0.5 + level / 2, len(loo) - 1))
+    return {"level": level, "rel_halfwidth": factor * sigma, "loo_rms_rel": sigma, "factor": factor,
+            "factor_from": f"Student t, {len(loo) - 1} degrees of freedom"}
+
+
 def adapt(table: LT.LayerTable, measured: NW.Measured, *, groupings=GROUPINGS, lambdas=LAMBDAS,
           device: str | None = None) -> LT.LayerTable:
     """The target device's table fitted from ``table`` and ``measured`` (module docstring), carrying in
@@ -126,7 +141,7 @@ def adapt(table: LT.LayerTable, measured: NW.Measured, *, groupings=GROUPINGS, l
         scores.append({"grouping": grouping, "lambda": None if math.isinf(lam) else lam,
                        "loo_mape_pct": None if loo is None else float(100 * loo.mean()),
                        "loo_max_pct": None if loo is None else float(100 * loo.max()), "_f": f, "_g": groups,
-                       "_lam": lam})
+                       "_lam": lam, "_loo": loo})
         if loo is None:
             break
     best = min(scores, key=lambda c: (c["loo_mape_pct"] if c["loo_mape_pct"] is not None else 0.0,
@@ -146,6 +161,7 @@ def adapt(table: LT.LayerTable, measured: NW.Measured, *, groupings=GROUPINGS, l
             "theta_const": float(theta[0]),
             "theta": {"+".join(types[str(g)]): float(theta[1 + g]) for g in range(int(groups.max()) + 1)},
             "loo_mape_pct": best["loo_mape_pct"], "loo_max_pct": best["loo_max_pct"],
+            "interval": interval(best["_loo"]),
             "candidates": [{k: v for k, v in c.items() if not k.startswith("_")} for c in scores]}
     return LT.make(theta[0] * table.const_ms, entry, table.op_names, space=table.space,
                    device=device or measured.device, source=f"adapted from {table.source} with {len(y)} networks "

@@ -99,3 +99,72 @@ def test_remote_timing_is_the_workers_calibrate_message(monkeypatch):
         proc.wait(10)
     with pytest.raises(ValueError, match="cannot reach the worker"):
         timer.time_programs(f"127.0.0.1:{port}", [bytes(prog.serialize())], reps=1)
+
+
+LIB = os.path.join(paths.REPO, "jmsnas", "fbnet", "library")
+OTHERS = [os.path.join(LIB, f"{d}.json") for d in ("silver_4114", "silver_4210r", "samsung_a50", "pixel3", "raspi4")]
+
+
+def test_adapt_with_the_library_prints_the_expected_error_and_validate_its_calibration(files, capsys):
+    out = files / "titan_lib.json"
+    assert main(["adapt", "--table", HELP_PIXEL3, "--measured", str(files / "ten.json"), "--out", str(out),
+                 "--library", *OTHERS]) == 0
+    text = capsys.readouterr().out
+    assert "a library of 5" in text and "90% interval: prediction ±" in text
+    assert "expected error at 10 networks" in text and "with 10 more (20)" in text
+    t = LT.load(out)
+    assert t.adaptation["library"] == ["pixel3", "raspi4", "samsung_a50", "silver_4114", "silver_4210r"]
+    assert main(["validate", "--table", str(out), "--measured", str(files / "test.json"), "--json",
+                 str(files / "vl.json")]) == 0
+    assert "inside the 90% interval:" in capsys.readouterr().out
+    rep = json.loads((files / "vl.json").read_text())
+    inside = np.mean([lo <= y <= hi for lo, y, hi in zip(rep["interval_low_ms"], rep["measured_ms"],
+                                                          rep["interval_high_ms"])])
+    assert rep["interval_coverage_pct"] == pytest.approx(100 * inside)
+    assert LT.load(out).validation["interval_coverage_pct"] == rep["interval_coverage_pct"]
+
+
+def test_adapt_fit_fits_a_table_and_stores_its_held_out_validation(files, capsys):
+    """600 networks timed by the Raspberry Pi 4 table (additive): the fitted table predicts its held-out 60 exactly."""
+    rpi = H.tables(DATA)["raspi4"]
+    archs = np.random.default_rng(0).integers(0, 9, (600, 22))
+    NW.save(NW.make(archs, LT.predict_ms(rpi, archs), rpi.op_names, space=rpi.space, device="rpi"),
+            files / "many.json")
+    assert main(["adapt", "--fit", str(files / "many.json"), "--out", str(files / "fit.json")]) == 0
+    assert "on 540 networks; held-out 60: within ±10% 100.0%" in capsys.readouterr().out
+    t = LT.load(files / "fit.json")
+    assert t.validation["n"] == 60 and t.validation["mape_pct"] < 1e-6
+
+
+def _bad_library_files(d):
+    (d / "not_a_table.json").write_text(json.dumps({"format": "something else"}))
+    other = json.loads(open(OTHERS[0]).read())
+    other["space"] = "mbconv13"
+    (d / "other_space.json").write_text(json.dumps(other))
+    m = json.loads((d / "ten.json").read_text())
+    (d / "empty.json").write_text(json.dumps({**m, "networks": []}))
+    (d / "nan.json").write_text(json.dumps({**m, "networks": [{**m["networks"][0], "ms": float("nan")}]}))
+    (d / "neg.json").write_text(json.dumps({**m, "networks": [{**m["networks"][0], "ms": -2.0}]}))
+
+
+@pytest.mark.parametrize("change, message", [
+    (["--library", "not_a_table.json"], "not a per-layer latency table (format 'something else'"),
+    (["--library", "other_space.json"], "the library is of space 'mbconv13'"),
+    (["--library", os.path.join(LIB, "titan_rtx_32.json")], "a table of the target device 'titan_rtx_32'"),
+    (["--library", "shipped"], "a table of the target device 'titan_rtx_32'"),
+    (["--measured", "empty.json"], "no measured networks"),
+    (["--measured", "nan.json"], "networks[0].ms must be a latency > 0 ms, got nan"),
+    (["--measured", "neg.json"], "networks[0].ms must be a latency > 0 ms, got -2.0"),
+])
+def test_bad_adapt_input_is_one_line_and_keeps_what_was_saved(files, monkeypatch, capsys, change, message):
+    monkeypatch.chdir(files)
+    _bad_library_files(files)
+    (files / "kept.json").write_text("saved before")
+    argv = ["adapt", "--table", HELP_PIXEL3, "--measured", "ten.json", "--library", *OTHERS, "--out", "kept.json"]
+    i = argv.index(change[0])
+    argv[i:i + (2 if change[0] == "--measured" else 1 + len(OTHERS))] = change
+    before = {p: open(p, "rb").read() for p in sorted(os.listdir(files)) if os.path.isfile(p)}
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert {p: open(p, "rb").read() for p in sorted(os.listdir(files)) if os.path.isfile(p)} == before

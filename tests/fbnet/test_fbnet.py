@@ -172,3 +172,27 @@ def test_numpy_init_has_the_shapes_and_scales_of_the_jax_init():
     assert (np.asarray(s["bn1"]["var"]) == 1).all() and (np.asarray(p["bn1"]["bias"]) == 0).all()
     big = net.numpy_init(jax.ShapeDtypeStruct((1, 64, 4096), jnp.float32))  # a grouped 1x1: fan-in 64
     assert np.std(np.asarray(big)) == pytest.approx(np.sqrt(2 / 64), rel=0.02)
+
+
+@pytest.mark.slow
+def test_search_runs_on_a_table_adapted_from_the_library(tmp_path, capsys):
+    """The FBNet config end to end on a Raspberry Pi 4 table adapted (jmsnas adapt --library) from its 10 reference
+    networks and the shipped library without it: the result's latency is the adapted table's for its architecture."""
+    from jmsnas.cli import main
+    from jmsnas.cost import layertable as LT, networks as NW
+    data = H.load(DATA)
+    NW.save(H.measured(data, "raspi4", data["reference"]), tmp_path / "ten.json")
+    lib = os.path.join(paths.REPO, "jmsnas", "fbnet", "library")
+    others = [os.path.join(lib, f"{d}.json") for d in ("pixel3", "samsung_a50", "silver_4114", "silver_4210r",
+                                                         "titan_rtx_32")]
+    table = tmp_path / "rpi_adapted.json"
+    assert main(["adapt", "--table", os.path.join(DATA, H.LUT_FILE) + ":pixel3", "--measured",
+                 str(tmp_path / "ten.json"), "--library", *others, "--out", str(table)]) == 0
+    cfg = os.path.join(paths.REPO, "experiments", "configs", "fbnet_raspi4.py")
+    assert main(["search", "--config", cfg, "--workdir", str(tmp_path / "run"), "--config.fbnet.fitness=flops",
+                 f"--config.fbnet.tables.raspberry_pi4={table}", "--config.fbnet.population=8",
+                 "--config.fbnet.generations=2", "--config.t_const_ms=20", "--no-progress"]) == 0
+    res = json.loads((tmp_path / "run" / "result.json").read_text())
+    ops = [SP.OP_NAMES.index(a["op"]) for a in res["architecture"]]
+    assert res["met"] and res["latency_ms"] <= 20.0
+    assert res["latency_ms"] == pytest.approx(float(LT.predict_ms(LT.load(table), ops)[0]), abs=1e-9)

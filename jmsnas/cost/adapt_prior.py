@@ -1,0 +1,232 @@
+"""A new device's table from a few measured networks and a library of devices already measured (the prior).
+
+Model (the argument for it: docs/device_tables.md). With library tables L_1..L_J (``library.check``) and K networks
+(a_k, y_k) measured on the target:
+
+1. Combination. m = sum_j w_j L_j, w >= 0, fitted by non-negative least squares on relative errors
+   (min sum_k ((sum_j w_j L_j(a_k) - y_k) / y_k)^2). A combination of tables is a table: c_m = sum w_j c_j,
+   m[l, o] = sum w_j L_j[l, o], never negative.
+2. Per-type corrections shrunk toward the combination: T(a) = theta_0 c_m + sum_l theta_g(l, a_l) m[l, a_l],
+   theta >= 0, fitted as ``adapt.fit_features`` does (relative least squares + lam sum (theta - s)^2, s the single
+   factor that best rescales m); the cell groups g are the block types of ``adapt.op_groups`` (expand,
+   kernel_expand, op) and, when the layers' stages are known, stage and stage x expansion.
+3. Choice by leave-one-out over the measured networks, the whole procedure (the combination weights too) refitted
+   on the other K - 1 each time: the candidates are the combination alone and every (grouping, lam). The table
+   is the average of every candidate within one standard error of the lowest leave-one-out MAPE (the lowest of ~25
+   scores on 10 networks is optimistic, and picking it alone chose a too flexible model on noisy devices; an
+   average of tables is a table, and its leave-one-out errors are the average of theirs).
+4. Fallback. The best candidate is used only when its leave-one-out errors are below those of the one-factor
+   rescale of the base table by more than one standard error of the paired difference; otherwise the result is
+   the one-factor rescale (the data cannot tell that the library helps), and ``adaptation["fallback"]`` says so.
+5. Outliers. A network whose relative error under the combination fitted on all K is above 15% and 5 robust
+   standard deviations (1.4826 MAD) from the median is left out (at most K // 5 of them; ``dropped``).
+6. Interval. Relative half-width h = z sigma, sigma the RMS of the chosen table's leave-one-out relative errors
+   r_k, z the library's calibration (``library.interval_factor``: for each library device adapted from the others,
+   the 90% quantile of its held-out relative errors over its sigma, median over draws; the median over the
+   library's devices at K networks), or Student's t_{0.95, K-1} without curves and for the fallback: the 90% interval of a network
+   predicted p ms is [p (1 - h), p (1 + h)] (``interval_ms``).
+
+Everything is a function of the sorted library and the measured networks: permuting the library changes nothing.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy import stats
+from scipy.optimize import nnls
+
+from jmsnas.cost import adapt as AD
+from jmsnas.cost import layertable as LT
+from jmsnas.cost import library as LB
+from jmsnas.cost import networks as NW
+
+GROUPINGS = ("expand", "kernel_expand", "op", "stage", "stage_expand")
+LAMBDAS = (1e-3, 1e-2, 1e-1, 1.0, 10.0)
+COMBINATION = "combination"
+LEVEL = 0.9
+
+
+def cell_groups(op_names, num_layers: int, grouping: str, stages=None) -> np.ndarray:
+    """int[N, R]: the group of every (layer, op) cell; None when the grouping needs stages that are not known."""
+    if grouping in ("stage", "stage_expand"):
+        if stages is None:
+            return None
+        st = np.asarray(stages, np.int64)[:, None]
+        if grouping == "stage":
+            g = np.broadcast_to(st, (num_layers, len(op_names)))
+        else:
+            g = st * (len(op_names) + 1) + AD.op_groups(op_names, "expand")[None]
+    elif grouping == COMBINATION:
+        g = np.zeros((num_layers, len(op_names)), np.int64)
+    else:
+        g = np.broadcast_to(AD.op_groups(op_names, grouping)[None], (num_layers, len(op_names)))
+    return np.unique(np.asarray(g).ravel(), return_inverse=True)[1].reshape(num_layers, len(op_names))
+
+
+def _combine(lib_pred: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """w >= 0 minimising sum_k ((lib_pred[k] . w - y_k) / y_k)^2."""
+    return nnls(lib_pred / y[:, None], np.ones(len(y)))[0]
+
+
+def _features(cells: np.ndarray, const: float, groups: np.ndarray, archs: np.ndarray) -> np.ndarray:
+    """float64[K, 1 + G]: cells[k, l] = m[l, a_kl]; the fixed term, then per group the sum of its cells."""
+    f = np.zeros((len(archs), 1 + int(groups.max()) + 1))
+    f[:, 0] = const
+    g = groups[np.arange(archs.shape[1])[None], archs]
+    np.add.at(f, (np.repeat(np.arange(len(archs)), archs.shape[1]), 1 + g.ravel()), cells.ravel())
+    return f
+
+
+def _model_predict(w, lib, groups, lam, archs_fit, y_fit, archs_new):
+    """Fit the combination and the corrections on (archs_fit, y_fit); predict archs_new (and return theta)."""
+    m_const = sum(wi * t.const_ms for wi, t in zip(w, lib))
+    m_entry = sum(wi * np.nan_to_num(t.entry_ms) for wi, t in zip(w, lib))
+    rows = np.arange(archs_fit.shape[1])[None]
+    f = _features(m_entry[rows, archs_fit], m_const, groups, archs_fit)
+    if groups.max() == 0 and math.isinf(lam):
+        theta = np.ones(f.shape[1])
+    else:
+        theta, _ = AD.fit_features(f, y_fit, lam)
+    fn = _features(m_entry[rows, archs_new], m_const, groups, archs_new)
+    return fn @ theta, theta, m_const, m_entry
+
+
+def _loo(lib_pred, lib, groups, lam, archs, y) -> np.ndarray:
+    """Signed relative leave-one-out errors of the whole procedure (combination refitted in every fold)."""
+    out = np.empty(len(y))
+    for k in range(len(y)):
+        keep = np.arange(len(y)) != k
+        w = _combine(lib_pred[keep], y[keep])
+        p, *_ = _model_predict(w, lib, groups, lam, archs[keep], y[keep], archs[k:k + 1])
+        out[k] = (p[0] - y[k]) / y[k]
+    return out
+
+
+def _drop_outliers(lib_pred, y) -> np.ndarray:
+    """bool[K]: networks kept (module docstring, 5)."""
+    keep = np.ones(len(y), bool)
+    if len(y) < 5:
+        return keep
+    r = (lib_pred @ _combine(lib_pred, y) - y) / y
+    mad = 1.4826 * np.median(np.abs(r - np.median(r)))
+    bad = np.flatnonzero((np.abs(r) > 0.15) & (np.abs(r - np.median(r)) > 5 * max(mad, 1e-12)))
+    bad = bad[np.argsort(-np.abs(r[bad]))][: len(y) // 5]
+    keep[bad] = False
+    return keep
+
+
+def _within_one_standard_error(scores) -> list:
+    """The candidates whose leave-one-out MAPE is within one standard error of the lowest (module docstring, 3)."""
+    if not scores:
+        return []
+    low = min(scores, key=lambda c: c["loo_mape_pct"])
+    e = np.abs(low["_r"])
+    bar = low["loo_mape_pct"] + 100 * e.std(ddof=1) / math.sqrt(len(e))
+    return [c for c in scores if c["loo_mape_pct"] <= bar + 1e-9]
+
+
+def _score(base, lib, lp, a, yk, stages, groupings, lambdas) -> tuple:
+    """(one_loo, scores): the one-factor rescale's signed leave-one-out errors and every candidate's (None, [] below
+    3 networks)."""
+    if len(yk) < 3:
+        return None, []
+    pb = LT.predict_ms(base, a)
+    one_loo = np.array([(AD.single_factor(np.delete(pb, k), np.delete(yk, k)) * pb[k] - yk[k]) / yk[k]
+                        for k in range(len(yk))])
+    scores = []
+    for grouping, lam in [(COMBINATION, math.inf)] + [(g, float(l)) for g in groupings
+                                                      for l in sorted(lambdas, reverse=True)]:
+        groups = cell_groups(base.op_names, base.num_layers, grouping, stages)
+        if groups is not None:
+            r = _loo(lp, lib, groups, lam, a, yk)
+            scores.append({"grouping": grouping, "lambda": None if math.isinf(lam) else lam,
+                           "loo_mape_pct": float(100 * np.abs(r).mean()), "_r": r, "_g": groups, "_lam": lam})
+    return one_loo, scores
+
+
+def _decide(chosen, one_loo, k: int) -> tuple:
+    """(use the library?, why, the averaged candidates' signed leave-one-out errors) (module docstring, 4)."""
+    if not chosen:
+        return False, f"{k} networks are too few to tell (need >= 3)", None
+    r = np.mean([c["_r"] for c in chosen], axis=0)
+    d = np.abs(r) - np.abs(one_loo)
+    se = d.std(ddof=1) / math.sqrt(len(d))
+    why = (f"leave-one-out MAPE {100 * np.abs(r).mean():.2f}% against {100 * np.abs(one_loo).mean():.2f}% for the "
+           f"one-factor rescale (paired difference {100 * d.mean():+.2f} +- {100 * se:.2f} points)")
+    return bool(d.mean() + se < 0), why, r
+
+
+def _average(chosen, lib, w, a, yk, valid) -> tuple:
+    """(const, entry, thetas): the average of the chosen candidates' tables fitted on all kept networks."""
+    entry, const, thetas = 0.0, 0.0, []
+    for c in chosen:
+        _, th, m_const, m_entry = _model_predict(w, lib, c["_g"], c["_lam"], a, yk, a[:1])
+        entry = entry + m_entry * th[1 + c["_g"]] / len(chosen)
+        const = const + th[0] * m_const / len(chosen)
+        thetas.append([float(v) for v in th])
+    return float(const), np.where(valid, entry, np.nan), thetas
+
+
+def _interval(r, lib, k: int, use_lib: bool) -> dict | None:
+    """The 90% interval's relative half-width (module docstring, 6); the library's calibration only for its own
+    model, Student's t for the fallback."""
+    if r is None or len(r) < 3:
+        return None
+    sigma = float(np.sqrt(np.mean(r ** 2)))
+    factor, how = LB.interval_factor(lib, k) if use_lib else (None, None)
+    if factor is None:
+        factor, how = float(stats.t.ppf(0.5 + LEVEL / 2, len(r) - 1)), f"Student t, {len(r) - 1} degrees of freedom"
+    return {"level": LEVEL, "rel_halfwidth": float(factor * sigma), "loo_rms_rel": sigma, "factor": factor,
+            "factor_from": how}
+
+
+def adapt_library(base: LT.LayerTable, measured: NW.Measured, library, *, stages=None, groupings=GROUPINGS,
+                  lambdas=LAMBDAS, device: str | None = None) -> LT.LayerTable:
+    """The target's table (module docstring) with ``adaptation`` holding the choice, the weights, the leave-one-out
+    errors of every candidate, the fallback decision, the interval and the expected error from the library."""
+    archs = NW.for_table(measured, base)
+    y = measured.ms
+    if len(y) == 0:
+        raise LT.TableError("no measured networks to adapt from: give at least 1 (10 recommended)")
+    lib = LB.check(library, base, measured, device)
+    lib_pred = np.stack([LT.predict_ms(t, archs) for t in lib], axis=1)
+    keep = _drop_outliers(lib_pred, y)
+    a, yk, lp = archs[keep], y[keep], lib_pred[keep]
+    one_loo, scores = _score(base, lib, lp, a, yk, stages, groupings, lambdas)
+    chosen = _within_one_standard_error(scores)
+    use_lib, why, r = _decide(chosen, one_loo, len(yk))
+    w = thetas = None
+    if use_lib:
+        w = _combine(lp, yk)
+        const, entry, thetas = _average(chosen, lib, w, a, yk, base.valid)
+        model = [c["grouping"] + ("" if math.isinf(c["_lam"]) else f" lambda={c['_lam']:g}") for c in chosen]
+    else:
+        s = AD.single_factor(LT.predict_ms(base, a), yk)
+        entry, const, r, model = s * base.entry_ms, s * base.const_ms, one_loo, ["single_factor"]
+    info = {"model": "library combination + per-type corrections (jmsnas.cost.adapt_prior)",
+            "base": {"device": base.device, "source": base.source},
+            "networks": int(len(y)), "measured_device": measured.device, "library": [t.device for t in lib],
+            "weights": None if w is None else dict(zip([t.device for t in lib], map(float, w))),
+            "fallback": not use_lib, "why": why, "chosen": model, "theta": thetas,
+            "dropped": [int(i) for i in np.flatnonzero(~keep)],
+            "loo_mape_pct": None if r is None else float(100 * np.abs(r).mean()),
+            "single_factor_loo_mape_pct": None if one_loo is None else float(100 * np.abs(one_loo).mean()),
+            "interval": _interval(r, lib, len(yk), use_lib), "expected": LB.expected_error(lib, len(yk)),
+            "candidates": [{k: v for k, v in c.items() if not k.startswith("_")} for c in scores]}
+    return LT.make(max(float(const), 0.0), np.where(np.isnan(entry), np.nan, np.maximum(entry, 0.0)), base.op_names,
+                   space=base.space, device=device or measured.device,
+                   source=f"adapted from {base.source} and a library of {len(lib)} device(s) with {len(y)} networks "
+                          f"measured on {measured.device}", adaptation=info)
+
+
+def interval_ms(table: LT.LayerTable, archs) -> tuple:
+    """(low, high) float64[K]: the table's interval (``adaptation["interval"]``) around its predictions; TableError
+    when the table carries none."""
+    iv = (table.adaptation or {}).get("interval") if isinstance(table.adaptation, dict) else None
+    if not isinstance(iv, dict) or not isinstance(iv.get("rel_halfwidth"), (int, float)):
+        raise LT.TableError(f"table {table.source!r} carries no prediction interval (jmsnas adapt's tables from 3 "
+                            f"measured networks on do)")
+    p = LT.predict_ms(table, archs)
+    h = float(iv["rel_halfwidth"])
+    return np.maximum(p * (1 - h), 0.0), p * (1 + h)

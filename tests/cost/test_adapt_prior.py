@@ -1,0 +1,245 @@
+"""Per-layer tables fitted from whole networks (jmsnas.cost.layerfit), the shipped library of HELP's devices
+(jmsnas.cost.library, jmsnas/fbnet/library) and adaptation with the library as prior (jmsnas.cost.adapt_prior)."""
+import itertools
+import json
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from jmsnas.cost import adapt_prior as AP, layerfit
+from jmsnas.cost import layertable as LT
+from jmsnas.cost import library as LB
+from jmsnas.cost import networks as NW
+from jmsnas.fbnet import help as H
+import paths
+
+DATA = os.path.join(paths.DATA, "help_fbnet")
+SETTINGS = settings(max_examples=15, derandomize=True, deadline=None, database=None)
+STAGES = np.repeat(np.arange(7), [1, 4, 4, 4, 4, 4, 1])
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return {t.device: t for t in LB.load(LB.shipped_paths("fbnet_c100"))}
+
+
+@pytest.fixture(scope="module")
+def data():
+    return H.load(DATA)
+
+
+@pytest.fixture(scope="module")
+def pixel3():
+    return H.tables(DATA)["pixel3"]
+
+
+def _table(rng, n, r, name, scale=1.0):
+    return LT.make(float(rng.uniform(0, 3)) * scale, rng.uniform(0, 2, (n, r)) * scale,
+                   [f"k{3 + 2 * (i % 2)}_e{1 + i}" for i in range(r - 1)] + ["skip"], space="s", device=name,
+                   source=name)
+
+
+def test_fit_recovers_an_additive_table_from_whole_networks():
+    """Oracle: networks timed by a known additive table give back a table that predicts unseen networks exactly
+    (its cells may differ by a per-layer constant moved into the fixed term; no prediction depends on it)."""
+    rng = np.random.default_rng(0)
+    truth = _table(rng, 5, 4, "truth")
+    archs = rng.integers(0, 4, (120, 5))
+    m = NW.make(archs, LT.predict_ms(truth, archs), truth.op_names, space="s", device="truth")
+    t = layerfit.fit(m, holdout=0.25)
+    assert t.validation["n"] == 30 and t.validation["mape_pct"] < 1e-6 and t.adaptation["fit"]["networks_fitted"] == 90
+    every = np.array(list(itertools.product(range(4), repeat=5)))
+    np.testing.assert_allclose(LT.predict_ms(t, every), LT.predict_ms(truth, every), rtol=1e-7)
+
+
+def test_bounded_least_squares_is_the_brute_force_optimum():
+    """Oracle: on 2 layers x 2 ops with noisy latencies the bounded solution's objective equals the best over every
+    active set (free variables solved by least squares, the others 0, kept when feasible)."""
+    rng = np.random.default_rng(1)
+    archs = rng.integers(0, 2, (9, 2))
+    y = rng.uniform(0.5, 3.0, 9)
+    x = layerfit.design(archs, 2) / y[:, None]
+    obj = lambda th: float(np.sum((x @ th - 1.0) ** 2))
+    best = np.inf
+    for free in itertools.product([0, 1], repeat=x.shape[1]):
+        idx = np.flatnonzero(free)
+        th = np.zeros(x.shape[1])
+        if idx.size:
+            th[idx] = np.linalg.lstsq(x[:, idx], np.ones(9), rcond=None)[0]
+        if (th >= -1e-12).all():
+            best = min(best, obj(th))
+    assert obj(layerfit.solve(archs, y, 2)) == pytest.approx(best, rel=1e-9, abs=1e-12)
+
+
+def test_fit_refuses_too_few_networks_and_unused_cells():
+    rng = np.random.default_rng(2)
+    truth = _table(rng, 3, 3, "t")
+    archs = np.zeros((10, 3), np.int64)
+    m = NW.make(archs, LT.predict_ms(truth, archs), truth.op_names, space="s", device="t")
+    with pytest.raises(LT.TableError, match=r"op 'k5_e2' at layer 0 is in none of the 8 networks fitted"):
+        layerfit.fit(m, holdout=0.2)
+    with pytest.raises(LT.TableError, match=r"holdout 0.1 of 10 networks leaves 1 to validate on \(need >= 2\)"):
+        layerfit.fit(m)
+    with pytest.raises(LT.TableError, match="no measured networks"):
+        layerfit.fit(NW.make(np.zeros((0, 0)), [], truth.op_names, space="s", device="t"))
+    with pytest.raises(LT.TableError, match="holdout must be a share"):
+        layerfit.fit(m, holdout=1.0)
+
+
+def test_shipped_library_is_small_validated_and_licensed(shipped):
+    d = os.path.dirname(LB.shipped_paths("fbnet_c100")[0])
+    assert set(shipped) == {"silver_4114", "silver_4210r", "titan_rtx_32", "samsung_a50", "pixel3", "raspi4"}
+    assert sum(os.path.getsize(p) for p in LB.shipped_paths("fbnet_c100")) < 60_000
+    assert "MIT" in open(os.path.join(d, "README.md")).read()
+    for t in shipped.values():
+        assert t.validation["n"] == 400 and t.validation["within_10pct"] >= 94.0
+        assert t.adaptation["learning_curve"]["networks"] == [5, 10, 20, 50]
+
+
+def test_the_library_tables_reproduce_the_published_tables(shipped, data, pixel3):
+    """pixel3's whole-network values are sums of its published table: the fitted table predicts them (the test copy's
+    networks 4000-4099 were in no fit) to 1e-6."""
+    archs = data["archs"][data["index"] >= 4000]
+    np.testing.assert_allclose(LT.predict_ms(shipped["pixel3"], archs), LT.predict_ms(pixel3, archs), rtol=1e-6)
+
+
+def test_a_combination_of_library_tables_is_recovered(pixel3):
+    """Oracle: a target that is 0.5 x one library table + 1.2 x another is found (not a fallback) and predicts
+    every network exactly."""
+    rng = np.random.default_rng(3)
+    n, r = pixel3.num_layers, len(pixel3.op_names)
+    a_, b_ = (LT.make(pixel3.const_ms * f, pixel3.entry_ms * rng.uniform(0.2, 2.0, (n, r)), pixel3.op_names,
+                      space=pixel3.space, device=d, source=d) for f, d in ((1.0, "a"), (2.0, "b")))
+    truth = LT.make(0.5 * a_.const_ms + 1.2 * b_.const_ms, 0.5 * a_.entry_ms + 1.2 * b_.entry_ms, pixel3.op_names,
+                    space=pixel3.space, device="target", source="t")
+    archs = rng.integers(0, r, (10, n))
+    m = NW.make(archs, LT.predict_ms(truth, archs), pixel3.op_names, space=pixel3.space, device="target")
+    got = AP.adapt_library(pixel3, m, [b_, a_], stages=STAGES)
+    assert not got.adaptation["fallback"]
+    assert got.adaptation["weights"] == pytest.approx({"a": 0.5, "b": 1.2}, rel=1e-6)
+    other = rng.integers(0, r, (200, n))
+    np.testing.assert_allclose(LT.predict_ms(got, other), LT.predict_ms(truth, other), rtol=1e-6)
+
+
+def test_falls_back_to_the_one_factor_rescale_when_the_library_does_not_help(pixel3):
+    """Oracle: a target that is exactly the base x 1.7 has leave-one-out error 0 under the one-factor rescale; an
+    unrelated library cannot beat it, so the result is that rescale, and says so."""
+    rng = np.random.default_rng(4)
+    n, r = pixel3.num_layers, len(pixel3.op_names)
+    lib = [LT.make(1.0, rng.uniform(0, 3, (n, r)), pixel3.op_names, space=pixel3.space, device=f"rand{i}",
+                   source="r") for i in range(2)]
+    archs = rng.integers(0, r, (10, n))
+    m = NW.make(archs, 1.7 * LT.predict_ms(pixel3, archs), pixel3.op_names, space=pixel3.space, device="target")
+    got = AP.adapt_library(pixel3, m, lib, stages=STAGES)
+    assert got.adaptation["fallback"] and got.adaptation["chosen"] == ["single_factor"]
+    assert "one-factor rescale" in got.adaptation["why"]
+    np.testing.assert_allclose(got.entry_ms, 1.7 * pixel3.entry_ms, rtol=1e-9)
+
+
+def test_help_device_from_the_shipped_library_and_its_interval(shipped, data, pixel3):
+    """titan_rtx_32 from its 10 reference networks and the other five devices: below the one-factor rescale on the
+    held-out networks 4000-4099 of the test copy, with an interval that holds most of them."""
+    from jmsnas.cost import accuracy, adapt
+    sample = H.measured(data, "titan_rtx_32", data["reference"])
+    held = H.measured(data, "titan_rtx_32", range(4000, 4100))
+    lib = [t for d, t in shipped.items() if d != "titan_rtx_32"]
+    got = AP.adapt_library(pixel3, sample, lib, stages=STAGES)
+    err = lambda t: accuracy.report(LT.predict_ms(t, held.archs), held.ms)["mape_pct"]
+    assert err(got) < err(adapt.rescale(pixel3, sample))
+    lo, hi = AP.interval_ms(got, held.archs)
+    assert (lo <= LT.predict_ms(got, held.archs)).all() and 0.7 <= np.mean((held.ms >= lo) & (held.ms <= hi)) <= 1.0
+    e = got.adaptation["expected"]
+    assert e["at"]["networks"] == 10 and e["plus_10"]["networks"] == 20 and e["devices"] == 5
+    with pytest.raises(LT.TableError, match="carries no prediction interval"):
+        AP.interval_ms(pixel3, held.archs)
+
+
+@st.composite
+def _case(draw):
+    """A base, a library of 1-4 random tables and 1-12 random networks with random positive latencies."""
+    seed = draw(st.integers(0, 2 ** 31))
+    rng = np.random.default_rng(seed)
+    n, r = draw(st.integers(1, 5)), draw(st.integers(2, 4))
+    base = _table(rng, n, r, "base")
+    lib = [_table(rng, n, r, f"dev{i}", scale=float(rng.uniform(0.1, 10))) for i in range(draw(st.integers(1, 4)))]
+    k = draw(st.integers(1, 12))
+    archs = rng.integers(0, r, (k, n))
+    y = draw(st.lists(st.floats(0.01, 500.0, allow_nan=False), min_size=k, max_size=k))
+    return base, lib, NW.make(archs, y, base.op_names, space="s", device="target"), seed
+
+
+@SETTINGS
+@given(_case())
+def test_adapted_table_is_never_negative_and_the_library_order_changes_nothing(case):
+    base, lib, m, seed = case
+    t = AP.adapt_library(base, m, lib)
+    assert t.const_ms >= 0 and (t.entry_ms >= 0).all()
+    every = np.array(list(itertools.product(range(len(base.op_names)), repeat=base.num_layers)))
+    assert (LT.predict_ms(t, every) >= 0).all()
+    shuffled = [lib[i] for i in np.random.default_rng(seed).permutation(len(lib))]
+    u = AP.adapt_library(base, m, shuffled)
+    np.testing.assert_array_equal(u.entry_ms, t.entry_ms)
+    assert u.const_ms == t.const_ms and u.adaptation == t.adaptation
+
+
+@SETTINGS
+@given(_case(), st.sampled_from(["space", "ops", "layers", "target_name", "target_data", "twice", "empty"]))
+def test_a_bad_library_is_refused_in_one_line(case, what):
+    base, lib, m, _ = case
+    if what == "space":
+        lib = lib + [lib[0]._replace(space="mbconv13", device="other")]
+    elif what == "ops":
+        lib = lib + [lib[0]._replace(op_names=tuple(reversed(lib[0].op_names)), device="other")]
+    elif what == "layers":
+        e = np.vstack([lib[0].entry_ms, lib[0].entry_ms[:1]])
+        lib = lib + [lib[0]._replace(entry_ms=e, device="other")]
+    elif what == "target_name":
+        lib = lib + [lib[0]._replace(device="target")]
+    elif what == "target_data":  # the target's own table under another name: it reproduces every measurement
+        truth = lib[0]._replace(device="alias")
+        m = m._replace(ms=LT.predict_ms(truth, m.archs))
+        if (m.ms <= 0).any():
+            return
+        lib = lib[1:] + [truth]
+    elif what == "twice":
+        lib = lib + [lib[0]]
+    else:
+        lib = []
+    with pytest.raises(LT.TableError) as e:
+        AP.adapt_library(base, m, lib)
+    assert "\n" not in str(e.value)
+    assert {"space": "space", "ops": "space", "layers": "space", "target_name": "target device",
+            "target_data": "target itself", "twice": "two tables", "empty": "empty"}[what] in str(e.value)
+
+
+def test_expected_error_interpolates_the_library_curves(shipped):
+    lib = list(shipped.values())
+    e = LB.expected_error(lib, 10)
+    at10 = np.median([t.adaptation["learning_curve"]["mape_pct"][1] for t in lib])
+    assert e["at"]["mape_pct"] == pytest.approx(at10)
+    at20 = np.median([t.adaptation["learning_curve"]["mape_pct"][2] for t in lib])
+    assert e["plus_10"]["mape_pct"] == pytest.approx(at20)
+    assert LB.expected_error([t._replace(adaptation=None) for t in lib], 10) is None
+
+
+def test_library_file_round_trip_keeps_the_curve(shipped, tmp_path):
+    t = shipped["raspi4"]
+    LT.save(t, tmp_path / "r.json")
+    back = LB.load([str(tmp_path)])
+    assert back[0].adaptation == json.loads(json.dumps(t.adaptation))
+
+
+def test_the_adaptation_without_a_library_carries_a_t_interval(data, pixel3):
+    """``adapt.adapt`` too: its half-width is t_{0.95, K-1} times the RMS of its leave-one-out errors."""
+    from scipy import stats
+    from jmsnas.cost import adapt
+    sample = H.measured(data, "silver_4210r", data["reference"])
+    t = adapt.adapt(pixel3, sample)
+    iv = t.adaptation["interval"]
+    assert iv["factor"] == pytest.approx(stats.t.ppf(0.95, 9))
+    assert iv["rel_halfwidth"] == pytest.approx(iv["factor"] * iv["loo_rms_rel"])
+    lo, hi = AP.interval_ms(t, sample.archs)
+    np.testing.assert_allclose(hi / LT.predict_ms(t, sample.archs), 1 + iv["rel_halfwidth"])
+    assert adapt.adapt(pixel3, H.measured(data, "silver_4210r", data["reference"][:2])).adaptation["interval"] is None
