@@ -92,8 +92,8 @@ def reference(space, table, terms, mem, ops, wb, mod, ab, a):
     for l, link in enumerate(topo.links):
         s, d = topo.device_names.index(link.src), topo.device_names.index(link.dst)
         nbytes = wire[j[l], mod[:, l], ab[:, l]]
-        air[:, l] = nbytes * 8.0 / (link.bandwidth_mbps * 1e3)
-        per_link[:, l] = air[:, l] + link.latency_ms
+        air[:, l] = nbytes * 8.0 / (float(table.bandwidth_mbps[l]) * 1e3)  # the table's copy of the link
+        per_link[:, l] = air[:, l] + float(table.link_latency_ms[l])
         dev_ms[:, s] += send[s, j[l], mod[:, l]]
         dev_ms[:, d] += recv[d, j[l], mod[:, l]]
         for dd, w, act in ((s, terms.send_weight, terms.send_act), (d, terms.recv_weight, terms.recv_act)):

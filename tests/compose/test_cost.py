@@ -17,6 +17,8 @@ from jmsnas.cost.tables import roofline_ms
 from jmsnas.space import OPS, op_flops, op_memory_bytes, op_params
 from spaces import chain_space, configs, mesh_space, reference, setup
 
+pytestmark = pytest.mark.usefixtures("fast_compiles")  # tiny programs: compile time dominates
+
 _lat = jax.jit(K.latency, static_argnums=0)
 _mem = jax.jit(K.memory, static_argnums=0)
 _en = jax.jit(K.energy, static_argnums=0)
