@@ -19,12 +19,12 @@ MECHANISMS = [dict(modules=(2,), weight_bits=(), act_bits=()), dict(modules=(), 
                                                                      act_bits=(4, 32))]
 
 
-def _chain(n_dev, bws, mem_bws):
+def _chain(n_dev, bws, mem_bws, lpd=None):
     names = [f"d{i}" for i in range(n_dev)]
     devs = [DeviceProfile(n, 1.0 + 10 * i, 1e9, mem_bandwidth_gbs=mb, active_power_w=1.0 + i)
             for i, (n, mb) in enumerate(zip(names, mem_bws))]
     links = [LinkProfile(a, b, bw, 0.1, False, 2.0, 0.5) for a, b, bw in zip(names, names[1:], bws)]
-    topo = make_topology("c", devs, links, (1,) * n_dev)
+    topo = make_topology("c", devs, links, lpd or (1,) * n_dev)
     return build_space(topo, image_size=8, in_channels=1, num_classes=10, device_channels=(12, 16, 20)[:n_dev],
                        device_strides=(1,) * n_dev, stem_channels=8, head_channels=8)
 
@@ -151,3 +151,38 @@ def test_no_configuration_within_the_limits_or_the_budget():
     assert "\n" not in str(e.value)
     fix = R.repair(space, table, terms, ch, logits, 1e-3)  # below the fastest configuration
     assert fix.repaired and not fix.feasible and fix.latency_ms == pytest.approx(fix.min_latency_ms, rel=1e-5)
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(st.floats(0.5, 20.0), min_size=1, max_size=1), st.lists(st.floats(0.05, 5.0), min_size=2, max_size=2),
+       st.sampled_from(MECHANISMS), st.integers(0, 1000), st.floats(-0.1, 1.0), st.booleans(), st.floats(0.0, 0.5))
+def test_repair_over_every_split_equals_enumeration(bws, mem_bws, mech, seed, q_t, limited, q_lim):
+    """Configuration and split together: enumeration of every (split x ops x bits x modules) configuration."""
+    space = _chain(2, bws, mem_bws, (2, 1))
+    table, ch, terms, mem = setup(space, **mech)
+    logits = _logits(space, ch, seed)
+    idx, cost = _enumerate(space, ch, C.probs_from_logits(space, ch, logits))
+    all_splits = list(R.splits(space))
+    assert len(all_splits) == 4  # 3 layers over 2 devices, contiguous
+    refs = [reference(space, table, terms, mem, *idx, a) for a in all_splits]
+    t = np.stack([r["T"] for r in refs])  # [S, C]
+    t_const = float(np.quantile(t, q_t)) if q_t >= 0 else float(t.min()) * (0.9 + q_t)
+    within = np.ones(t.shape, bool)
+    limits = None
+    if limited:
+        lim = np.array([np.quantile(np.concatenate([r["memory"][:, 0] for r in refs]), q_lim), np.inf])
+        limits = DeviceLimits(lim, np.full(2, np.inf), mem)
+        within = np.stack([r["memory"][:, 0] <= lim[0] * (1 + 1e-9) for r in refs])
+    ok = within & (t <= t_const + 1e-6 * max(1.0, t_const))
+    fix, a = R.repair_any_split(space, table, terms, ch, logits, t_const, limits)
+    s = [i for i, b in enumerate(all_splits) if np.array_equal(a, b)][0]
+    r = np.flatnonzero((idx[0] == fix.config.ops).all(1) & (idx[1] == fix.config.weight_bits).all(1)
+                       & (idx[2] == fix.config.module).all(1) & (idx[3] == fix.config.act_bits).all(1))[0]
+    assert within[s, r]
+    np.testing.assert_allclose(fix.min_latency_ms, t[within].min(), rtol=1e-5)
+    if ok.any():
+        assert fix.feasible and ok[s, r]
+        np.testing.assert_allclose(cost[r], np.broadcast_to(cost, t.shape)[ok].min(), rtol=1e-9, atol=1e-9)
+    else:
+        assert not fix.feasible
+        np.testing.assert_allclose(t[s, r], t[within].min(), rtol=1e-5)
