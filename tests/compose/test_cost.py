@@ -8,13 +8,15 @@ import pytest
 
 from jmsnas.compose import choices as C
 from jmsnas.compose import cost as K
+from jmsnas.compose import repair as R
 from jmsnas.compose import terms as TT
 from jmsnas.cost import energy as CE
 from jmsnas.cost import latency as CL
 from jmsnas.cost import memory as CM
 from jmsnas.cost.memory import op_stored_params
 from jmsnas.cost.tables import roofline_ms
-from jmsnas.space import OPS, op_flops, op_memory_bytes, op_params
+from jmsnas.space import OPS, build_space, op_flops, op_memory_bytes, op_params
+from jmsnas.topology import DeviceProfile, LinkProfile, make_topology
 from spaces import chain_space, configs, mesh_space, reference, setup
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")  # tiny programs: compile time dominates
@@ -79,11 +81,13 @@ def test_all_off_is_todays_cost_model(make):
     table, ch, terms, mem = setup(space, modules=(), weight_bits=(), act_bits=())
     assert ch.off
     probs = C.probs_from_logits(space, ch, _logits(space, ch, 0))
-    for a in (None, CL.best_assignment(space, table, probs.ops)):
-        np.testing.assert_array_equal(_best(space, table, terms, probs), CL.best_assignment(space, table, probs.ops))
-        for got, want in ((_lat(space, table, terms, probs, a), CL.latency(space, table, probs.ops, a)),
-                          (_mem(space, mem, table, terms, probs, a), CM.device_memory(space, mem, table, probs.ops, a)),
-                          (_en(space, table, terms, probs, a), CE.energy(space, table, probs.ops, a))):
+    today = jax.jit(lambda space, p, a: (CL.latency(space, table, p, a), CM.device_memory(space, mem, table, p, a),
+                                         CE.energy(space, table, p, a)), static_argnums=0)
+    split = CL.best_assignment(space, table, probs.ops)
+    np.testing.assert_array_equal(_best(space, table, terms, probs), split)
+    for a in (None, split):
+        for got, want in zip((_lat(space, table, terms, probs, a), _mem(space, mem, table, terms, probs, a),
+                              _en(space, table, terms, probs, a)), today(space, probs.ops, a)):
             for x, y in zip(got, want):
                 np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6)
 
@@ -160,3 +164,53 @@ def test_gradients_match_finite_differences(make):
     np.testing.assert_allclose(an, fd, rtol=2e-2)
     for g in grad:  # every group of choices moves the cost
         assert float(jnp.max(jnp.abs(g))) > 0
+
+
+def _mesh_with_segments():
+    names = ["p0", "root", "b0", "b1", "q0", "q1"]
+    devs = [DeviceProfile(n, p, 1e9, mem_bandwidth_gbs=0.3) for n, p in zip(names, (1.0, 2.0, 3.0, 3.0, 8.0, 40.0))]
+    pairs = [("p0", "root"), ("root", "b0"), ("root", "b1"), ("b0", "q0"), ("b1", "q0"), ("q0", "q1")]
+    links = [LinkProfile(a, b, bw, 0.1, False) for (a, b), bw in zip(pairs, (3.0, 5.0, 4.0, 6.0, 2.0, 9.0))]
+    topo = make_topology("m", devs, links, (2, 1, 1, 1, 2, 1))
+    return build_space(topo, image_size=8, in_channels=1, num_classes=10, device_channels=(8, 8, 12, 12, 12, 16),
+                       device_strides=(1,) * 6, stem_channels=8, head_channels=8)
+
+
+@pytest.mark.parametrize("make", [lambda: chain_space((2, 2)), _mesh_with_segments])
+def test_searched_split_is_the_least_expected_latency_of_every_split(make):
+    """The DP's split against every split of the family (each split's E[T] being the enumeration-checked closed
+    form above): the least E[T], on a chain and on a mesh with devices before the fork and after the merge."""
+    space = make()
+    table, ch, terms, mem = setup(space, modules=(2, 4), weight_bits=(4, 8, 32), act_bits=(4, 32))
+    for seed in range(3):
+        probs = C.probs_from_logits(space, ch, _logits(space, ch, seed))
+        all_t = {tuple(a.tolist()): float(_lat(space, table, terms, probs, jnp.asarray(a)).total)
+                 for a in R.splits(space)}
+        best = _best(space, table, terms, probs)
+        assert float(_lat(space, table, terms, probs, best).total) <= min(all_t.values()) * (1 + 1e-6)
+        assert tuple(np.asarray(best).tolist()) in all_t
+        assert len({round(v, 5) for v in all_t.values()}) > 1
+
+
+def test_choices_are_validated_in_one_line_naming_the_value():
+    topo = chain_space().topology
+    for kwargs, bad in ((dict(modules=[1]), "1"), (dict(modules=[2, 2]), "[2, 2]"), (dict(modules=["x"]), "'x'"),
+                        (dict(weight_bits=[3, 9]), "9"), (dict(act_bits=[0]), "0"), (dict(act_bits=[True]), "True"),
+                        (dict(quantize=[True]), "[True]"), (dict(weight_bits=5), "5")):
+        with pytest.raises(ValueError) as e:
+            C.make_choices(topo, **kwargs)
+        assert bad in str(e.value) and "\n" not in str(e.value), (kwargs, str(e.value))
+    ch = C.make_choices(topo, weight_bits=[32], act_bits=[])
+    assert ch.off and ch.quantize == (True, False)  # the last device stays float by default
+
+
+def test_a_measured_device_keeps_its_latency_at_every_bit_width():
+    space = chain_space()
+    table, ch, _, _ = setup(space, modules=(), weight_bits=(4, 32), act_bits=(), quantize=(True, True))
+    lm, ref = np.asarray(TT.build_terms(space, table, ch).layer_ms), np.asarray(table.compute_ms)
+    assert np.any(lm[0, ..., 0] < ref[0])  # the memory-bound UE's roofline moves with the weights' bits
+    terms = TT.build_terms(space, table, ch, roofline_devices=(1,))  # the UE's row measured: no bit dimension
+    lm = np.asarray(terms.layer_ms)
+    np.testing.assert_array_equal(lm[0, ..., 0], ref[0])
+    np.testing.assert_array_equal(lm[0, ..., 1], ref[0])
+    assert np.any(np.asarray(terms.weight_bytes)[0, ..., 0] < np.asarray(terms.weight_bytes)[0, ..., 1])  # stored
