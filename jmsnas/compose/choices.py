@@ -128,10 +128,3 @@ def onehot(space, choices: Choices, config: Config) -> ChoiceProbs:
     shapes = logits_shapes(space, choices)
     oh = lambda idx, shape: jax.nn.one_hot(jnp.asarray(idx), shape[1], dtype=jnp.float32)
     return ChoiceProbs(*(oh(i, s) for i, s in zip(config, shapes)))
-
-
-def off_config(space, choices: Choices, ops) -> Config:
-    """The configuration of ``ops`` with no module and the widest bits (float where 32 is a candidate)."""
-    n, links = space.num_layers, len(space.topology.links)
-    return Config(np.asarray(ops, np.int32), np.full(n, len(choices.weight_bits) - 1, np.int32),
-                  np.zeros(links, np.int32), np.full(links, len(choices.act_bits) - 1, np.int32))
