@@ -6,7 +6,6 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from jmsnas.compose import choices as C
 from jmsnas.compose import repair as R
-from jmsnas.cost import memory as CM
 from jmsnas.limits import DeviceLimits, LimitsError
 from jmsnas.space import build_space
 from jmsnas.topology import DeviceProfile, LinkProfile, make_topology
