@@ -9,7 +9,9 @@ choices, so its expectation under independent gates is closed form:
   configuration (``Config``);
 * ``terms``: the per-choice cost terms of a space (``Terms``: ms, bytes), built once;
 * ``cost``: E[T] (eq. (1) chain, eq. (2) mesh), E[memory] and E[energy] per device, the split fixed or searched;
-* ``repair``: the most probable configuration within T_const and every device's memory and energy limit, exact.
+* ``repair``: the most probable configuration within T_const and every device's memory and energy limit, exact
+  (``frontier``: its Pareto frontiers; ``anysplit``: the same over every split);
+* ``objective``: an architecture step's E[T] and limits hinge from every group of logits.
 
 With every mechanism off (no module, float weights and transmitted tensors) each function returns what
 ``jmsnas.cost.latency``/``memory``/``energy`` return today.

@@ -30,6 +30,7 @@ import numpy as np
 
 from jmsnas import limits as L
 from jmsnas.compose import cost as K
+from jmsnas.compose import frontier as F
 from jmsnas.compose.choices import ChoiceProbs, Config, Choices, onehot, probs_from_logits
 from jmsnas.compose.terms import Terms
 from jmsnas.cost.energy import powers
@@ -50,41 +51,6 @@ def derive(space, choices: Choices, logits: ChoiceProbs) -> Config:
     probs = probs_from_logits(space, choices, logits)
     arg = lambda p: np.asarray(jnp.argmax(p, axis=-1), np.int32)
     return Config(*(arg(p) for p in probs))
-
-
-def _within(t, limit):
-    """t <= limit up to float32 rounding (the closed form sums in float32, the repair in float64)."""
-    return np.asarray(t) <= np.asarray(limit) + 1e-6 * np.maximum(1.0, np.abs(np.asarray(limit, np.float64)))
-
-
-def _pareto(points, picks):
-    """Rows of points float[K, D] that no other row dominates (<= everywhere); ties keep one. Sorted by column 0."""
-    if len(points) == 0:
-        return points, picks
-    order = np.lexsort(points.T[::-1])
-    points, picks = points[order], picks[order]
-    if points.shape[1] == 2:
-        keep = points[:, 1] < np.minimum.accumulate(np.concatenate([[np.inf], points[:-1, 1]]))
-        return points[keep], picks[keep]
-    kept = np.zeros(len(points), bool)
-    for i in range(len(points)):
-        earlier = points[kept]
-        kept[i] = not (len(earlier) and np.any(np.all(earlier <= points[i], axis=1)))
-    return points[kept], picks[kept]
-
-
-def _add(f, g):
-    """Minkowski sum of two (points, picks) frontiers (picks: -1 where a group is not set), pruned."""
-    pts = (f[0][:, None] + g[0][None]).reshape(-1, f[0].shape[1])
-    picks = np.maximum(f[1][:, None], g[1][None]).reshape(-1, f[1].shape[1])
-    return _pareto(pts, picks)
-
-
-def _union(fronts):
-    fronts = [f for f in fronts if len(f[0])]
-    if not fronts:
-        return None
-    return _pareto(np.concatenate([f[0] for f in fronts]), np.concatenate([f[1] for f in fronts]))
 
 
 class _Problem(NamedTuple):
@@ -132,7 +98,7 @@ def _group(P: _Problem, pos: int, cols, values) -> tuple:
     """The options of one group (a layer: pos < N; a link: N + l) as a (points, picks) frontier."""
     picks = np.full((len(cols), P.width), -1, np.int64)
     picks[:, pos] = cols
-    return _pareto(np.stack(values, 1), picks)
+    return F.pareto(np.stack(values, 1), picks)
 
 
 def _layer_group(P, n, extra=0):
@@ -145,13 +111,6 @@ def _to_config(P: _Problem, picks, nb, na) -> Config:
     lay, lk = picks[:n], picks[n:]
     return Config((lay // nb).astype(np.int32), (lay % nb).astype(np.int32), (lk // na).astype(np.int32),
                   (lk % na).astype(np.int32))
-
-
-def _cheapest(front, budget):
-    if front is None:
-        return None
-    ok = np.flatnonzero(_within(front[0][:, 0], budget))
-    return None if not len(ok) else front[1][ok[np.argmin(front[0][ok, -1])]]
 
 
 class _Device(NamedTuple):
@@ -209,16 +168,16 @@ def _chain_with_limits(space, table, terms, limits: DeviceLimits, P: _Problem, n
                                                              P.link_cost[l, [c]]])
     if not links:
         return device(order[0], None, None, None, None)
-    fronts = {c: _add(device(order[0], None, None, c, links[0]), link_opt(links[0], c)) for c in range(n_opt)}
+    fronts = {c: F.add(device(order[0], None, None, c, links[0]), link_opt(links[0], c)) for c in range(n_opt)}
     for p in range(1, len(order)):
         l_in = links[p - 1]
         l_out = links[p] if p < len(links) else None
         new = {}
         for c_out in (range(n_opt) if l_out is not None else [None]):
-            parts = [_add(fronts[c], device(order[p], c, l_in, c_out, l_out)) for c in fronts if fronts[c] is not None]
-            u = _union(parts)
+            parts = [F.add(fronts[c], device(order[p], c, l_in, c_out, l_out)) for c in fronts if fronts[c] is not None]
+            u = F.union(parts)
             if u is not None and l_out is not None:
-                u = _add(u, link_opt(l_out, c_out))
+                u = F.add(u, link_opt(l_out, c_out))
             new[c_out] = u
         fronts = {c: v for c, v in new.items() if v is not None}
         if not fronts:
@@ -232,21 +191,21 @@ def _mesh(space, P: _Problem, terms):
     front_a = (np.zeros((1, 2)), np.full((1, P.width), -1, np.int64))
     for m in list(topo.pre) + [topo.root] + list(topo.post):
         for layer in np.flatnonzero(P.dev == m):
-            front_a = _add(front_a, _layer_group(P, layer))
+            front_a = F.add(front_a, _layer_group(P, layer))
     seq = list(topo.pre) + [topo.root]
     for a, b in list(zip(seq, seq[1:])) + list(zip(topo.post, topo.post[1:])):
         l = topo.link_index(a, b)
         cols = np.arange(P.link_cost.shape[1])
-        front_a = _add(front_a, _group(P, n + l, cols, [P.eps[l] + P.send[l] + P.recv[l], P.link_cost[l]]))
+        front_a = F.add(front_a, _group(P, n + l, cols, [P.eps[l] + P.send[l] + P.recv[l], P.link_cost[l]]))
     branches = []
     cols = np.arange(P.link_cost.shape[1])
     for b in topo.branches:
         fb = (np.zeros((1, 3)), np.full((1, P.width), -1, np.int64))
         for layer in np.flatnonzero(P.dev == b):
-            fb = _add(fb, _layer_group(P, layer, extra=1))
+            fb = F.add(fb, _layer_group(P, layer, extra=1))
         down, up = topo.link_index(topo.root, b), topo.link_index(b, topo.post[0])
-        fb = _add(fb, _group(P, n + down, cols, [P.eps[down] + P.recv[down], P.send[down], P.link_cost[down]]))
-        fb = _add(fb, _group(P, n + up, cols, [P.eps[up] + P.send[up], P.recv[up], P.link_cost[up]]))
+        fb = F.add(fb, _group(P, n + down, cols, [P.eps[down] + P.recv[down], P.send[down], P.link_cost[down]]))
+        fb = F.add(fb, _group(P, n + up, cols, [P.eps[up] + P.send[up], P.recv[up], P.link_cost[up]]))
         branches.append(fb)
     return front_a, branches
 
@@ -262,12 +221,12 @@ def _mesh_best(front_a, branches, budget):
             if not ok.any():
                 total = None
                 break
-            total = _add(total, _pareto(f[0][ok][:, 1:], f[1][ok]))
+            total = F.add(total, F.pareto(f[0][ok][:, 1:], f[1][ok]))
         if total is None:
             continue
         if cap + total[0][0, 0] < t_min:
             t_min, fastest = cap + total[0][0, 0], total[1][0]
-        ok = np.flatnonzero(_within(total[0][:, 0], budget - cap))
+        ok = np.flatnonzero(F.within(total[0][:, 0], budget - cap))
         if len(ok):
             j = ok[np.argmin(total[0][ok, 1])]
             if best is None or total[0][j, 1] < best[0]:
@@ -289,10 +248,10 @@ def _fits(space, table, terms, choices, limits, config, assignment, t_const_ms):
     probs = onehot(space, choices, config)
     a = jnp.asarray(space.layer_devices() if assignment is None else assignment, jnp.int32)
     t, mem, en = _evaluate(space, table, terms, probs, None if limits is None else limits.mem, a)
-    ok = bool(_within(float(t), t_const_ms))
+    ok = bool(F.within(float(t), t_const_ms))
     if limits is not None:
-        ok = ok and bool(np.all(_within(np.asarray(mem, np.float64), limits.memory_bytes))
-                         and np.all(_within(np.asarray(en, np.float64), limits.energy_mj)))
+        ok = ok and bool(np.all(F.within(np.asarray(mem, np.float64), limits.memory_bytes))
+                         and np.all(F.within(np.asarray(en, np.float64), limits.energy_mj)))
     return ok, float(t)
 
 
@@ -325,17 +284,17 @@ def repair(space, table, terms: Terms, choices: Choices, logits: ChoiceProbs, t_
         if limits is None:
             front = (np.zeros((1, 2)), np.full((1, P.width), -1, np.int64))
             for layer in range(space.num_layers):
-                front = _add(front, _layer_group(P, layer))
+                front = F.add(front, _layer_group(P, layer))
             cols = np.arange(P.link_cost.shape[1])
             for l in range(len(topo.links)):
-                front = _add(front, _group(P, space.num_layers + l, cols,
+                front = F.add(front, _group(P, space.num_layers + l, cols,
                                            [P.eps[l] + P.send[l] + P.recv[l], P.link_cost[l]]))
         else:
             front = _chain_with_limits(space, table, terms, limits, P, nb, na)
             if front is None:
                 raise LimitsError("no configuration of the composed space keeps every device within its memory and "
                                   "energy limits under this split")
-        best = _cheapest(front, t_const_ms - const)
+        best = F.cheapest(front, t_const_ms - const)
         t_min, fastest = const + front[0][0, 0], front[1][0]
     else:
         front_a, branches = _mesh(space, P, terms)
@@ -349,52 +308,3 @@ def repair(space, table, terms: Terms, choices: Choices, logits: ChoiceProbs, t_
     derived_picks = np.concatenate([derived.ops * nb + derived.weight_bits, derived.module * na + derived.act_bits])
     t = _fits(space, table, terms, choices, limits, config, assignment, t_const_ms)[1]
     return ComposedRepair(config, t, True, best is not None, t_min, _logp(P, derived_picks) - _logp(P, picks))
-
-
-def splits(space):
-    """Every split of the family ``compose.cost.best_assignment`` searches, int32[N] each: a chain's contiguous
-    ranges along the chain (a device may take no layer), a mesh's ``cost.latency.MeshSegments`` family."""
-    import itertools
-
-    from jmsnas.cost.latency import mesh_segments
-    topo = space.topology
-
-    def contiguous(devices, n):
-        for cuts in itertools.combinations_with_replacement(range(n + 1), len(devices) - 1):
-            yield np.repeat(np.asarray(devices), np.diff((0,) + cuts + (n,)))
-
-    if topo.kind == "chain":
-        for a in contiguous(list(topo.pre), space.num_layers):
-            yield a.astype(np.int32)
-        return
-    seg, dev = mesh_segments(space), space.layer_devices()
-    for a in contiguous(list(seg.prefix_devices), seg.prefix):
-        for b in contiguous(list(seg.post), space.num_layers - seg.suffix_start):
-            yield np.concatenate([a, dev[seg.prefix:seg.suffix_start], b]).astype(np.int32)
-
-
-def repair_any_split(space, table, terms: Terms, choices: Choices, logits: ChoiceProbs, t_const_ms: float,
-                     limits: DeviceLimits | None = None) -> tuple:
-    """(ComposedRepair, split int32[N]): the most probable configuration and split together, T <= t_const_ms and
-    every device within ``limits``, exact: ``repair`` under every split of ``splits`` (C(N + M - 1, M - 1) of them
-    on an M-device chain of N layers: 165 for the main job's), the least -log P kept (the shorter T on a tie).
-    When no split meets T_const: the fastest configuration of any split. ``LimitsError`` when no split keeps every
-    device within its limits."""
-    best, fastest, errors = None, None, []
-    for a in splits(space):
-        try:
-            fix = repair(space, table, terms, choices, logits, t_const_ms, a, limits)
-        except LimitsError as e:
-            errors.append(e)
-            continue
-        if fix.feasible and (best is None or (fix.logprob_loss, fix.latency_ms) < (best[0].logprob_loss,
-                                                                                   best[0].latency_ms)):
-            best = (fix, a)
-        if fastest is None or fix.min_latency_ms < fastest[0].min_latency_ms:
-            fastest = (fix, a)
-    if fastest is None:
-        raise LimitsError("no configuration of the composed space keeps every device within its memory and energy "
-                          "limits under any split")
-    if best is not None:
-        return best[0]._replace(min_latency_ms=fastest[0].min_latency_ms), best[1]
-    return fastest

@@ -6,9 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jmsnas.compose import anysplit as A
 from jmsnas.compose import choices as C
 from jmsnas.compose import cost as K
-from jmsnas.compose import repair as R
 from jmsnas.compose import terms as TT
 from jmsnas.cost import energy as CE
 from jmsnas.cost import latency as CL
@@ -185,7 +185,7 @@ def test_searched_split_is_the_least_expected_latency_of_every_split(make):
     for seed in range(3):
         probs = C.probs_from_logits(space, ch, _logits(space, ch, seed))
         all_t = {tuple(a.tolist()): float(_lat(space, table, terms, probs, jnp.asarray(a)).total)
-                 for a in R.splits(space)}
+                 for a in A.splits(space)}
         best = _best(space, table, terms, probs)
         assert float(_lat(space, table, terms, probs, best).total) <= min(all_t.values()) * (1 + 1e-6)
         assert tuple(np.asarray(best).tolist()) in all_t

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from jmsnas.compose import anysplit as A
 from jmsnas.compose import choices as C
 from jmsnas.compose import repair as R
 from jmsnas.limits import DeviceLimits, LimitsError
@@ -161,7 +162,7 @@ def test_repair_over_every_split_equals_enumeration(bws, mem_bws, mech, seed, q_
     table, ch, terms, mem = setup(space, **mech)
     logits = _logits(space, ch, seed)
     idx, cost = _enumerate(space, ch, C.probs_from_logits(space, ch, logits))
-    all_splits = list(R.splits(space))
+    all_splits = list(A.splits(space))
     assert len(all_splits) == 4  # 3 layers over 2 devices, contiguous
     refs = [reference(space, table, terms, mem, *idx, a) for a in all_splits]
     t = np.stack([r["T"] for r in refs])  # [S, C]
@@ -173,7 +174,7 @@ def test_repair_over_every_split_equals_enumeration(bws, mem_bws, mech, seed, q_
         limits = DeviceLimits(lim, np.full(2, np.inf), mem)
         within = np.stack([r["memory"][:, 0] <= lim[0] * (1 + 1e-9) for r in refs])
     ok = within & (t <= t_const + 1e-6 * max(1.0, t_const))
-    fix, a = R.repair_any_split(space, table, terms, ch, logits, t_const, limits)
+    fix, a = A.repair_any_split(space, table, terms, ch, logits, t_const, limits)
     s = [i for i, b in enumerate(all_splits) if np.array_equal(a, b)][0]
     r = np.flatnonzero((idx[0] == fix.config.ops).all(1) & (idx[1] == fix.config.weight_bits).all(1)
                        & (idx[2] == fix.config.module).all(1) & (idx[3] == fix.config.act_bits).all(1))[0]
