@@ -10,9 +10,16 @@ from __future__ import annotations
 import numpy as np
 
 
+def slack(limit):
+    """limit + 1e-6 max(1, |limit|): the float32 rounding allowed above a limit (the closed form sums in float32,
+    the repair in float64), the one allowance of every comparison with T_const, a memory or an energy limit."""
+    limit = np.asarray(limit, np.float64)
+    return limit + 1e-6 * np.maximum(1.0, np.abs(limit))
+
+
 def within(t, limit):
-    """t <= limit up to float32 rounding (the closed form sums in float32, the repair in float64)."""
-    return np.asarray(t) <= np.asarray(limit) + 1e-6 * np.maximum(1.0, np.abs(np.asarray(limit, np.float64)))
+    """t <= limit up to float32 rounding (``slack``)."""
+    return np.asarray(t) <= slack(limit)
 
 
 def pareto(points, picks):

@@ -156,7 +156,7 @@ def _chain_with_limits(space, table, terms, limits: DeviceLimits, P: _Problem, n
             floor = max(floor, f(terms.send_act)[j, k])
             e += active[m] * P.send[l_out, c_out] + tx[l_out] * air[l_out, c_out]
         d = _Device(np.flatnonzero(P.dev == m), wb, act, energy, const, floor, e,
-                    float(limits.memory_bytes[m]) * (1 + 1e-9), float(limits.energy_mj[m]) * (1 + 1e-9))
+                    F.slack(limits.memory_bytes[m]), F.slack(limits.energy_mj[m]))
         lat, cost, picks = L.device_frontier(d, P.lat, P.cost, P.valid)
         rows = np.full((len(lat), P.width), -1, np.int64)
         rows[:, d.layers] = picks

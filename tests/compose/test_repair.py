@@ -6,6 +6,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from jmsnas.compose import anysplit as A
 from jmsnas.compose import choices as C
+from jmsnas.compose.frontier import slack
 from jmsnas.compose import repair as R
 from jmsnas.limits import DeviceLimits, LimitsError
 from jmsnas.space import build_space
@@ -59,14 +60,14 @@ def _check(space, ch, table, terms, mem, logits, t_const, limits, ref, cost):
     idx = _enumerate.last
     within = np.ones(len(cost), bool)
     if limits is not None:
-        within = np.all(ref["memory"] <= limits.memory_bytes * (1 + 1e-9), 1) & np.all(
-            ref["energy"] <= limits.energy_mj * (1 + 1e-9), 1)
+        within = np.all(ref["memory"] <= slack(limits.memory_bytes), 1) & np.all(ref["energy"] <= slack(limits.energy_mj),
+                                                                                1)
         if not within.any():
             with pytest.raises(LimitsError):
                 R.repair(space, table, terms, ch, logits, t_const, limits=limits)
             return "none within the limits"
     fix = R.repair(space, table, terms, ch, logits, t_const, limits=limits)
-    ok = within & (ref["T"] <= t_const + 1e-6 * max(1.0, t_const))  # float32 rounding, as the repair allows
+    ok = within & (ref["T"] <= slack(t_const))  # float32 rounding, as the repair allows
     row = np.flatnonzero((idx[0] == fix.config.ops).all(1) & (idx[1] == fix.config.weight_bits).all(1)
                          & (idx[2] == fix.config.module).all(1) & (idx[3] == fix.config.act_bits).all(1))
     assert len(row) == 1
@@ -74,7 +75,7 @@ def _check(space, ch, table, terms, mem, logits, t_const, limits, ref, cost):
     assert within[r]  # never over a limit
     np.testing.assert_allclose(fix.min_latency_ms, ref["T"][within].min(), rtol=1e-5)
     if ok.any():
-        assert fix.feasible and ref["T"][r] <= t_const * (1 + 1e-6)
+        assert fix.feasible and ref["T"][r] <= slack(t_const)
         np.testing.assert_allclose(cost[r], cost[ok].min(), rtol=1e-9, atol=1e-9)  # the most probable one
         assert fix.repaired == (cost[ok].min() < cost.min() - 1e-9 or not ok[np.argmin(cost)])
     else:
@@ -172,8 +173,8 @@ def test_repair_over_every_split_equals_enumeration(bws, mem_bws, mech, seed, q_
     if limited:
         lim = np.array([np.quantile(np.concatenate([r["memory"][:, 0] for r in refs]), q_lim), np.inf])
         limits = DeviceLimits(lim, np.full(2, np.inf), mem)
-        within = np.stack([r["memory"][:, 0] <= lim[0] * (1 + 1e-9) for r in refs])
-    ok = within & (t <= t_const + 1e-6 * max(1.0, t_const))
+        within = np.stack([r["memory"][:, 0] <= slack(lim[0]) for r in refs])
+    ok = within & (t <= slack(t_const))
     fix, a = A.repair_any_split(space, table, terms, ch, logits, t_const, limits)
     s = [i for i, b in enumerate(all_splits) if np.array_equal(a, b)][0]
     r = np.flatnonzero((idx[0] == fix.config.ops).all(1) & (idx[1] == fix.config.weight_bits).all(1)
