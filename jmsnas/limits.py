@@ -134,6 +134,8 @@ def device_frontier(d: _Device, lat, cost, valid):
             picks = np.concatenate([np.repeat(picks, len(ops), 0), np.tile(ops, len(picks))[:, None]], 1)
             ok = (d.mem_const + top + pts[:, 2] <= d.mem_limit) & (d.energy_const + pts[:, 3] <= d.energy_limit)
             pts, picks = _prune(pts[ok], picks[ok])  # both sums only grow: a point over a limit stays over it
+        ok = (d.mem_const + top + pts[:, 2] <= d.mem_limit) & (d.energy_const + pts[:, 3] <= d.energy_limit)
+        pts, picks = pts[ok], picks[ok]  # again for a device with no layer (a relay): its constants alone
         if len(pts):
             found_p.append(pts[:, :2])
             found_k.append(picks)

@@ -169,3 +169,24 @@ def test_chain_split_within_limits_equals_enumeration():
         got = L.best_split(space, table, lim, ops)
         assert L.within_limits(space, table, lim, ops, got)
         np.testing.assert_allclose(float(arch_latency(space, table, ops, got).total), t[fits].min(), rtol=1e-6)
+
+
+def test_a_relay_device_over_its_limit_is_not_repaired_into():
+    """A split that leaves a device no layer (it relays the stem's output) still charges it the stem, the input
+    and both link buffers: the repair under that split refuses its limit in one line instead of returning an
+    architecture over it (device_frontier checked the limits only per layer)."""
+    devs = [DeviceProfile("ue", 5.0, 1e9), DeviceProfile("cloud", 100.0, 1e9)]
+    topo = make_topology("c", devs, [LinkProfile("ue", "cloud", 10.0, 1.0, True)], (2, 1))
+    space = build_space(topo, image_size=8, in_channels=1, num_classes=10, device_channels=(8, 12),
+                        device_strides=(1, 1), stem_channels=8, head_channels=8)
+    table = analytic_table(space)
+    relay = np.array([1, 1, 1], np.int32)  # the UE runs the stem only
+    ops = np.array([int(np.flatnonzero(space.mask()[n])[0]) for n in range(3)], np.int32)
+    free = L.DeviceLimits(np.full(2, np.inf), np.full(2, np.inf), L.device_limits(space).mem)
+    need = float(L.usage(space, table, free, ops, relay)[0].total[0])
+    lim = free._replace(memory_bytes=np.array([need / 2, np.inf]))
+    with pytest.raises(L.LimitsError, match="'ue' needs at least"):
+        budget.repair(space, table, np.zeros(space.mask().shape, np.float32), ops, 100.0, relay, lim)
+    ok = free._replace(memory_bytes=np.array([need, np.inf]))  # exactly enough: the relay fits
+    fix = budget.repair(space, table, np.zeros(space.mask().shape, np.float32), ops, 100.0, relay, ok)
+    assert L.within_limits(space, table, ok, fix.ops, relay)

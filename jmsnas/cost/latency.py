@@ -212,15 +212,21 @@ def mesh_latency(space: SearchSpace, table: CostTable, probs, assignment=None) -
 
 def _mesh_total(space, table, per_device, nbytes) -> Latency:
     """Eq. (2) from per-device compute ms and per-link bytes (the searched-split path of ``mesh_latency``)."""
+    per_link = jnp.stack([_comm_ms(table, i, nbytes[i]) for i in range(len(space.topology.links))])
+    return Latency(mesh_total_ms(space, per_device, per_link), per_device, per_link)
+
+
+def mesh_total_ms(space: SearchSpace, per_device, per_link):
+    """Eq. (2) from every device's compute ms and every link's ms: the chain part (pre, post, their links) plus
+    the slowest root -> branch -> aggregator path (the root's compute, both links and the branch's compute)."""
     topo = space.topology
-    per_link = jnp.stack([_comm_ms(table, i, nbytes[i]) for i in range(len(topo.links))])
     chain_seq = list(topo.pre) + [topo.root]
     chain_links = [topo.link_index(a, b) for seq in (chain_seq, list(topo.post)) for a, b in zip(seq, seq[1:])]
     agg = topo.post[0]
     branch_terms = [per_device[topo.root] + per_link[topo.link_index(topo.root, b)] + per_device[b]
                     + per_link[topo.link_index(b, agg)] for b in topo.branches]
     chain_part = sum(per_device[m] for m in list(topo.pre) + list(topo.post)) + sum(per_link[i] for i in chain_links)
-    return Latency(chain_part + jnp.max(jnp.stack(branch_terms)), per_device, per_link)
+    return chain_part + jnp.max(jnp.stack(branch_terms))
 
 
 def latency(space: SearchSpace, table: CostTable, probs, assignment=None) -> Latency:

@@ -1,0 +1,310 @@
+"""Derivation and repair of a composed configuration: the most probable one within T_const and every limit, exact.
+
+The configuration's log-probability under independent gates is a sum over the groups: log p_n(op) + log w_n(bits)
+per layer, log q_l(module) + log s_l(bits) per link. Under a fixed split its latency, memory and energy are sums
+(and maxima) of the same groups' terms (``compose.cost``), so the problem
+    min -log P(config)  s.t.  T(config) <= T_const,  M_m(config) <= memory_bytes_m,  E_m(config) <= energy_mj_m
+is solved exactly by dynamic programmes over Pareto frontiers (no point is dropped unless another is at least as
+good in every coordinate that is summed, so the optimum is never pruned):
+
+* chain: an option of layer n is a pair (op, weight bits), an option of a link a pair (module, transmitted bits).
+  Without binding limits every group adds (latency, cost): one frontier over all groups. With limits, a device's
+  memory and energy depend on its layers and on the options of the (at most two) links it touches, so the DP runs
+  along the chain over the link options: for every option of its incoming and outgoing link, device m's exact
+  frontier within its limits (``jmsnas.limits.device_frontier``, which enumerates the largest working set) is
+  added to the frontier so far, and the union over the incoming link's options pruned again;
+* mesh: T = const + A + max_b B_b, where A sums the chain part (pre, root, post layers and their links, the fork
+  links' Conv-Reduce on the root and the merge links' Conv-Recover on the aggregator) and B_b branch b's terms.
+  Branch options carry (B, A, cost); for every candidate value c of the max, each branch keeps its points with
+  B <= c and the sum of the A frontier and the branches' (A, cost) frontiers takes the cheapest within
+  T_const - const - c. Exact over the space; with limits that can bind, a mesh is refused (one line): its root's
+  and aggregator's memory depend on every branch's link options together, which this DP does not model.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jmsnas import limits as L
+from jmsnas.compose import cost as K
+from jmsnas.compose import frontier as F
+from jmsnas.compose.choices import ChoiceProbs, Config, Choices, onehot, probs_from_logits
+from jmsnas.compose.terms import Terms
+from jmsnas.cost.energy import powers
+from jmsnas.limits import DeviceLimits, LimitsError
+
+
+class ComposedRepair(NamedTuple):
+    config: Config  # the repaired (or unchanged) configuration
+    latency_ms: float  # its T
+    repaired: bool  # True if the derived configuration was over T_const or a limit and was changed
+    feasible: bool  # False if no configuration meets T_const within the limits (config is then the fastest one)
+    min_latency_ms: float  # the least T of the space (within the limits)
+    logprob_loss: float  # log P(derived) - log P(config) >= 0
+
+
+def derive(space, choices: Choices, logits: ChoiceProbs) -> Config:
+    """The most probable configuration: the argmax of every gate (ops over their valid candidates)."""
+    probs = probs_from_logits(space, choices, logits)
+    arg = lambda p: np.asarray(jnp.argmax(p, axis=-1), np.int32)
+    return Config(*(arg(p) for p in probs))
+
+
+class _Problem(NamedTuple):
+    """float64 views of the terms under a fixed split. Layer options: column i * Bw + b; link options: k * Ba + a."""
+
+    dev: np.ndarray  # int[N] device of every layer
+    bounds: np.ndarray  # int[L] boundary of every link
+    lat: np.ndarray  # [N, R * Bw] ms on the layer's device
+    cost: np.ndarray  # [N, R * Bw] -log p - log w
+    valid: np.ndarray  # [N, R * Bw]
+    link_cost: np.ndarray  # [L, K * Ba] -log q - log s
+    eps: np.ndarray  # [L, K * Ba] ms on the wire
+    send: np.ndarray  # [L, K * Ba] Conv-Reduce ms on the sender
+    recv: np.ndarray  # [L, K * Ba] Conv-Recover ms on the receiver
+    wire: np.ndarray  # [L, K * Ba] bytes
+    width: int  # N + L: the length of a picks row
+
+
+def _problem(space, table, terms: Terms, probs: ChoiceProbs, assignment) -> _Problem:
+    f = lambda x: np.asarray(x, np.float64)
+    topo, n = space.topology, space.num_layers
+    dev = space.layer_devices() if assignment is None else np.asarray(assignment)
+    bounds = np.asarray(K.link_boundaries(space, None if assignment is None else jnp.asarray(assignment)))
+    lm = f(terms.layer_ms)[dev, np.arange(n)]  # [N, R, Bw]
+    nb = lm.shape[-1]
+    logp = lambda p: np.log(np.maximum(f(p), 1e-30))
+    cost = -(logp(probs.ops)[:, :, None] + logp(probs.weight_bits)[:, None, :])
+    valid = np.repeat(space.mask()[:, :, None], nb, -1)
+    links = len(topo.links)
+    ka = lambda x: x.reshape(links, -1)
+    src, dst = (np.array([topo.device_names.index(getattr(l, e)) for l in topo.links], np.int64)
+                for e in ("src", "dst"))
+    wire = f(terms.wire_bytes)[bounds]  # [L, K, Ba]
+    eps = np.stack([f(K.link_ms(table, l, wire[l])) for l in range(links)]) if links else wire
+    na = wire.shape[-1]
+    rep = lambda x: np.repeat(x[..., None], na, -1)
+    send = rep(f(terms.send_ms)[src, bounds]) if links else wire
+    recv = rep(f(terms.recv_ms)[dst, bounds]) if links else wire
+    lcost = -(logp(probs.module)[:, :, None] + logp(probs.act_bits)[:, None, :])
+    return _Problem(dev, bounds, lm.reshape(n, -1), cost.reshape(n, -1), valid.reshape(n, -1), ka(lcost), ka(eps),
+                    ka(send), ka(recv), ka(wire), n + links)
+
+
+def _group(P: _Problem, pos: int, cols, values) -> tuple:
+    """The options of one group (a layer: pos < N; a link: N + l) as a (points, picks) frontier."""
+    picks = np.full((len(cols), P.width), -1, np.int64)
+    picks[:, pos] = cols
+    return F.pareto(np.stack(values, 1), picks)
+
+
+def _layer_group(P, n, extra=0):
+    cols = np.flatnonzero(P.valid[n])
+    return _group(P, n, cols, [P.lat[n, cols]] + [np.zeros(len(cols))] * extra + [P.cost[n, cols]])
+
+
+def _to_config(P: _Problem, picks, nb, na) -> Config:
+    n = len(P.dev)
+    lay, lk = picks[:n], picks[n:]
+    return Config((lay // nb).astype(np.int32), (lay % nb).astype(np.int32), (lk // na).astype(np.int32),
+                  (lk % na).astype(np.int32))
+
+
+class _Device(NamedTuple):
+    """The duck type ``jmsnas.limits.device_frontier`` reads: one device's layers and terms under fixed links."""
+
+    layers: np.ndarray
+    weight: np.ndarray
+    act: np.ndarray
+    energy: np.ndarray
+    mem_const: float
+    act_floor: float
+    energy_const: float
+    mem_limit: float
+    energy_limit: float
+
+
+def _chain_with_limits(space, table, terms, limits: DeviceLimits, P: _Problem, nb, na):
+    """The exact (latency, cost) frontier of a chain within every device's limits (the DP over link options)."""
+    topo, mem, n = space.topology, limits.mem, space.num_layers
+    f = lambda x: np.asarray(x, np.float64)
+    order = list(topo.pre)
+    first, last = topo.path_order()[0], topo.path_order()[-1]
+    active, tx, rx = powers(topo)
+    wb = f(terms.weight_bytes)[P.dev, np.arange(n)].reshape(n, -1)  # on the layer's own device
+    act = np.repeat(f(mem.act_bytes)[:, :, None], nb, -1).reshape(n, -1)
+    energy = active[P.dev][:, None] * P.lat
+    k_of = lambda c: c // na
+    air = P.wire * 8.0 / (f(table.bandwidth_mbps)[:, None] * 1e3)
+
+    def device(m, c_in, l_in, c_out, l_out):
+        const = float(table.input_bytes) * (m == first) + float(mem.stem_weight_bytes) * (m == first) \
+            + float(mem.head_weight_bytes) * (m == last)
+        floor = max([float(mem.stem_act_bytes)] * (m == first) + [float(mem.head_act_bytes)] * (m == last) + [0.0])
+        e = active[m] * (float(table.stem_ms[m]) * (m == first) + float(table.head_ms[m]) * (m == last))
+        if l_in is not None:
+            j, k = P.bounds[l_in], k_of(c_in)
+            const += f(terms.recv_weight)[j, k] + P.wire[l_in, c_in]
+            floor = max(floor, f(terms.recv_act)[j, k])
+            e += active[m] * P.recv[l_in, c_in] + rx[l_in] * air[l_in, c_in]
+        if l_out is not None:
+            j, k = P.bounds[l_out], k_of(c_out)
+            const += f(terms.send_weight)[j, k] + P.wire[l_out, c_out]
+            floor = max(floor, f(terms.send_act)[j, k])
+            e += active[m] * P.send[l_out, c_out] + tx[l_out] * air[l_out, c_out]
+        d = _Device(np.flatnonzero(P.dev == m), wb, act, energy, const, floor, e,
+                    F.slack(limits.memory_bytes[m]), F.slack(limits.energy_mj[m]))
+        lat, cost, picks = L.device_frontier(d, P.lat, P.cost, P.valid)
+        rows = np.full((len(lat), P.width), -1, np.int64)
+        rows[:, d.layers] = picks
+        return np.stack([lat, cost], 1), rows
+
+    links = [topo.link_index(order[p], order[p + 1]) for p in range(len(order) - 1)]
+    n_opt = P.link_cost.shape[1]
+    link_opt = lambda l, c: _group(P, n + l, np.array([c]), [P.eps[l, [c]] + P.send[l, [c]] + P.recv[l, [c]],
+                                                             P.link_cost[l, [c]]])
+    if not links:
+        return device(order[0], None, None, None, None)
+    fronts = {c: F.add(device(order[0], None, None, c, links[0]), link_opt(links[0], c)) for c in range(n_opt)}
+    for p in range(1, len(order)):
+        l_in = links[p - 1]
+        l_out = links[p] if p < len(links) else None
+        new = {}
+        for c_out in (range(n_opt) if l_out is not None else [None]):
+            parts = [F.add(fronts[c], device(order[p], c, l_in, c_out, l_out)) for c in fronts if fronts[c] is not None]
+            u = F.union(parts)
+            if u is not None and l_out is not None:
+                u = F.add(u, link_opt(l_out, c_out))
+            new[c_out] = u
+        fronts = {c: v for c, v in new.items() if v is not None}
+        if not fronts:
+            return None
+    return fronts[None]
+
+
+def _mesh(space, P: _Problem, terms):
+    """(A frontier (A, cost), per-branch frontiers (B, A, cost)) of a mesh under a fixed split."""
+    topo, n = space.topology, space.num_layers
+    front_a = (np.zeros((1, 2)), np.full((1, P.width), -1, np.int64))
+    for m in list(topo.pre) + [topo.root] + list(topo.post):
+        for layer in np.flatnonzero(P.dev == m):
+            front_a = F.add(front_a, _layer_group(P, layer))
+    seq = list(topo.pre) + [topo.root]
+    for a, b in list(zip(seq, seq[1:])) + list(zip(topo.post, topo.post[1:])):
+        l = topo.link_index(a, b)
+        cols = np.arange(P.link_cost.shape[1])
+        front_a = F.add(front_a, _group(P, n + l, cols, [P.eps[l] + P.send[l] + P.recv[l], P.link_cost[l]]))
+    branches = []
+    cols = np.arange(P.link_cost.shape[1])
+    for b in topo.branches:
+        fb = (np.zeros((1, 3)), np.full((1, P.width), -1, np.int64))
+        for layer in np.flatnonzero(P.dev == b):
+            fb = F.add(fb, _layer_group(P, layer, extra=1))
+        down, up = topo.link_index(topo.root, b), topo.link_index(b, topo.post[0])
+        fb = F.add(fb, _group(P, n + down, cols, [P.eps[down] + P.recv[down], P.send[down], P.link_cost[down]]))
+        fb = F.add(fb, _group(P, n + up, cols, [P.eps[up] + P.send[up], P.recv[up], P.link_cost[up]]))
+        branches.append(fb)
+    return front_a, branches
+
+
+def _mesh_best(front_a, branches, budget):
+    """(cheapest picks with A + max_b B_b <= budget or None, least A + max B)."""
+    caps = np.unique(np.concatenate([f[0][:, 0] for f in branches]))
+    best, t_min, fastest = None, np.inf, None
+    for cap in caps:
+        total = front_a
+        for f in branches:
+            ok = f[0][:, 0] <= cap
+            if not ok.any():
+                total = None
+                break
+            total = F.add(total, F.pareto(f[0][ok][:, 1:], f[1][ok]))
+        if total is None:
+            continue
+        if cap + total[0][0, 0] < t_min:
+            t_min, fastest = cap + total[0][0, 0], total[1][0]
+        ok = np.flatnonzero(F.within(total[0][:, 0], budget - cap))
+        if len(ok):
+            j = ok[np.argmin(total[0][ok, 1])]
+            if best is None or total[0][j, 1] < best[0]:
+                best = (total[0][j, 1], total[1][j])
+    return (None if best is None else best[1]), t_min, fastest
+
+
+def _evaluate_impl(space, table, terms, probs, mem, assignment):
+    """(T ms, memory bytes [M] or None, energy mJ [M]) of one-hot ``probs``: one compiled call per space."""
+    t = K.latency(space, table, terms, probs, assignment).total
+    m = None if mem is None else K.memory(space, mem, table, terms, probs, assignment).total
+    return t, m, K.energy(space, table, terms, probs, assignment).per_device
+
+
+_evaluate = jax.jit(_evaluate_impl, static_argnums=0)
+
+
+def _fits(space, table, terms, choices, limits, config, assignment, t_const_ms):
+    probs = onehot(space, choices, config)
+    a = jnp.asarray(space.layer_devices() if assignment is None else assignment, jnp.int32)
+    t, mem, en = _evaluate(space, table, terms, probs, None if limits is None else limits.mem, a)
+    ok = bool(F.within(float(t), t_const_ms))
+    if limits is not None:
+        ok = ok and bool(np.all(F.within(np.asarray(mem, np.float64), limits.memory_bytes))
+                         and np.all(F.within(np.asarray(en, np.float64), limits.energy_mj)))
+    return ok, float(t)
+
+
+def _logp(P: _Problem, picks) -> float:
+    n = len(P.dev)
+    return -float(P.cost[np.arange(n), picks[:n]].sum() + P.link_cost[np.arange(P.width - n), picks[n:]].sum())
+
+
+def repair(space, table, terms: Terms, choices: Choices, logits: ChoiceProbs, t_const_ms: float, assignment=None,
+           limits: DeviceLimits | None = None) -> ComposedRepair:
+    """The most probable configuration with T <= ``t_const_ms`` (ms) and, with ``limits``, every device within
+    its memory_bytes and energy_mj under the split ``assignment`` (D^m by default); the derived one when it fits.
+    Raises ``LimitsError`` (one line) when no configuration keeps every device within its limits, and ValueError
+    for a mesh whose limits can bind (see the module's docstring)."""
+    if any(np.isnan(np.asarray(x)).any() or np.isposinf(np.asarray(x)).any() for x in logits):
+        raise ValueError("the logits hold NaN or +inf: the configuration probabilities are undefined")
+    topo = space.topology
+    probs = probs_from_logits(space, choices, logits)
+    P = _problem(space, table, terms, probs, assignment)
+    nb, na = len(choices.weight_bits), len(choices.act_bits)
+    derived = derive(space, choices, logits)
+    if limits is not None and (np.isfinite(limits.memory_bytes).any() or np.isfinite(limits.energy_mj).any()):
+        if topo.kind != "chain":
+            raise ValueError(f"the composed repair with memory or energy limits is exact on chains only; topology "
+                             f"{topo.name!r} is a {topo.kind}: remove its devices' limits or fix the modules and bits")
+    else:
+        limits = None
+    const = float(table.stem_ms[topo.path_order()[0]]) + float(table.head_ms[topo.path_order()[-1]])
+    if topo.kind == "chain":
+        if limits is None:
+            front = (np.zeros((1, 2)), np.full((1, P.width), -1, np.int64))
+            for layer in range(space.num_layers):
+                front = F.add(front, _layer_group(P, layer))
+            cols = np.arange(P.link_cost.shape[1])
+            for l in range(len(topo.links)):
+                front = F.add(front, _group(P, space.num_layers + l, cols,
+                                           [P.eps[l] + P.send[l] + P.recv[l], P.link_cost[l]]))
+        else:
+            front = _chain_with_limits(space, table, terms, limits, P, nb, na)
+            if front is None:
+                raise LimitsError("no configuration of the composed space keeps every device within its memory and "
+                                  "energy limits under this split")
+        best = F.cheapest(front, t_const_ms - const)
+        t_min, fastest = const + front[0][0, 0], front[1][0]
+    else:
+        front_a, branches = _mesh(space, P, terms)
+        best, t_min, fastest = _mesh_best(front_a, branches, t_const_ms - const)
+        t_min += const
+    ok, t_derived = _fits(space, table, terms, choices, limits, derived, assignment, t_const_ms)
+    if ok:
+        return ComposedRepair(derived, t_derived, False, True, t_min, 0.0)
+    picks = fastest if best is None else best
+    config = _to_config(P, picks, nb, na)
+    derived_picks = np.concatenate([derived.ops * nb + derived.weight_bits, derived.module * na + derived.act_bits])
+    t = _fits(space, table, terms, choices, limits, config, assignment, t_const_ms)[1]
+    return ComposedRepair(config, t, True, best is not None, t_min, _logp(P, derived_picks) - _logp(P, picks))
