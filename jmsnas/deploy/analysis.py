@@ -56,8 +56,10 @@ def wire_manifest(manifest: dict, framing: dict) -> dict:
     return {**manifest, "links": links}
 
 
-def analyze(manifest: dict, raw: dict) -> dict:
+def analyze(manifest: dict, raw: dict, handoff: dict | None = None) -> dict:
     """Predicted vs measured: eq. (1)/(2) with the settings' terms beside the medians of the measured terms.
+    ``handoff`` {"a->b": (fixed ms, ms per byte)} (``predict.table_handoffs``): every link's predicted term also
+    carries its hand-off, as the cost model charges it (None: eps alone).
 
     measured: "total" (median end-to-end ms, first device's compute start to last device's compute end, latency
     phase), "per_device" (compute ms), "per_link" (release at the receiver - start of transmission, ms),
@@ -68,7 +70,7 @@ def analyze(manifest: dict, raw: dict) -> dict:
     s = raw["settings"]
     network = s.get("pacing") == "network"
     pm = wire_manifest(manifest, raw.get("framing", {})) if network else manifest
-    pred = predict(pm, raw["predicted_compute_ms"], s["bandwidth_scale"])
+    pred = predict(pm, raw["predicted_compute_ms"], s["bandwidth_scale"], handoff)
     order, b = manifest["order"], s["batch"]
     out = {"settings": s, "predicted": pred, "calib_ms": raw["calib_ms"], "stretch": raw["stretch"],
            "clock": raw.get("clock", {}), "where": raw.get("where", {})}
