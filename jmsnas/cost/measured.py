@@ -25,6 +25,7 @@ File format (YAML; ``write_table`` writes it, ``load_table`` validates it)::
     deployed:                          # optional (jmsnas.deploy.partcost): what a deployed part pays
       part_call: {median_ms: 0.25, spread_ms: 0.05, reps: 50}   # per part, beyond its entries
       handoff: {fixed_ms: 0.08, ms_per_byte: 2.0e-06, bytes: [0, 4096, ...], median_ms: [...]}
+    validation: {n: 50, within_10pct: 92.0, mape_pct: ..., against: ...}   # optional: jmsnas.cost.accuracy.report
     slots:
       - index: 0
         shape: {in_hw: 8, in_ch: 16, out_hw: 8, out_ch: 24, stride: 1}
@@ -38,7 +39,9 @@ negative as long as call + stem + head + offset is not.
 device between a receive and a send: a part costs its entries (ops; the stem and head where it has them) plus
 ``part_call``, instead of the whole network's call + offset, and every hand-off of n bytes between two parts
 costs ``fixed_ms + ms_per_byte * n`` (fitted on the measured ``bytes`` / ``median_ms``). ``jmsnas.cost.build``
-turns them into ``CostTable.call_ms`` / ``handoff_ms`` / ``handoff_ms_per_byte``.
+turns them into ``CostTable.call_ms`` / ``handoff_ms`` / ``handoff_ms_per_byte``. ``validation`` (optional) is
+the report of ``jmsnas.cost.accuracy.report`` (what ``jmsnas validate`` reports) of the table against networks
+measured end to end, with ``against`` saying which (``benchmarks/predict_vs_measured.py`` stores it).
 """
 from __future__ import annotations
 
@@ -84,6 +87,7 @@ class MeasuredTable(NamedTuple):
     head: Timing
     network: dict  # {"method": str, "networks": int, "offset_ms": float}
     deployed: dict | None = None  # {"part_call": Timing, "handoff": {"fixed_ms", "ms_per_byte", "bytes", "median_ms"}}
+    validation: dict | None = None  # jmsnas.cost.accuracy.report + "against"
 
     @property
     def fingerprint(self) -> str:
@@ -153,6 +157,7 @@ def table_to_dict(table: MeasuredTable) -> dict:
             "settings": dict(table.settings), "space": dict(table.space), "call": _timing_dict(table.call),
             "arg_ms": float(table.arg_ms), "stem": _timing_dict(table.stem), "head": _timing_dict(table.head),
             "network": dict(table.network), **_deployed_dict(table.deployed),
+            **({} if table.validation is None else {"validation": dict(table.validation)}),
             "slots": [{"index": s["index"], "shape": dict(s["shape"]),
                        "ops": {k: _timing_dict(v) for k, v in s["ops"].items()}} for s in table.slots]}
 
@@ -237,6 +242,17 @@ def _read_deployed(d):
     return {"part_call": part_call, "handoff": out}
 
 
+def _read_validation(d):
+    """The optional ``validation`` report (a mapping of names to numbers or text), or None."""
+    if "validation" not in d:
+        return None
+    v = d["validation"]
+    if not isinstance(v, Mapping) or not all(isinstance(x, (int, float, str)) for x in v.values()):
+        raise ProfileError(f"latency table entry validation: expected a mapping of names to numbers or text, got "
+                           f"{safeio.short(v)}")
+    return dict(v)
+
+
 def _read_slot(s, n: int) -> dict:
     where = f"slots[{n}]"
     if _field(s, "index", where) != n:
@@ -274,7 +290,7 @@ def table_from_dict(d, source: str = "<dict>") -> MeasuredTable:
         raise ProfileError("latency table entry slots: expected a non-empty list")
     table = MeasuredTable(dict(d["device"]), dict(d["settings"]), dict(d["space"]),
                           tuple(_read_slot(s, n) for n, s in enumerate(slots)), call, arg_ms, stem, head, network,
-                          _read_deployed(d))
+                          _read_deployed(d), _read_validation(d))
     if call.median_ms + stem.median_ms + network["offset_ms"] < 0:
         raise ProfileError(f"latency table entry network.offset_ms: {network['offset_ms']} makes the per-network "
                            f"term call + stem + offset negative "

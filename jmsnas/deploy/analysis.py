@@ -30,6 +30,8 @@ def totals(ms) -> dict:
 def _frame_mbps(nbytes: int, r: list) -> float:
     """A frame's payload Mbit/s: as its receiver saw it (``links.payload_rate``), or, for a frame too short for the
     receiver to tell, bytes * 8 / the sender's own transmission time (the pacer's rate, one clock)."""
+    if not nbytes:  # an empty frame (an idle mesh branch's trigger) has no rate
+        return float("nan")
     if len(r) > 4 and r[4] is not None and np.isfinite(r[4]):
         return float(r[4])
     return nbytes * 8 / (r[1] - r[0]) / 1e6 if r[1] > r[0] else float("nan")

@@ -153,6 +153,20 @@ def test_terms_are_stored_loaded_and_built_into_the_cost_table(tmp_path):
     assert build_rows(space, {})[names[0]].handoff is None  # a roofline row has none
 
 
+def test_a_validation_report_is_stored_in_the_table(tmp_path):
+    """predict_vs_measured stores jmsnas validate's report (accuracy.report) in the table; it loads back as written
+    and a malformed one is refused naming the entry."""
+    from jmsnas.cost import accuracy
+    space = _chain_space()
+    rep = dict(accuracy.report([1.0, 2.1, 2.9], [1.0, 2.0, 3.0]), against="3 networks")
+    P.write_table(_fake_table(space, 0.1)._replace(validation=rep), tmp_path / "t.yaml")
+    assert P.load_table(tmp_path / "t.yaml", space).validation == rep
+    d = yaml.safe_load((tmp_path / "t.yaml").read_text())
+    d["validation"] = [1, 2]
+    with pytest.raises(P.ProfileError, match="latency table entry validation: expected a mapping"):
+        P.table_from_dict(d)
+
+
 @pytest.mark.parametrize("path,value,needle", [
     (("handoff", "fixed_ms"), -0.1, "deployed.handoff.fixed_ms: -0.1 is not a finite number >= 0"),
     (("handoff", "bytes"), [0], "1 sizes in bytes, 2 in median_ms"),
