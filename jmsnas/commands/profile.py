@@ -151,7 +151,11 @@ def run(args) -> int:
                             quantile=args.quantile, calibrate=args.calibrate, seed=args.seed, dw_impl=args.dw_impl)
     if not args.no_deployed:
         from jmsnas.deploy import partcost
-        table = partcost.with_deployed(space, table, reps=args.reps, seed=args.seed)
+        try:
+            table = partcost.with_deployed(space, table, reps=args.reps, seed=args.seed)
+        except OSError as e:  # the loopback connection (TimeoutError is one)
+            return fail("profile", f"cannot measure the deployed terms over a loopback connection: {e}; "
+                                   "profile with --no-deployed to skip them")
     try:
         P.write_table(table, args.out)
     except OSError as e:

@@ -41,6 +41,7 @@ from jmsnas.space import IDENTITY, OP_NAMES, SearchSpace
 
 HANDOFF_BYTES = (0, 4096, 32768, 131072, 524288)  # payload sizes timed for the hand-off fit (bytes)
 _WEIGHTS_KEY = 0
+_WAIT_S = 30.0  # a loopback frame that has not come by then never will
 
 
 class _Pair:
@@ -58,9 +59,11 @@ class _Pair:
         self.buf = L.FrameBuffer()
 
     def receive(self) -> tuple:
-        """(Frame, the time it was complete) of the next frame; blocks in the selector until it is."""
+        """(Frame, the time it was complete) of the next frame; waits in the selector until it is (TimeoutError
+        after ``_WAIT_S`` without a byte: the sender thread is gone)."""
         while True:
-            self.sel.select()
+            if not self.sel.select(timeout=_WAIT_S):
+                raise TimeoutError(f"no frame over the loopback connection within {_WAIT_S:g} s")
             data = self.recv.recv(1 << 20)
             if not data:
                 raise L.LinkClosed("the loopback sender closed")

@@ -255,3 +255,23 @@ def test_profile_cli_stores_the_terms_and_search_uses_them(tmp_path):
     eps = np.asarray(L.link_bytes(space, table)) * 8 / (np.asarray(table.bandwidth_mbps) * 1e3) \
         + np.asarray(table.link_latency_ms)
     assert np.all(np.asarray(lat.per_link) > eps)  # the hand-off is in eq. (1)'s link terms
+
+
+def test_profile_cli_loopback_failure_is_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    """The deployed terms need a loopback connection; when it fails: one line naming it, exit 2, no table."""
+    import json
+
+    from jmsnas import cli
+    from jmsnas.cost import profile as prof
+
+    def no_loopback(*a, **k):
+        raise ConnectionRefusedError(111, "Connection refused")
+    monkeypatch.setattr(partcost, "with_deployed", no_loopback)
+    monkeypatch.setattr(prof, "measure_table", lambda space, **k: _fake_table(space, 0.1))
+    sf = {"topology": "chain", "layers_per_device": [1, 1, 1, 1], "image_size": 4, "in_channels": 1,
+          "num_classes": 3, "device_channels": [8, 8, 8, 8], "device_strides": [1, 1, 1, 1]}
+    (tmp_path / "s.json").write_text(json.dumps(sf))
+    assert cli.main(["profile", "--space", str(tmp_path / "s.json"), "--out", str(tmp_path / "t.yaml")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "loopback connection" in err and "--no-deployed" in err, err
+    assert not (tmp_path / "t.yaml").exists()
