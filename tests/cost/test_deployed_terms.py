@@ -94,8 +94,10 @@ def test_eq_1_2_charge_every_device_its_call_and_every_link_its_handoff(make):
 
 
 def test_the_searched_split_optimises_the_handoff():
-    """The exact chain split (the DP the search runs) minimises eq. (1) with the hand-off: it equals the best of
-    every contiguous split enumerated, and a costly hand-off per byte moves the cut to smaller tensors."""
+    """The exact chain split (the DP the search runs, and the repair's split within the devices' limits) minimises
+    eq. (1) with the hand-off: it equals the best of every contiguous split enumerated, and a costly hand-off per
+    byte moves the cut to smaller tensors."""
+    from jmsnas import limits
     space = _chain_space()
     rng = np.random.default_rng(3)
     base = from_compute(space, rng.uniform(0.1, 3.0, (3, space.num_layers, NUM_OPS)), [0.2] * 3, [0.2] * 3)
@@ -108,6 +110,8 @@ def test_the_searched_split_optimises_the_handoff():
         totals = [float(L.arch_latency(space, table, ops, s).total) for s in splits]
         best = L.best_chain_assignment(space, table, probs)
         assert float(L.arch_latency(space, table, ops, best).total) == pytest.approx(min(totals), rel=1e-5)
+        within = limits.best_split(space, table, limits.device_limits(space), ops)
+        assert float(L.arch_latency(space, table, ops, within).total) == pytest.approx(min(totals), rel=1e-5)
         sent = float(np.sum(np.asarray(L.link_bytes(space, table, best))))
         if b == 0.0:
             sent_free = sent
