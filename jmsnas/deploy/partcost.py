@@ -5,8 +5,8 @@ its part as a program of its own, called once per image between a receive and a 
 and every tensor between two parts is a frame over a socket (``jmsnas.deploy.links``). Two terms model that:
 
 * the part call cost (ms, per part): parts of whole networks cut at the space's own split (D^m, every device's
-  part as ``export.part_forward`` builds it, the weights passed as one flat tuple of arrays and the output
-  brought to NumPy, as ``runtime.Part`` calls it) are called right after their input arrives over a loopback TCP
+  part as ``export.part_forward`` builds it, the weights passed as one flat tuple of NumPy arrays every call and
+  the output brought to NumPy, as ``runtime.Part`` calls it: the weights' transfer is part of what it pays) are called right after their input arrives over a loopback TCP
   connection, the receiving thread idle until then (as a worker waits for its input); the term is the mean over
   the parts of (the median of those calls) - (the table's entries of what the part runs: its ops, the stem on
   the first part and the head on the last), i.e. what being a program of its own between a receive and a send
@@ -29,7 +29,6 @@ import threading
 import warnings
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jmsnas import supernet
@@ -116,7 +115,7 @@ def _parts(space: SearchSpace, ops: tuple, batch: int, dw_impl: str) -> list:
         flat = dict(directory.flat_arrays(pp[dev]["params"], "params"))
         flat.update(directory.flat_arrays(bp[dev]["params"], "bn"))
         names = sorted(flat)
-        weights = tuple(jnp.asarray(flat[k]) for k in names)
+        weights = tuple(np.asarray(flat[k]) for k in names)  # NumPy, as runtime.Part holds them
 
         def call_flat(w, *xs, names=names, fwd=fwd):
             t = directory.unflatten(dict(zip(names, w)))
