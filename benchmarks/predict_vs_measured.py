@@ -8,7 +8,8 @@
 Profiles a search space (``--space``, as ``jmsnas profile --space`` takes it; default: the main job's, chain preset,
 8x8x1 input, 10 classes, widths 24/32/48/64, strides 1/2/1/2, whose networks take about 0.4 ms on a 2-core CPU,
 about twice their own spread; the CIFAR-sized ``experiments/configs/cifar_chain.py``, 32x32x3 and 20 slots,
-takes several ms per network, where the model rather than the timer is measured) on the current JAX backend (``jmsnas.cost.profile``), samples ``--archs`` random valid
+takes several ms per network, where the model rather than the timer is measured) on the current JAX backend
+(``jmsnas.cost.profile``), samples ``--archs`` random valid
 sub-networks (numpy seed ``--seed``, none of them a network the profile itself times), measures each end to end
 as one jitted call and compares with the table's prediction (``predict_arch_ms``). By default the sub-networks
 are timed in the profile's own rounds (``measure_table_and_archs``; the table is computed from the profile's

@@ -6,11 +6,11 @@ and every tensor between two parts is a frame over a socket (``jmsnas.deploy.lin
 
 * the part call cost (ms, per part): parts of whole networks cut at the space's own split (D^m, every device's
   part as ``export.part_forward`` builds it, the weights passed as one flat tuple of NumPy arrays every call and
-  the output brought to NumPy, as ``runtime.Part`` calls it: the weights' transfer is part of what it pays) are called right after their input arrives over a loopback TCP
-  connection, the receiving thread idle until then (as a worker waits for its input); the term is the mean over
-  the parts of (the median of those calls) - (the table's entries of what the part runs: its ops, the stem on
-  the first part and the head on the last), i.e. what being a program of its own between a receive and a send
-  adds to the one-call model's entries;
+  the output brought to NumPy, as ``runtime.Part`` calls it: the weights' transfer is part of what it pays) are
+  called right after their input arrives over a loopback TCP connection, the receiving thread idle until then (as
+  a worker waits for its input); the term is the mean over the parts of (the median of those calls) - (the
+  table's entries of what the part runs: its ops, the stem on the first part and the head on the last), i.e.
+  what being a program of its own between a receive and a send adds to the one-call model's entries;
 * the hand-off (ms) of a frame of n payload bytes: from the moment the sender starts ``links.send_frame``
   (unpaced) to the moment the receiver, waiting in a selector as a worker does, has parsed the whole frame
   (``links.FrameBuffer``), at several sizes, in interleaved rounds; ``fixed_ms + ms_per_byte * n`` is fitted by

@@ -12,7 +12,8 @@ sequential methods do) and writes
   unpacked by the receiver; a device that runs no layer relays its input. On a mesh the idle branch devices
   receive nothing they do not need: the root sends them an empty frame (its output's first 0 channels, the
   part's ``send_channels``; the link carries 0 payload bytes, as the manifest says) and they send back a
-  float32[B, 1] zero token the aggregator ignores. Part entries carry ``"kind": "traced"`` and ``"layers"`` (indices), ``"ops"`` (layer
+  float32[B, 1] zero token the aggregator ignores. Part entries carry ``"kind": "traced"`` and ``"layers"``
+  (indices), ``"ops"`` (layer
   names); the manifest's ``"traced"`` records the model, method and assignment;
 * ``WORKDIR/reference/whole.jaxexport`` + ``whole.npz``: the model's own ``apply(params, x)`` as one program, what
   ``jmsnas pipeline --check`` compares the parts' output with (no need for the model's code at check time);
