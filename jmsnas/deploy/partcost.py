@@ -11,10 +11,10 @@ and every tensor between two parts is a frame over a socket (``jmsnas.deploy.lin
   a worker waits for its input); the term is the mean over the parts of (the median of those calls) - (the
   table's entries of what the part runs: its ops, the stem on the first part and the head on the last), i.e.
   what being a program of its own between a receive and a send adds to the one-call model's entries;
-* the hand-off (ms) of a frame of n payload bytes: from the moment the sender starts ``links.send_frame``
-  (unpaced) to the moment the receiver, waiting in a selector as a worker does, has parsed the whole frame
-  (``links.FrameBuffer``), at several sizes, in interleaved rounds; ``fixed_ms + ms_per_byte * n`` is fitted by
-  least squares (both >= 0). The link's bandwidth and latency are eps's own terms; the hand-off is what a frame
+* the hand-off (ms) of a frame of n payload bytes: from the moment the sender hands its output to its sending
+  thread (which then wakes and sends it, unpaced, as a worker's link thread does) to the moment the receiver,
+  waiting in a selector as a worker does, has parsed the whole frame (``links.FrameBuffer``), at several sizes,
+  in interleaved rounds; ``fixed_ms + ms_per_byte * n`` is fitted by least squares (both >= 0). The link's bandwidth and latency are eps's own terms; the hand-off is what a frame
   costs on top of them (framing, the send and receive system calls, the receiver's wake-up).
 
 Both are measured in the same rounds (``reps``; every round times every item once, in a shuffled order) and all
@@ -77,7 +77,9 @@ class _Pair:
 
 
 class _Sender(threading.Thread):
-    """Sends each array it is given on ``pair.send`` (unpaced), recording the time it began."""
+    """Sends each array it is given on ``pair.send`` (unpaced) from its own thread, as a worker's link thread
+    (``worker._Link``) finishes a transmission: ``submit`` records the moment the output is handed over (the
+    sender's compute end), so the thread's wake-up is part of the hand-off."""
 
     def __init__(self, pair: _Pair):
         super().__init__(daemon=True)
@@ -85,6 +87,8 @@ class _Sender(threading.Thread):
         self.go = threading.Semaphore(0)
 
     def submit(self, value) -> None:
+        if value is not None:
+            self.started.append(L.now())
         self.jobs.append(value)
         self.go.release()
 
@@ -94,7 +98,6 @@ class _Sender(threading.Thread):
             value = self.jobs.pop(0)
             if value is None:
                 return
-            self.started.append(L.now())
             L.send_frame(self.pair.send, L.ARRAY, len(self.started), value)
 
 
