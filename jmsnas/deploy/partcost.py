@@ -14,8 +14,9 @@ and every tensor between two parts is a frame over a socket (``jmsnas.deploy.lin
 * the hand-off (ms) of a frame of n payload bytes: from the moment the sender hands its output to its sending
   thread (which then wakes and sends it, unpaced, as a worker's link thread does) to the moment the receiver,
   waiting in a selector as a worker does, has parsed the whole frame (``links.FrameBuffer``), at several sizes,
-  in interleaved rounds; ``fixed_ms + ms_per_byte * n`` is fitted by least squares (both >= 0). The link's bandwidth and latency are eps's own terms; the hand-off is what a frame
-  costs on top of them (framing, the send and receive system calls, the receiver's wake-up).
+  in interleaved rounds; ``fixed_ms + ms_per_byte * n`` is fitted by least squares (both >= 0). The link's
+  bandwidth and latency are eps's own terms; the hand-off is what a frame costs on top of them (framing, the send
+  and receive system calls, the threads' wake-ups).
 
 Both are measured in the same rounds (``reps``; every round times every item once, in a shuffled order) and all
 times are CLOCK_MONOTONIC of this host. Measured on this host they describe this host; ``jmsnas.cost.build`` turns
