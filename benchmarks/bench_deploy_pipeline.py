@@ -12,7 +12,8 @@ average, and writes the per-term analyses as JSON (``--out``) and one plot per r
 The honest mode, ``--predict-table TABLE`` (a ``jmsnas profile`` table of the run's space measured on this
 machine): the compute terms come from the table through the cost model (``predict.table_compute_ms``) and the
 parts run at host speed, nothing calibrated or slowed; then a row also gives every device's predicted / measured
-compute (ms), the latency model's own error.
+compute (ms), the latency model's own error. A table with deployed terms (``jmsnas profile`` without
+``--no-deployed``) charges every part its call cost and every link its hand-off, as the search does.
 
     jmsnas profile --space default --out TABLE --dw-impl xla
     python benchmarks/bench_deploy_pipeline.py --runs RUN --scales 0.05 0.02 0.01 --predict-table TABLE
@@ -30,7 +31,7 @@ from jmsnas.deploy import reference, report  # noqa: E402
 from jmsnas.deploy.export import export_run  # noqa: E402
 from jmsnas.deploy.analysis import analyze  # noqa: E402
 from jmsnas.deploy.pipeline import run_pipeline  # noqa: E402
-from jmsnas.deploy.predict import table_compute_ms  # noqa: E402
+from jmsnas.deploy.predict import table_compute_ms, table_handoffs  # noqa: E402
 from jmsnas.deploy.runtime import load_manifest  # noqa: E402
 
 
@@ -64,10 +65,11 @@ def main(argv=None) -> int:
         images, _ = reference.test_images(run, args.images)
         analyses = []
         table = table_compute_ms(run, args.predict_table) if args.predict_table else None
+        handoff = table_handoffs(run, args.predict_table) if args.predict_table else None
         for s in args.scales:
             raw = run_pipeline(export_dir, images, bandwidth_scale=s, phase="both", timeout_s=60.0,
                                predicted_compute_ms=table)
-            a = analyze(manifest, raw)
+            a = analyze(manifest, raw, handoff)
             a["load_average"] = os.getloadavg()
             a["run"] = run
             analyses.append(a)

@@ -355,8 +355,10 @@ def _segment_split(space, table, limits: DeviceLimits, ops, devices, lo, hi, bou
                     cost[p, j, k] = cum_c[k] - cum_c[j]
     f, back = cost[0, 0].copy(), []  # f[k]: segment layers 0..k-1 done on the devices so far
     for p in range(1, P):
-        link = topo.links[topo.link_index(devices[p - 1], devices[p])]
+        li = topo.link_index(devices[p - 1], devices[p])
+        link = topo.links[li]
         eps = boundary * 8.0 / (link.bandwidth_mbps * 1e3) + link.latency_ms
+        eps = eps + _handoff(table.handoff_ms, li) + _handoff(table.handoff_ms_per_byte, li) * boundary  # 0: none
         cand = (f + eps)[:, None] + cost[p]  # [j, k]
         back.append(np.argmin(cand, axis=0))
         f = cand.min(axis=0)
@@ -369,9 +371,17 @@ def _segment_split(space, table, limits: DeviceLimits, ops, devices, lo, hi, bou
     return np.sum(np.arange(n)[:, None] >= np.array(starts[::-1], int).reshape(1, -1), axis=1)
 
 
+def _handoff(x, i) -> float:
+    """A link's deployed hand-off term (``CostTable.handoff_ms`` / ``handoff_ms_per_byte``; a scalar 0.0 in a table
+    built without them) as a float64, as ``cost.latency.link_ms`` charges it."""
+    x = np.asarray(x, np.float64)
+    return float(x) if x.ndim == 0 else float(x[i])
+
+
 def best_split(space, table, limits: DeviceLimits, ops) -> np.ndarray | None:
     """The split of ``ops`` with the least eq. (1) / eq. (2) latency among those that keep every device within
-    its memory and energy limits, exact; None when none does. Chain: contiguous ranges along the chain (as
+    its memory and energy limits, exact; None when none does (a link's eps carries the table's hand-off, as eq.
+    (1)/(2) do; the part call cost is the same under every split). Chain: contiguous ranges along the chain (as
     ``cost.latency.best_chain_assignment``). Mesh: the family of ``cost.latency.MeshSegments`` (the prefix over
     pre + root and the suffix over post, each contiguous; branches fixed), where eq. (2) separates into the two
     segments' chain problems (``best_mesh_assignment``), and the branch devices' usage does not depend on the

@@ -184,13 +184,14 @@ def _pipeline(args) -> int:
     compute = parse_compute(args.compute_scale)
     hosts = read_hosts(args.hosts) if args.hosts else None
     groups = separable.is_separable(args.workdir)
-    predicted = None
+    predicted, handoff = None, None
     if args.predict_table:
         if groups:
             raise DeployError(f"--predict-table {args.predict_table}: a latency table times the JMSNAS search space; "
                               "a separable run is predicted by its own cost model (separable.cost), without it")
-        from jmsnas.deploy.predict import table_compute_ms
+        from jmsnas.deploy.predict import table_compute_ms, table_handoffs
         predicted = table_compute_ms(args.workdir, args.predict_table)
+        handoff = table_handoffs(args.workdir, args.predict_table)
     if not args.connect_timeout > 0:
         raise DeployError(f"--connect-timeout must be > 0 seconds, got {args.connect_timeout!r}")
     export_dir = args.export_dir or os.path.join(args.workdir, "export")
@@ -212,7 +213,7 @@ def _pipeline(args) -> int:
                            timeout_s=args.timeout, base_port=args.base_port, window=args.window, hosts=hosts,
                            hosts_source=args.hosts or "the hosts", pacing=args.pacing,
                            connect_timeout_s=args.connect_timeout, predicted_compute_ms=predicted)
-        a = separable.analyze(args.workdir, manifest, raw) if groups else analyze(manifest, raw)
+        a = separable.analyze(args.workdir, manifest, raw) if groups else analyze(manifest, raw, handoff)
         if labels is not None:
             a["accuracy"] = float(np.mean(np.argmax(raw["outputs"].reshape(len(labels), -1), -1) == labels))
         outputs = raw["outputs"]

@@ -1,7 +1,7 @@
 """``jmsnas profile``: measure a latency table of a search space on the current JAX backend.
 
     jmsnas profile --space default --out ue.yaml [--method in-network|standalone] [--reps 50] [--batch 1]
-                   [--warmup 3] [--quantile 0.5] [--calibrate 8] [--seed 0]
+                   [--warmup 3] [--quantile 0.5] [--calibrate 8] [--seed 0] [--dw-impl auto] [--no-deployed]
 
 ``--space`` is ``default`` (the main job's chain space on the embedded digits: 8x8x1 input, 10 classes),
 ``mesh`` (its mesh variant), a JSON/YAML file {"topology": "chain"|"mesh"|a topology file, "layers_per_device": [...],
@@ -9,7 +9,9 @@
 ["stem_channels", "stem_stride", "head_channels"]} or a Python config file with ``get_config()`` (as under
 experiments/configs/; its dataset gives the input size). ``--method`` is explained in jmsnas/cost/profile.py.
 The table (YAML, format and latency model in jmsnas/cost/measured.py) feeds
-``jmsnas.cost.build.build_table`` as {"kind": "measured", "path": ...}. Errors print one
+``jmsnas.cost.build.build_table`` as {"kind": "measured", "path": ...}. Unless ``--no-deployed``, the table also
+holds what a deployed part pays (``jmsnas.deploy.partcost``: the part call cost and the hand-off of a frame as a
+function of its bytes, ``--reps`` rounds), which eq. (1)/(2) then charge every device and link. Errors print one
 ``jmsnas profile: error: ...`` line to stderr and exit with 2; nothing is written then.
 """
 from __future__ import annotations
@@ -47,6 +49,9 @@ def add_parser(sub) -> None:
     p.add_argument("--dw-impl", default="auto", choices=("auto", "xla", "shifted", "native"),
                    help="depthwise-convolution kernels to time (default auto: the ones the search runs; xla: what "
                         "exported parts run, for jmsnas pipeline --predict-table)")
+    p.add_argument("--no-deployed", action="store_true",
+                   help="do not measure the deployed terms (part call cost, hand-off per link); the table then "
+                        "models a network run as one call only")
 
 
 class _SpaceError(ValueError):
@@ -144,6 +149,13 @@ def run(args) -> int:
         return fail("profile", f"cannot write --out {args.out!r}: directory {out_dir!r} does not exist or is not writable")
     table = P.measure_table(space, method=args.method, batch=args.batch, reps=args.reps, warmup=args.warmup,
                             quantile=args.quantile, calibrate=args.calibrate, seed=args.seed, dw_impl=args.dw_impl)
+    if not args.no_deployed:
+        from jmsnas.deploy import partcost
+        try:
+            table = partcost.with_deployed(space, table, reps=args.reps, seed=args.seed)
+        except OSError as e:  # the loopback connection (TimeoutError is one)
+            return fail("profile", f"cannot measure the deployed terms over a loopback connection: {e}; "
+                                   "profile with --no-deployed to skip them")
     try:
         P.write_table(table, args.out)
     except OSError as e:
@@ -153,4 +165,8 @@ def run(args) -> int:
           f"({table.device['cpu']}), space {table.fingerprint}; per network: call {table.call.median_ms:.4f} ms + "
           f"stem {table.stem.median_ms:.4f} ms + head {table.head.median_ms:.4f} ms + offset "
           f"{table.network['offset_ms']:+.4f} ms ({table.network['method']})")
+    if table.deployed is not None:
+        h = table.deployed["handoff"]
+        print(f"deployed: per part call {table.deployed['part_call'].median_ms:.4f} ms beyond its entries; "
+              f"hand-off {h['fixed_ms']:.4f} ms + {h['ms_per_byte'] * 1e6:.4f} ms per MB")
     return 0

@@ -15,7 +15,11 @@ roofline of their own ``DeviceProfile`` (``jmsnas.cost.tables.analytic_table``).
 
 A row holds every slot of the space (a searched split may place any layer on any device), the stem and the head.
 Identity costs 0 everywhere (nothing executes). A measured row's stem term carries the call overhead and the
-network offset of its file: a network run as one call on that device pays them once.
+network offset of its file: a network run as one call on that device pays them once. A measured file with
+``deployed`` terms (``jmsnas profile``; ``jmsnas.cost.measured``) models the network deployed as parts instead:
+its row's stem is the stem alone, every device pays its file's ``part_call`` (``CostTable.call_ms``), and a link
+pays the hand-off fitted by its two ends' files (the mean of the ends that have one; 0 when neither has: the
+paper's eps). A scaled row scales the call cost with the rest and keeps the hand-off of its source.
 
 Lookup-table keys of a slot (``slot_key``): ``expanded_conv-input:HxWxCin-output:H'xW'xCout-expand:E-kernel:K-
 stride:S-idskip:I`` with E the expansion ratio (ProxylessNAS) or the middle channels plus ``-se:0-hs:0`` (OFA),
@@ -57,6 +61,8 @@ class Row(NamedTuple):
     head_ms: float
     source: str
     estimated: tuple = ()
+    call_ms: float = 0.0  # the deployed part's call cost (ms), 0 without one
+    handoff: tuple | None = None  # (fixed ms, ms per byte) of a hand-off, None without one
 
 
 # ------------------------------------------------------------------------------------------ spec checking
@@ -146,8 +152,13 @@ def roofline_row(space: SearchSpace, device: DeviceProfile) -> Row:
 def measured_row(space: SearchSpace, path) -> Row:
     """A row from a ``jmsnas profile`` file, which must have been measured for ``space``."""
     t = P.load_table(path, space)
+    comp, src = P.op_ms_matrix(t) * space.mask(), f"measured {os.fspath(path)}"
+    if t.deployed is not None:  # parts: every device pays the part's call cost, a hand-off every link
+        h = t.deployed["handoff"]
+        return Row(comp, t.stem.median_ms, t.head.median_ms, src, (), t.deployed["part_call"].median_ms,
+                   (h["fixed_ms"], h["ms_per_byte"]))
     stem = t.call.median_ms + t.network["offset_ms"] + t.stem.median_ms
-    return Row(P.op_ms_matrix(t) * space.mask(), stem, t.head.median_ms, f"measured {os.fspath(path)}")
+    return Row(comp, stem, t.head.median_ms, src)
 
 
 def _stem_head_keys(space: SearchSpace, flavor: str) -> list:
@@ -265,7 +276,7 @@ def build_rows(space: SearchSpace, spec=None) -> dict:
         if src["kind"] == "scaled":
             base, f = rows[src["of"]], float(src["factor"])
             rows[dev] = Row(base.compute_ms * f, base.stem_ms * f, base.head_ms * f,
-                            f"{base.source} x {f:g}", base.estimated)
+                            f"{base.source} x {f:g}", base.estimated, base.call_ms * f, base.handoff)
     return {dev: rows[dev] for dev in spec}
 
 
@@ -276,8 +287,20 @@ def build_table(space: SearchSpace, spec=None, activation_bits: int = 32) -> Cos
     rows = build_rows(space, spec)
     names = space.topology.device_names
     compute = np.stack([rows[d].compute_ms for d in names])
+    handoff = link_handoffs(space, rows)
     return from_compute(space, compute, [rows[d].stem_ms for d in names], [rows[d].head_ms for d in names],
-                        activation_bits)
+                        activation_bits, [rows[d].call_ms for d in names], handoff[:, 0], handoff[:, 1])
+
+
+def link_handoffs(space: SearchSpace, rows: dict) -> np.ndarray:
+    """float64[L, 2]: every link's hand-off (fixed ms, ms per byte), the mean over its two ends' rows that have
+    one, 0 where neither has."""
+    out = np.zeros((len(space.topology.links), 2))
+    for i, l in enumerate(space.topology.links):
+        ends = [rows[d].handoff for d in (l.src, l.dst) if rows[d].handoff is not None]
+        if ends:
+            out[i] = np.mean(np.asarray(ends, float), axis=0)
+    return out
 
 
 def describe(rows: dict) -> str:

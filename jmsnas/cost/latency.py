@@ -9,6 +9,11 @@ first device in execution order (the UE, which captures the image) and the class
 In a mesh, the root forwards its output to each branch over that branch's own link (eq. (2) writes one eps for the
 root; with different links per branch each branch term uses its own), and the max over branches is taken of
 expected latencies when p is not one-hot — a lower bound of the true E[max] (Jensen), see the tests.
+
+Deployed terms (``CostTable.call_ms``, ``handoff_ms``, ``handoff_ms_per_byte``; 0 in a table without them, where
+everything above is exactly the paper's eq. (1)/(2)): every device pays its part's call cost once per image
+(``device_fixed_ms``), and every link's eps gains its hand-off, handoff_ms + handoff_ms_per_byte x bytes
+(``link_ms``), so the split and the ops are searched for what a deployment pays.
 """
 from __future__ import annotations
 
@@ -36,14 +41,32 @@ def layer_ms(table: CostTable, probs) -> jnp.ndarray:
     return jnp.einsum("mnr,nr->mn", table.compute_ms, probs)
 
 
-def _comm_ms(table: CostTable, link: int, nbytes):
-    return nbytes * 8.0 / (table.bandwidth_mbps[link] * 1e3) + table.link_latency_ms[link]
+def _at(x, i):
+    """x[i], or x itself for a scalar (a CostTable built without deployed terms holds 0.0)."""
+    return x if jnp.ndim(x) == 0 else x[i]
 
 
-def _fixed_terms(space: SearchSpace, table: CostTable, per_device):
+def link_ms(table: CostTable, link: int, nbytes):
+    """eps of link ``link`` carrying ``nbytes`` bytes (any shape), ms: nbytes * 8 / bandwidth (Mbit/s) + the link's
+    latency, plus its hand-off handoff_ms + handoff_ms_per_byte * nbytes (0 in a table without one: exactly the
+    paper's eps)."""
+    eps = nbytes * 8.0 / (table.bandwidth_mbps[link] * 1e3) + table.link_latency_ms[link]
+    return eps + _at(table.handoff_ms, link) + _at(table.handoff_ms_per_byte, link) * nbytes
+
+
+_comm_ms = link_ms
+
+
+def device_fixed_ms(space: SearchSpace, table: CostTable, per_device):
+    """``per_device`` float[M] (ms) plus the once-per-image terms: the stem on the first device in execution order,
+    the head on the last, and every device's part call cost (``call_ms``, 0 in a table without one)."""
     order = space.topology.path_order()
     per_device = per_device.at[order[0]].add(table.stem_ms[order[0]])
-    return per_device.at[order[-1]].add(table.head_ms[order[-1]])
+    per_device = per_device.at[order[-1]].add(table.head_ms[order[-1]])
+    return per_device + table.call_ms
+
+
+_fixed_terms = device_fixed_ms
 
 
 def _check_assignment(space: SearchSpace, assignment) -> None:

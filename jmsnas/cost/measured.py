@@ -22,6 +22,10 @@ File format (YAML; ``write_table`` writes it, ``load_table`` validates it)::
     stem: {median_ms: ..., spread_ms: ..., reps: ...}
     head: {...}
     network: {method: in-network, networks: 65, offset_ms: 0.21}
+    deployed:                          # optional (jmsnas.deploy.partcost): what a deployed part pays
+      part_call: {median_ms: 0.25, spread_ms: 0.05, reps: 50}   # per part, beyond its entries
+      handoff: {fixed_ms: 0.08, ms_per_byte: 2.0e-06, bytes: [0, 4096, ...], median_ms: [...]}
+    validation: {n: 50, within_10pct: 92.0, mape_pct: ..., against: ...}   # optional: jmsnas.cost.accuracy.report
     slots:
       - index: 0
         shape: {in_hw: 8, in_ch: 16, out_hw: 8, out_ch: 24, stride: 1}
@@ -30,6 +34,14 @@ File format (YAML; ``write_table`` writes it, ``load_table`` validates it)::
 ``median_ms`` is the statistic named by ``settings.quantile`` (0.5: the median) and ``spread_ms`` the
 interquartile range of the underlying calls. Latencies are finite and >= 0; ``network.offset_ms`` may be
 negative as long as call + stem + head + offset is not.
+
+``deployed`` (absent in a table made without it) models the same network deployed as parts, one program per
+device between a receive and a send: a part costs its entries (ops; the stem and head where it has them) plus
+``part_call``, instead of the whole network's call + offset, and every hand-off of n bytes between two parts
+costs ``fixed_ms + ms_per_byte * n`` (fitted on the measured ``bytes`` / ``median_ms``). ``jmsnas.cost.build``
+turns them into ``CostTable.call_ms`` / ``handoff_ms`` / ``handoff_ms_per_byte``. ``validation`` (optional) is
+the report of ``jmsnas.cost.accuracy.report`` (what ``jmsnas validate`` reports) of the table against networks
+measured end to end, with ``against`` saying which (``benchmarks/predict_vs_measured.py`` stores it).
 """
 from __future__ import annotations
 
@@ -74,6 +86,8 @@ class MeasuredTable(NamedTuple):
     stem: Timing
     head: Timing
     network: dict  # {"method": str, "networks": int, "offset_ms": float}
+    deployed: dict | None = None  # {"part_call": Timing, "handoff": {"fixed_ms", "ms_per_byte", "bytes", "median_ms"}}
+    validation: dict | None = None  # jmsnas.cost.accuracy.report + "against"
 
     @property
     def fingerprint(self) -> str:
@@ -142,9 +156,20 @@ def table_to_dict(table: MeasuredTable) -> dict:
     return {"format": FORMAT, "version": VERSION, "units": "ms", "device": dict(table.device),
             "settings": dict(table.settings), "space": dict(table.space), "call": _timing_dict(table.call),
             "arg_ms": float(table.arg_ms), "stem": _timing_dict(table.stem), "head": _timing_dict(table.head),
-            "network": dict(table.network),
+            "network": dict(table.network), **_deployed_dict(table.deployed),
+            **({} if table.validation is None else {"validation": dict(table.validation)}),
             "slots": [{"index": s["index"], "shape": dict(s["shape"]),
                        "ops": {k: _timing_dict(v) for k, v in s["ops"].items()}} for s in table.slots]}
+
+
+def _deployed_dict(dep) -> dict:
+    if dep is None:
+        return {}
+    h = dep["handoff"]
+    return {"deployed": {"part_call": _timing_dict(dep["part_call"]),
+                         "handoff": {"fixed_ms": float(h["fixed_ms"]), "ms_per_byte": float(h["ms_per_byte"]),
+                                     "bytes": [int(b) for b in h["bytes"]],
+                                     "median_ms": [float(v) for v in h["median_ms"]]}}}
 
 
 def write_table(table: MeasuredTable, path) -> None:
@@ -195,6 +220,39 @@ def _read_network(d) -> dict:
             "offset_ms": float(_number("network.offset_ms", _field(net, "offset_ms", "network"), minimum=None))}
 
 
+def _read_deployed(d):
+    """The optional ``deployed`` entry (module docstring), or None."""
+    if "deployed" not in d:
+        return None
+    dep = _field(d, "deployed", "deployed")
+    part_call = _read_timing(_field(dep, "part_call", "deployed"), "deployed.part_call")
+    h = _field(dep, "handoff", "deployed")
+    out = {"fixed_ms": float(_number("deployed.handoff.fixed_ms", _field(h, "fixed_ms", "deployed.handoff"))),
+           "ms_per_byte": float(_number("deployed.handoff.ms_per_byte",
+                                        _field(h, "ms_per_byte", "deployed.handoff")))}
+    for k in ("bytes", "median_ms"):
+        v = _field(h, k, "deployed.handoff")
+        if not isinstance(v, list):
+            raise ProfileError(f"latency table entry deployed.handoff.{k}: expected a list, got {safeio.short(v)}")
+        out[k] = [(int if k == "bytes" else float)(_number(f"deployed.handoff.{k}[{i}]", x, integer=k == "bytes"))
+                  for i, x in enumerate(v)]
+    if len(out["bytes"]) != len(out["median_ms"]):
+        raise ProfileError(f"latency table entry deployed.handoff: {len(out['bytes'])} sizes in bytes, "
+                           f"{len(out['median_ms'])} in median_ms; expected one median per size")
+    return {"part_call": part_call, "handoff": out}
+
+
+def _read_validation(d):
+    """The optional ``validation`` report (a mapping of names to numbers or text), or None."""
+    if "validation" not in d:
+        return None
+    v = d["validation"]
+    if not isinstance(v, Mapping) or not all(isinstance(x, (int, float, str)) for x in v.values()):
+        raise ProfileError(f"latency table entry validation: expected a mapping of names to numbers or text, got "
+                           f"{safeio.short(v)}")
+    return dict(v)
+
+
 def _read_slot(s, n: int) -> dict:
     where = f"slots[{n}]"
     if _field(s, "index", where) != n:
@@ -231,7 +289,8 @@ def table_from_dict(d, source: str = "<dict>") -> MeasuredTable:
     if not isinstance(slots, list) or not slots:
         raise ProfileError("latency table entry slots: expected a non-empty list")
     table = MeasuredTable(dict(d["device"]), dict(d["settings"]), dict(d["space"]),
-                          tuple(_read_slot(s, n) for n, s in enumerate(slots)), call, arg_ms, stem, head, network)
+                          tuple(_read_slot(s, n) for n, s in enumerate(slots)), call, arg_ms, stem, head, network,
+                          _read_deployed(d), _read_validation(d))
     if call.median_ms + stem.median_ms + network["offset_ms"] < 0:
         raise ProfileError(f"latency table entry network.offset_ms: {network['offset_ms']} makes the per-network "
                            f"term call + stem + offset negative "

@@ -8,7 +8,13 @@ type and can be passed to jitted functions:
 * ``out_bytes[N]``: bytes of layer n's output per image at the activation bit width;
 * ``stem_bytes``: bytes of the stem output; ``input_bytes``: bytes of the raw input image;
 * ``bandwidth_mbps[L]`` / ``link_latency_ms[L]``: the topology's links, in its order (copied so that a sweep over
-  bandwidths is a change of data, not of the static search space).
+  bandwidths is a change of data, not of the static search space);
+* ``call_ms[M]``: what device m's part pays for being a program of its own between a receive and a send, beyond
+  its ops', stem's and head's entries (ms, once per image, on every device: a device that runs no layer still
+  relays); ``handoff_ms[L]`` + ``handoff_ms_per_byte[L]`` x bytes: a link's hand-off (framing, the send and
+  receive system calls, the receiver's wake-up; ms) on top of eps. Measured by ``jmsnas profile``
+  (``jmsnas.deploy.partcost``), 0 in every table that has none: the paper's analytic tables, lookup tables and
+  regressions keep their meaning, eq. (1)/(2) exactly as the paper writes them.
 """
 from __future__ import annotations
 
@@ -30,6 +36,9 @@ class CostTable(NamedTuple):
     input_bytes: jnp.ndarray
     bandwidth_mbps: jnp.ndarray
     link_latency_ms: jnp.ndarray
+    call_ms: jnp.ndarray = 0.0  # [M] (0: none); see the module docstring
+    handoff_ms: jnp.ndarray = 0.0  # [L]
+    handoff_ms_per_byte: jnp.ndarray = 0.0  # [L]
 
 
 def roofline_ms(flops, mem_bytes, device: DeviceProfile):
@@ -66,16 +75,28 @@ def links_arrays(space: SearchSpace):
             np.array([l.latency_ms for l in links], np.float32))
 
 
-def from_compute(space: SearchSpace, compute_ms, stem_ms, head_ms, activation_bits: int = 32) -> CostTable:
-    """Assembles a CostTable from per-op latencies [M, N, R] and the space's shapes; validates the numbers."""
+def from_compute(space: SearchSpace, compute_ms, stem_ms, head_ms, activation_bits: int = 32, call_ms=None,
+                 handoff_ms=None, handoff_ms_per_byte=None) -> CostTable:
+    """Assembles a CostTable from per-op latencies [M, N, R] and the space's shapes; validates the numbers.
+
+    ``call_ms`` [M] (ms), ``handoff_ms`` [L] (ms) and ``handoff_ms_per_byte`` [L] (ms per byte): the deployed
+    terms (module docstring); None: 0."""
     compute_ms = np.asarray(compute_ms, np.float32)
     expect = (space.topology.num_devices, space.num_layers, len(OPS))
     if compute_ms.shape != expect:
         raise ValueError(f"compute_ms has shape {compute_ms.shape}, expected (devices, layers, ops) = {expect}")
-    for name, arr in (("compute_ms", compute_ms), ("stem_ms", stem_ms), ("head_ms", head_ms)):
+    n_links = len(space.topology.links)
+    zeros = lambda n: np.zeros((n,), np.float32)
+    call_ms = zeros(expect[0]) if call_ms is None else call_ms
+    handoff_ms = zeros(n_links) if handoff_ms is None else handoff_ms
+    handoff_ms_per_byte = zeros(n_links) if handoff_ms_per_byte is None else handoff_ms_per_byte
+    for name, arr in (("compute_ms", compute_ms), ("stem_ms", stem_ms), ("head_ms", head_ms), ("call_ms", call_ms),
+                      ("handoff_ms", handoff_ms), ("handoff_ms_per_byte", handoff_ms_per_byte)):
         arr = np.asarray(arr, np.float64)
-        if name != "compute_ms" and arr.shape != expect[:1]:
-            raise ValueError(f"{name} has shape {arr.shape}, expected (devices,) = {expect[:1]}")
+        want = {"compute_ms": None, "handoff_ms": (n_links,), "handoff_ms_per_byte": (n_links,)}.get(name, expect[:1])
+        if want is not None and arr.shape != want:
+            what = "(links,)" if name.startswith("handoff") else "(devices,)"
+            raise ValueError(f"{name} has shape {arr.shape}, expected {what} = {want}")
         bad = np.argwhere(~np.isfinite(arr) | (arr < 0))
         if bad.size:
             at = tuple(int(i) for i in bad[0])  # plain ints/floats: numpy 2 would print np.int64(2)
@@ -84,7 +105,8 @@ def from_compute(space: SearchSpace, compute_ms, stem_ms, head_ms, activation_bi
     out, stem, raw = activation_bytes(space, activation_bits)
     bw, lat = links_arrays(space)
     f32 = lambda a: jnp.asarray(a, jnp.float32)
-    return CostTable(f32(compute_ms), f32(stem_ms), f32(head_ms), f32(out), f32(stem), f32(raw), f32(bw), f32(lat))
+    return CostTable(f32(compute_ms), f32(stem_ms), f32(head_ms), f32(out), f32(stem), f32(raw), f32(bw), f32(lat),
+                     f32(call_ms), f32(handoff_ms), f32(handoff_ms_per_byte))
 
 
 def analytic_table(space: SearchSpace, activation_bits: int = 32) -> CostTable:

@@ -30,6 +30,8 @@ def totals(ms) -> dict:
 def _frame_mbps(nbytes: int, r: list) -> float:
     """A frame's payload Mbit/s: as its receiver saw it (``links.payload_rate``), or, for a frame too short for the
     receiver to tell, bytes * 8 / the sender's own transmission time (the pacer's rate, one clock)."""
+    if not nbytes:  # an empty frame (an idle mesh branch's trigger) has no rate
+        return float("nan")
     if len(r) > 4 and r[4] is not None and np.isfinite(r[4]):
         return float(r[4])
     return nbytes * 8 / (r[1] - r[0]) / 1e6 if r[1] > r[0] else float("nan")
@@ -56,8 +58,10 @@ def wire_manifest(manifest: dict, framing: dict) -> dict:
     return {**manifest, "links": links}
 
 
-def analyze(manifest: dict, raw: dict) -> dict:
+def analyze(manifest: dict, raw: dict, handoff: dict | None = None) -> dict:
     """Predicted vs measured: eq. (1)/(2) with the settings' terms beside the medians of the measured terms.
+    ``handoff`` {"a->b": (fixed ms, ms per byte)} (``predict.table_handoffs``): every link's predicted term also
+    carries its hand-off, as the cost model charges it (None: eps alone).
 
     measured: "total" (median end-to-end ms, first device's compute start to last device's compute end, latency
     phase), "per_device" (compute ms), "per_link" (release at the receiver - start of transmission, ms),
@@ -68,7 +72,7 @@ def analyze(manifest: dict, raw: dict) -> dict:
     s = raw["settings"]
     network = s.get("pacing") == "network"
     pm = wire_manifest(manifest, raw.get("framing", {})) if network else manifest
-    pred = predict(pm, raw["predicted_compute_ms"], s["bandwidth_scale"])
+    pred = predict(pm, raw["predicted_compute_ms"], s["bandwidth_scale"], handoff)
     order, b = manifest["order"], s["batch"]
     out = {"settings": s, "predicted": pred, "calib_ms": raw["calib_ms"], "stretch": raw["stretch"],
            "clock": raw.get("clock", {}), "where": raw.get("where", {})}

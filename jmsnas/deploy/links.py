@@ -87,7 +87,7 @@ def _encode(kind: int, image: int, value) -> tuple:
         arr = np.ascontiguousarray(value)
         if str(arr.dtype) not in DTYPES:
             raise TypeError(f"cannot send dtype {arr.dtype}; expected one of {DTYPES}")
-        payload = memoryview(arr).cast("B")
+        payload = memoryview(arr).cast("B") if arr.size else memoryview(b"")  # an empty frame: a trigger
         head = _HEAD.pack(MAGIC, kind, image, DTYPES.index(str(arr.dtype)), arr.ndim)
         head += struct.pack(f"<{arr.ndim}I", *arr.shape)
     else:

@@ -46,16 +46,26 @@ def total_ms(manifest: dict, device_ms: dict, link_terms: dict) -> float:
     return chain + max(paths)
 
 
-def predicted_links(manifest: dict, bandwidth_scale: float = 1.0) -> dict:
-    """{"a->b": eps ms} for every link at ``bandwidth_scale`` x its bandwidth (bytes of float32 activations)."""
-    return {link_name(l["src"], l["dst"]): link_ms(l["bytes"], l["bandwidth_mbps"] * bandwidth_scale,
-                                                   l["latency_ms"]) for l in manifest["links"]}
+def predicted_links(manifest: dict, bandwidth_scale: float = 1.0, handoff: dict | None = None) -> dict:
+    """{"a->b": eps ms} for every link at ``bandwidth_scale`` x its bandwidth (bytes of float32 activations), plus
+    its hand-off fixed_ms + ms_per_byte x bytes where ``handoff`` {"a->b": (fixed ms, ms per byte)} has one
+    (``table_handoffs``; as ``cost.latency.link_ms`` charges it)."""
+    handoff = handoff or {}
+    out = {}
+    for l in manifest["links"]:
+        name = link_name(l["src"], l["dst"])
+        eps = link_ms(l["bytes"], l["bandwidth_mbps"] * bandwidth_scale, l["latency_ms"])
+        if name in handoff:
+            eps = eps + handoff[name][0] + handoff[name][1] * l["bytes"]
+        out[name] = eps
+    return out
 
 
-def predict(manifest: dict, compute_ms: dict, bandwidth_scale: float = 1.0) -> dict:
+def predict(manifest: dict, compute_ms: dict, bandwidth_scale: float = 1.0, handoff: dict | None = None) -> dict:
     """{"total", "per_device", "per_link", "throughput_per_s", "bottleneck"}: eq. (1)/(2) and the pipelined rate
-    1000 / (the slowest stage: a device's compute or a link's transmission, bytes*8/bandwidth), images/s."""
-    links = predicted_links(manifest, bandwidth_scale)
+    1000 / (the slowest stage: a device's compute or a link's transmission, bytes*8/bandwidth), images/s.
+    ``handoff``: per-link hand-off terms (``predicted_links``), None: none."""
+    links = predicted_links(manifest, bandwidth_scale, handoff)
     stages = {d: compute_ms[d] for d in manifest["order"]}
     for l in manifest["links"]:
         stages[link_name(l["src"], l["dst"])] = link_ms(l["bytes"], l["bandwidth_mbps"] * bandwidth_scale)
@@ -65,21 +75,12 @@ def predict(manifest: dict, compute_ms: dict, bandwidth_scale: float = 1.0) -> d
             "bottleneck": bottleneck}
 
 
-def table_compute_ms(run: str, table_path: str) -> dict:
-    """{device: ms per image} of the run's architecture from a latency table measured on this machine
-    (``jmsnas profile``, one table for every device: all parts run on this host), through the cost model's own
-    eq. (1)/(2) terms (``cost.latency.arch_latency`` with the run's split), plus the per-call cost on every part.
-
-    The table models a network run as ONE call: its per-call terms (``call`` + ``network.offset_ms``) ride on the
-    stem, so the cost model charges them once, to the first device. Deployed, every device's part is a call of its
-    own program and pays them (measured: ``benchmarks/README.md``, "Deployed pipeline, honest prediction"), so every
-    other device is charged them too (``per_call_ms``). The table must time the depthwise convolution the parts run
-    (``jmsnas profile --dw-impl xla``); one that timed another is refused. The honest prediction: nothing in the
-    pipeline is slowed or calibrated to it."""
+def _run_table(run: str, table_path: str) -> tuple:
+    """(space, CostTable, MeasuredTable, ops int32[N], device index int32[N]) of the run with the table at
+    ``table_path`` as every device's row; DeployError (one line) for a table that does not fit."""
     import numpy as np
 
     from jmsnas.cost.build import TableSpecError, build_table
-    from jmsnas.cost.latency import arch_latency, breakdown_dict
     from jmsnas.cost.measured import ProfileError, load_table
     from jmsnas.deploy.export import load_run
     from jmsnas.deploy.runtime import DeployError
@@ -102,11 +103,42 @@ def table_compute_ms(run: str, table_path: str) -> dict:
         raise DeployError(f"--predict-table {table_path} timed the {impl} depthwise convolution; exported parts run "
                           "XLA's own (no custom calls), several times slower on CPU: profile with jmsnas profile "
                           "--dw-impl xla")
+    return space, table, measured, np.asarray(ops, np.int32), np.asarray(where, np.int32)
+
+
+def table_compute_ms(run: str, table_path: str) -> dict:
+    """{device: ms per image} of the run's architecture from a latency table measured on this machine
+    (``jmsnas profile``, one table for every device: all parts run on this host), through the cost model's own
+    eq. (1)/(2) terms (``cost.latency.arch_latency`` with the run's split).
+
+    A table with ``deployed`` terms (``jmsnas.deploy.partcost``) models the parts: the cost model already charges
+    every device its part's call cost (``CostTable.call_ms``), and that is the prediction. A table without them
+    models a network run as ONE call: its per-call terms (``call`` + ``network.offset_ms``) ride on the stem, so the
+    cost model charges them once, to the first device; deployed, every device's part is a call of its own program
+    and pays them (measured: ``benchmarks/README.md``, "Deployed pipeline, honest prediction"), so every other
+    device is charged them too (``per_call_ms``). The table must time the depthwise convolution the parts run
+    (``jmsnas profile --dw-impl xla``); one that timed another is refused. The honest prediction: nothing in the
+    pipeline is slowed or calibrated to it."""
+    from jmsnas.cost.latency import arch_latency, breakdown_dict
+    space, table, measured, ops, where = _run_table(run, table_path)
+    per_device = breakdown_dict(space, arch_latency(space, table, ops, where))["per_device"]
+    if measured.deployed is not None:
+        return per_device
     call = per_call_ms(measured)
-    lat = arch_latency(space, table, np.asarray(ops, np.int32), np.asarray(where, np.int32))
-    per_device = breakdown_dict(space, lat)["per_device"]
-    first = names[space.topology.path_order()[0]]  # its stem term already holds the per-call cost
+    first = space.topology.device_names[space.topology.path_order()[0]]  # its stem term already holds the call
     return {d: ms + (call if d != first else 0.0) for d, ms in per_device.items()}
+
+
+def table_handoffs(run: str, table_path: str) -> dict:
+    """{"a->b": (fixed ms, ms per byte)} of every link of the run from the table's hand-off terms (the CostTable's
+    ``handoff_ms`` / ``handoff_ms_per_byte``, which eq. (1)/(2) charge in the search); {} for a table without
+    them (eps alone, as before)."""
+    space, table, measured, _, _ = _run_table(run, table_path)
+    if measured.deployed is None:
+        return {}
+    import numpy as np
+    a, b = np.asarray(table.handoff_ms, float), np.asarray(table.handoff_ms_per_byte, float)
+    return {link_name(l.src, l.dst): (float(a[i]), float(b[i])) for i, l in enumerate(space.topology.links)}
 
 
 def per_call_ms(table) -> float:

@@ -10,8 +10,10 @@ sequential methods do) and writes
   are the parameter leaves its layers read, named by their path (``params/conv1/kernel``). When several tensors
   cross a cut (a skip connection) they travel packed as one float32[B, elements] tensor (``run.pack``) and are
   unpacked by the receiver; a device that runs no layer relays its input. On a mesh the idle branch devices
-  receive the root's output (one output per part goes to every link) and send back a float32[B, 1] zero token the
-  aggregator ignores. Part entries carry ``"kind": "traced"`` and ``"layers"`` (indices), ``"ops"`` (layer
+  receive nothing they do not need: the root sends them an empty frame (its output's first 0 channels, the
+  part's ``send_channels``; the link carries 0 payload bytes, as the manifest says) and they send back a
+  float32[B, 1] zero token the aggregator ignores. Part entries carry ``"kind": "traced"`` and ``"layers"``
+  (indices), ``"ops"`` (layer
   names); the manifest's ``"traced"`` records the model, method and assignment;
 * ``WORKDIR/reference/whole.jaxexport`` + ``whole.npz``: the model's own ``apply(params, x)`` as one program, what
   ``jmsnas pipeline --check`` compares the parts' output with (no need for the model's code at check time);
@@ -147,13 +149,16 @@ def export_traced(model, topology, workdir: str, *, method: str = "chain_dp", cu
     leaves = run.leaves_dict(t)
     shapes: dict = {"image": ((batch,) + tuple(um.input_shape), um.input_dtype)}
     cut_of: dict = {"image": 0}
-    programs, parts = {}, {}
+    programs, parts, edge = {}, {}, {}  # edge: {(src, dst): (shape, dtype)} where a link carries less than src's output
     for dev in order:  # execution order: every input's shape is known before it is needed
         token = dev not in rng
         ins = srcs[dev]
-        if token:
+        if token:  # an idle branch: an empty trigger from the root (send_channels 0), no tensor
             a = b = cut_of[ins[0]]
             use = 0
+            for src in ins:
+                parts[src].setdefault("send_channels", {})[dev] = 0
+                edge[(src, dev)] = (tuple(shapes[src][0][:-1]) + (0,), shapes[src][1])
         else:
             a, b = rng[dev]
             on_path = [i for i, s in enumerate(ins) if s == "image" or s in path_devs]
@@ -163,7 +168,8 @@ def export_traced(model, topology, workdir: str, *, method: str = "chain_dp", cu
         ids = [] if token else run.segment_leaves(t, a, b)
         names = [t.leaf_names[i] for i in ids]
         specs = [jax.ShapeDtypeStruct(tuple(np.shape(leaves[i])), jnp.asarray(leaves[i]).dtype) for i in ids]
-        specs += [jax.ShapeDtypeStruct(tuple(shapes[s][0]), np.dtype(shapes[s][1])) for s in ins]
+        in_shapes = [edge.get((s, dev), shapes[s]) for s in ins]
+        specs += [jax.ShapeDtypeStruct(tuple(shp), np.dtype(dt)) for shp, dt in in_shapes]
         exp = _export(_part_fn(t, a, b, names, ids, use, batch, token), specs, platforms)
         out = exp.out_avals[0]
         shapes[dev] = (tuple(int(d) for d in out.shape), str(out.dtype))
@@ -173,14 +179,14 @@ def export_traced(model, topology, workdir: str, *, method: str = "chain_dp", cu
             "device": dev, "kind": "traced", "layers": list(range(a, b)),
             "ops": [t.net.layers[k].name for k in range(a, b)], "stem": False, "head": b == n and a < b,
             "idle_branch": token, "weight_names": names,
-            "inputs": [{"from": s, "shape": list(shapes[s][0]), "dtype": shapes[s][1]} for s in ins],
+            "inputs": [{"from": s, "shape": list(shp), "dtype": dt} for s, (shp, dt) in zip(ins, in_shapes)],
             "output": {"shape": list(shapes[dev][0]), "dtype": shapes[dev][1]}, "to": dsts[dev],
             "predicted_compute_ms": float(result.per_device_ms.get(dev, 0.0)),
         }
     reference = _reference_program(um, batch, platforms)
     links = []
     for l in topo.links:
-        shape, dtype = shapes[l.src]
+        shape, dtype = edge.get((l.src, l.dst), shapes[l.src])
         links.append({"src": l.src, "dst": l.dst, "bandwidth_mbps": float(l.bandwidth_mbps),
                       "latency_ms": float(l.latency_ms), "bytes": int(np.prod(shape)) * np.dtype(dtype).itemsize,
                       "predicted_ms": float(result.per_link_ms.get(f"{l.src}->{l.dst}", 0.0))})

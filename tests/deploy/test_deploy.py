@@ -155,6 +155,52 @@ def test_table_prediction_charges_the_per_call_cost_on_every_part(runs, tmp_path
     assert predict.table_compute_ms(r["dir"], str(tmp_path / "xla.yaml")) == pytest.approx(want, rel=1e-5)
 
 
+
+@pytest.mark.parametrize("kind", ["chain", "mesh"])
+def test_table_prediction_with_deployed_terms_is_the_cost_models(runs, tmp_path, kind):
+    """A table with deployed terms (issue 39): every part is charged its entries and the part call cost (the stem
+    without the one-call terms), every link its hand-off a + b * bytes, exactly what eq. (1)/(2) charge in the
+    search (cost.latency on the table built from the file); a table without them predicts links by eps alone."""
+    from jmsnas.cost import profile as P
+    from jmsnas.cost.build import build_table
+    from jmsnas.space import IDENTITY
+    r = runs[kind]
+    space, rng = r["space"], np.random.default_rng(6)
+    slots = tuple({"index": s.index, "shape": P.slot_shape(s),
+                   "ops": {OP_NAMES[i]: P.Timing(float(rng.uniform(0.01, 0.1)), 0.001, 5)
+                           for i in np.flatnonzero(space.mask()[s.index]) if i != IDENTITY}} for s in space.layers)
+    dep = {"part_call": P.Timing(0.4, 0.0, 5),
+           "handoff": {"fixed_ms": 0.08, "ms_per_byte": 1e-5, "bytes": [0, 1024], "median_ms": [0.08, 0.09]}}
+    t = P.MeasuredTable({"backend": "cpu"}, {"reps": 5}, P.space_summary(space), slots, P.Timing(0.05, 0.0, 5), 0.0,
+                        P.Timing(0.02, 0.0, 5), P.Timing(0.03, 0.0, 5),
+                        {"method": "in-network", "networks": 3, "offset_ms": 0.25}, dep)
+    path = str(tmp_path / "t.yaml")
+    P.write_table(t, path)
+    names = space.topology.device_names
+    order = [names[m] for m in space.topology.path_order()]
+    want = {d: 0.4 for d in order}  # every part: its call cost, no call + offset
+    want[order[0]] += 0.02
+    want[order[-1]] += 0.03
+    for s, i in zip(space.layers, r["ops"]):
+        if i != IDENTITY:
+            want[names[s.device]] += t.slots[s.index]["ops"][OP_NAMES[i]].median_ms
+    got = predict.table_compute_ms(r["dir"], path)
+    assert got == pytest.approx(want, rel=1e-5)
+    handoff = predict.table_handoffs(r["dir"], path)
+    assert handoff == {f"{l.src}->{l.dst}": pytest.approx((0.08, 1e-5)) for l in space.topology.links}
+    m = load_manifest(r["export"])
+    pred = predict.predict(m, got, 1.0, handoff)
+    cost = arch_latency(space, build_table(space, {d: {"kind": "measured", "path": path} for d in names}),
+                        np.asarray(r["ops"]))
+    assert pred["total"] == pytest.approx(float(cost.total), rel=1e-5)
+    bare = predict.predicted_links(m, 1.0)
+    for l in m["links"]:
+        k = f"{l['src']}->{l['dst']}"
+        assert pred["per_link"][k] == pytest.approx(bare[k] + 0.08 + 1e-5 * l["bytes"], rel=1e-6)
+    P.write_table(t._replace(deployed=None), tmp_path / "one.yaml")
+    assert predict.table_handoffs(r["dir"], str(tmp_path / "one.yaml")) == {}
+    assert predict.predict(m, got, 1.0, {})["per_link"] == bare
+
 def test_mesh_equation_hand_computed():
     """Eq. (2) on Fig. 2(b)'s shape: chain part (ue, cloud, ue->sbs) + the slowest sbs -> mbs -> cloud path."""
     m = {"kind": "mesh", "order": ["ue", "sbs", "b1", "b2", "cloud"], "root": "sbs", "branches": ["b1", "b2"]}

@@ -320,3 +320,44 @@ def test_a_plain_program_composes_across_cuts():
     for c in (0, next(c for c in range(n) if len(t.live[c]) > 1), n):
         y = run.segment(t, c, n)(leaves, *run.segment(t, 0, c)(leaves, x))[0]
         assert float(jnp.max(jnp.abs(y - want))) <= 1e-6, c
+
+
+def test_an_idle_mesh_branch_receives_nothing_it_does_not_need(tmp_path):
+    """Issue 39: the root sends an idle branch an empty frame (0 payload bytes: the trigger), not its output, and the
+    manifest's link says so, so the predicted link term (eps of 0 bytes) is the one the pipeline measures. The
+    frame as the worker builds it (runtime.load_stages' send entry) goes over a real socket into the idle part."""
+    import socket
+
+    from jmsnas.deploy import links as L
+    from jmsnas.deploy import predict
+    from jmsnas.deploy.runtime import load_manifest, load_stages
+    (tmp_path / "tiny.py").write_text(TINY)
+    (tmp_path / "topo.yaml").write_text(textwrap.dedent(SMALL_TOPOLOGIES["mesh"]))
+    work = tmp_path / "work"
+    assert cli.main(["export", "--model", f"{tmp_path}/tiny.py:tiny", "--topology", str(tmp_path / "topo.yaml"),
+                     "--cuts", "2,4", "--workdir", str(work)]) == 0
+    export = str(work / "export")
+    m = load_manifest(export)
+    assert m["parts"]["b2"]["idle_branch"] and not m["parts"]["b1"]["idle_branch"]
+    assert m["parts"]["root"]["send_channels"] == {"b2": 0}
+    bytes_of = {(l["src"], l["dst"]): l["bytes"] for l in m["links"]}
+    assert bytes_of[("root", "b2")] == 0 and bytes_of[("root", "b1")] > 0
+    (b2_in,) = m["parts"]["b2"]["inputs"]
+    assert b2_in["shape"][-1] == 0 and b2_in["shape"][:-1] == m["parts"]["root"]["output"]["shape"][:-1]
+    lat = {(l["src"], l["dst"]): l["latency_ms"] for l in m["links"]}
+    pred = predict.predicted_links(m, 1.0)
+    assert pred["root->b2"] == pytest.approx(lat[("root", "b2")])  # eps of 0 bytes: the link's latency alone
+    root, b2 = load_stages(export, "root", m), load_stages(export, "b2", m)
+    (prog, st), = root.stages
+    sends = {s["to"]: s for s in st["send"]}
+    assert sends["b1"]["channels"] is None and sends["b2"]["channels"] == 0
+    y = prog(np.zeros(m["parts"]["root"]["inputs"][0]["shape"], np.float32))
+    s = sends["b2"]
+    out = np.ascontiguousarray(y[..., :s["channels"]].astype(s["dtype"]))  # as the worker's _StageRunner sends it
+    a, b = socket.socketpair()
+    with a, b:
+        L.send_frame(a, L.ARRAY, 0, out, L.Pace(50.0, 0.0))
+        fr = L.recv_frame(b)
+    assert fr.value.nbytes == 0 and list(fr.value.shape) == b2_in["shape"]
+    (bprog, _), = b2.stages
+    assert bprog(fr.value).shape == (1, 1)

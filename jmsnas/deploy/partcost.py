@@ -1,0 +1,217 @@
+"""What a deployed part pays beyond a latency table's entries: the ``deployed`` terms of ``jmsnas profile``.
+
+A latency table (``jmsnas.cost.measured``) times every op inside one whole-network call. Deployed, every device runs
+its part as a program of its own, called once per image between a receive and a send (``jmsnas.deploy.worker``),
+and every tensor between two parts is a frame over a socket (``jmsnas.deploy.links``). Two terms model that:
+
+* the part call cost (ms, per part): parts of whole networks cut at the space's own split (D^m, every device's
+  part as ``export.part_forward`` builds it, the weights passed as one flat tuple of NumPy arrays every call and
+  the output brought to NumPy, as ``runtime.Part`` calls it: the weights' transfer is part of what it pays) are
+  called right after their input arrives over a loopback TCP connection, the receiving thread idle until then (as
+  a worker waits for its input); the term is the mean over the parts of (the median of those calls) - (the
+  table's entries of what the part runs: its ops, the stem on the first part and the head on the last), i.e.
+  what being a program of its own between a receive and a send adds to the one-call model's entries;
+* the hand-off (ms) of a frame of n payload bytes: from the moment the sender hands its output to its sending
+  thread (which then wakes and sends it, unpaced, as a worker's link thread does) to the moment the receiver,
+  waiting in a selector as a worker does, has parsed the whole frame (``links.FrameBuffer``), at several sizes,
+  in interleaved rounds; ``fixed_ms + ms_per_byte * n`` is fitted by least squares (both >= 0). The link's
+  bandwidth and latency are eps's own terms; the hand-off is what a frame costs on top of them (framing, the send
+  and receive system calls, the threads' wake-ups).
+
+Both are measured in the same rounds (``reps``; every round times every item once, in a shuffled order) and all
+times are CLOCK_MONOTONIC of this host. Measured on this host they describe this host; ``jmsnas.cost.build`` turns
+them into ``CostTable.call_ms`` (every device) and ``handoff_ms`` / ``handoff_ms_per_byte`` (every link, the mean
+of its two ends' tables).
+"""
+from __future__ import annotations
+
+import selectors
+import threading
+import warnings
+
+import jax
+import numpy as np
+
+from jmsnas import supernet
+from jmsnas.cost.measured import MeasuredTable, Timing
+from jmsnas.deploy import links as L
+from jmsnas.deploy.export import device_graph, part_forward
+from jmsnas.run import directory
+from jmsnas.space import IDENTITY, OP_NAMES, SearchSpace
+
+HANDOFF_BYTES = (0, 4096, 32768, 131072, 524288)  # payload sizes timed for the hand-off fit (bytes)
+_WEIGHTS_KEY = 0
+_WAIT_S = 30.0  # a loopback frame that has not come by then never will
+
+
+class _Pair:
+    """A loopback TCP connection: ``send`` (the sender's end, used by a helper thread) and ``recv`` (this thread's
+    end, read through a selector and a FrameBuffer as a worker reads its inputs)."""
+
+    def __init__(self):
+        server = L.listen(0)
+        self.send = L.connect(server.getsockname()[1])
+        self.recv = L.accept(server)
+        server.close()
+        self.recv.setblocking(False)
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(self.recv, selectors.EVENT_READ)
+        self.buf = L.FrameBuffer()
+
+    def receive(self) -> tuple:
+        """(Frame, the time it was complete) of the next frame; waits in the selector until it is (TimeoutError
+        after ``_WAIT_S`` without a byte: the sender thread is gone)."""
+        while True:
+            if not self.sel.select(timeout=_WAIT_S):
+                raise TimeoutError(f"no frame over the loopback connection within {_WAIT_S:g} s")
+            data = self.recv.recv(1 << 20)
+            if not data:
+                raise L.LinkClosed("the loopback sender closed")
+            frames = self.buf.feed(data)
+            if frames:
+                return frames[0], L.now()
+
+    def close(self) -> None:
+        self.sel.close()
+        for s in (self.send, self.recv):
+            s.close()
+
+
+class _Sender(threading.Thread):
+    """Sends each array it is given on ``pair.send`` (unpaced) from its own thread, as a worker's link thread
+    (``worker._Link``) finishes a transmission: ``submit`` records the moment the output is handed over (the
+    sender's compute end), so the thread's wake-up is part of the hand-off."""
+
+    def __init__(self, pair: _Pair):
+        super().__init__(daemon=True)
+        self.pair, self.jobs, self.started = pair, [], []
+        self.go = threading.Semaphore(0)
+
+    def submit(self, value) -> None:
+        if value is not None:
+            self.started.append(L.now())
+        self.jobs.append(value)
+        self.go.release()
+
+    def run(self) -> None:
+        while True:
+            self.go.acquire()
+            value = self.jobs.pop(0)
+            if value is None:
+                return
+            L.send_frame(self.pair.send, L.ARRAY, len(self.started), value)
+
+
+def _parts(space: SearchSpace, ops: tuple, batch: int, dw_impl: str) -> list:
+    """[(device, call(*xs) -> NumPy output, input arrays, entry key)] of the parts of architecture ``ops`` at the
+    space's split, in execution order; entry key = (layers, ops, stem?, head?) for ``_entries_ms``."""
+    params, state = supernet.init(jax.random.PRNGKey(_WEIGHTS_KEY), space)
+    cp, cs = supernet.extract(space, params, state, ops)
+    pp, bp = supernet.device_parts(space, cp, ops), supernet.device_parts(space, cs, ops)
+    order, srcs, _ = device_graph(space.topology)
+    shapes = {"image": (batch, space.image_size, space.image_size, space.in_channels)}
+    out = []
+    for dev in order:
+        layers = pp[dev]["layers"]
+        lops = [OP_NAMES.index(o) for o in pp[dev]["ops"]]
+        stem, head = dev == order[0], dev == order[-1]
+        fwd = part_forward(space, layers, lops, stem=stem, head=head, dw_impl=dw_impl)
+        flat = dict(directory.flat_arrays(pp[dev]["params"], "params"))
+        flat.update(directory.flat_arrays(bp[dev]["params"], "bn"))
+        names = sorted(flat)
+        weights = tuple(np.asarray(flat[k]) for k in names)  # NumPy, as runtime.Part holds them
+
+        def call_flat(w, *xs, names=names, fwd=fwd):
+            t = directory.unflatten(dict(zip(names, w)))
+            return fwd(t.get("params", {}), t.get("bn", {}), *xs)
+        fn = jax.jit(call_flat)
+        xs = tuple(np.zeros(shapes[s], np.float32) for s in srcs[dev])
+        call = lambda *x, fn=fn, weights=weights: np.asarray(fn(weights, *x))
+        shapes[dev] = call(*xs).shape  # compiles
+        out.append((dev, call, xs, (layers, lops, stem, head)))
+    return out
+
+
+def _entries_ms(table: MeasuredTable, key: tuple) -> float:
+    """The table's entries of what a part runs (ms): its ops, the stem and the head where it has them."""
+    layers, ops, stem, head = key
+    ms = sum(table.slots[n]["ops"][OP_NAMES[i]].median_ms for n, i in zip(layers, ops) if i != IDENTITY)
+    return ms + (table.stem.median_ms if stem else 0.0) + (table.head.median_ms if head else 0.0)
+
+
+def fit_handoff(nbytes, ms) -> tuple:
+    """(fixed_ms, ms_per_byte) >= 0 of ``ms ~ fixed_ms + ms_per_byte * nbytes`` by least squares (a bound that
+    binds is fixed at 0 and the other refitted)."""
+    x, y = np.asarray(nbytes, float), np.asarray(ms, float)
+    if len(x) >= 2 and np.ptp(x) > 0:
+        b, a = np.polyfit(x, y, 1)
+    else:
+        a, b = float(np.mean(y)), 0.0
+    if b < 0:
+        a, b = float(np.mean(y)), 0.0
+    if a < 0:
+        a, b = 0.0, float(np.sum(x * y) / np.sum(x * x)) if np.sum(x * x) > 0 else 0.0
+    return max(float(a), 0.0), max(float(b), 0.0)
+
+
+def measure_deployed(space: SearchSpace, table: MeasuredTable, *, reps: int = 30, archs: int = 2, seed: int = 0,
+                     sizes=HANDOFF_BYTES) -> dict:
+    """The ``deployed`` entry of ``table`` (measured for ``space`` on this host, module docstring): {"part_call":
+    Timing (ms), "handoff": {"fixed_ms", "ms_per_byte", "bytes", "median_ms"}}. ``archs`` whole networks are cut
+    into parts: the table's base architecture (mbconv_k3_e3 everywhere by default) and random valid ones (numpy
+    seed [seed, 2])."""
+    from jmsnas.cost.profile import sample_archs
+    if isinstance(reps, bool) or not isinstance(reps, int) or reps < 3:
+        raise ValueError(f"reps must be an integer >= 3, got {reps!r}")
+    batch, dw_impl = int(table.settings.get("batch", 1)), str(table.settings.get("dw_impl", "auto"))
+    base = tuple(int(i) for i in table.settings.get("base", [0] * space.num_layers))
+    nets = [base] + sample_archs(space, max(archs - 1, 0), [seed, 2])
+    parts = [p for ops in nets for p in _parts(space, ops, batch, dw_impl)]
+    sizes = [int(n) for n in sizes]
+    items = [("size", n) for n in sizes] + [("part", k) for k in range(len(parts))]
+    hand = {n: [] for n in sizes}
+    part_ms = [[] for _ in parts]
+    pair = _Pair()
+    sender = _Sender(pair)
+    sender.start()
+    rng = np.random.default_rng([seed, 3])
+    try:
+        for r in range(reps + 1):  # round 0 warms every path up and is not kept
+            for j in rng.permutation(len(items)):
+                what, k = items[j]
+                if what == "size":
+                    sender.submit(np.zeros(k, np.uint8))
+                    _, t1 = pair.receive()
+                    if r:
+                        hand[k].append((t1 - sender.started[-1]) * 1e3)
+                else:
+                    _, call, xs, _ = parts[k]
+                    sender.submit(xs[0])
+                    fr, t0 = pair.receive()
+                    y = call(fr.value, *xs[1:])
+                    t1 = L.now()
+                    if r:
+                        part_ms[k].append((t1 - t0) * 1e3)
+                    del y
+    finally:
+        sender.submit(None)
+        sender.join(timeout=5.0)
+        pair.close()
+    medians = [float(np.median(hand[n])) for n in sizes]
+    a, b = fit_handoff(sizes, medians)
+    excess = [float(np.median(t)) - _entries_ms(table, p[3]) for t, p in zip(part_ms, parts)]
+    call = float(np.mean(excess))
+    if call < 0:
+        warnings.warn(f"part call cost {call:.4f} ms clamped to 0: the parts ran faster than the table's entries "
+                      "of what they run (noisy timings); profile again on a quieter machine", RuntimeWarning,
+                      stacklevel=2)
+        call = 0.0
+    spread = float(np.mean([np.subtract(*np.percentile(t, [75, 25])) for t in part_ms]))
+    return {"part_call": Timing(call, spread, reps),
+            "handoff": {"fixed_ms": a, "ms_per_byte": b, "bytes": sizes, "median_ms": medians}}
+
+
+def with_deployed(space: SearchSpace, table: MeasuredTable, **kwargs) -> MeasuredTable:
+    """``table`` with its ``deployed`` entry measured (``measure_deployed``)."""
+    return table._replace(deployed=measure_deployed(space, table, **kwargs))
+

@@ -1,0 +1,281 @@
+"""The deployed terms of the cost model (issue 39): a part's call cost per device and a link's hand-off as a
+function of its bytes. Measured by ``jmsnas profile`` (``jmsnas.deploy.partcost``), stored in the table file,
+loaded into ``CostTable``, charged by eq. (1)/(2) and by the search's exact split; a table without them behaves
+exactly as the paper's eq. (1)/(2). Structure and sign only: no timing is asserted beyond being > 0.
+"""
+import itertools
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import yaml
+
+from jmsnas.cost import latency as L
+from jmsnas.cost import profile as P
+from jmsnas.cost.build import build_rows, build_table
+from jmsnas.cost.tables import CostTable, analytic_table, from_compute
+from jmsnas.deploy import partcost
+from jmsnas.space import IDENTITY, NUM_OPS, OP_NAMES, build_space
+from jmsnas.topology import DeviceProfile, chain, presets
+
+
+def _chain_space():
+    devs = [DeviceProfile(n, 10.0, 1e9) for n in ("ue", "edge", "cloud")]
+    topo = chain("c3", devs, [25.0, 50.0], [2, 1, 1], latencies_ms=[0.5, 0.25])
+    return build_space(topo, image_size=8, in_channels=3, num_classes=5, device_channels=[4, 4, 8],
+                       device_strides=[1, 2, 1], stem_channels=4, head_channels=8)
+
+
+def _mesh_space():
+    return build_space(presets.mesh_preset((1,) * 6), image_size=8, in_channels=1, num_classes=3,
+                       device_channels=(8,) * 6, device_strides=(1,) * 6, stem_channels=8, head_channels=16)
+
+
+def _with_terms(space, table, call, a, b):
+    m, n = space.topology.num_devices, len(space.topology.links)
+    return table._replace(call_ms=jnp.full((m,), call, jnp.float32), handoff_ms=jnp.full((n,), a, jnp.float32),
+                          handoff_ms_per_byte=jnp.full((n,), b, jnp.float32))
+
+
+def _arch(space, seed):
+    rng = np.random.default_rng(seed)
+    return np.array([rng.choice(np.flatnonzero(r)) for r in space.mask()], np.int32)
+
+
+@pytest.mark.parametrize("make", [_chain_space, _mesh_space])
+def test_a_table_without_terms_is_the_papers_eq_exactly(make):
+    """from_compute's zero terms and a CostTable built from the eight paper fields alone (no terms at all) give
+    bit-identical latencies, breakdowns and exact splits: a table without the terms behaves as before them."""
+    space = make()
+    table = analytic_table(space)
+    bare = CostTable(*table[:8])  # the paper's fields only: the terms default to 0.0
+    assert np.all(np.asarray(table.call_ms) == 0) and np.all(np.asarray(table.handoff_ms) == 0)
+    for seed in range(3):
+        ops = _arch(space, seed)
+        a, b = L.arch_latency(space, table, ops), L.arch_latency(space, bare, ops)
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    probs = jax.nn.softmax(jnp.asarray(np.random.default_rng(0).normal(size=space.mask().shape)), -1)
+    np.testing.assert_array_equal(np.asarray(L.best_assignment(space, table, probs)),
+                                  np.asarray(L.best_assignment(space, bare, probs)))
+
+
+@pytest.mark.parametrize("make", [_chain_space, _mesh_space])
+def test_eq_1_2_charge_every_device_its_call_and_every_link_its_handoff(make):
+    """With the terms, every device's term grows by its call cost, every link's by a + b * its bytes, and T (chain:
+    their sum; mesh: through the slowest branch) by exactly that."""
+    space = make()
+    base = analytic_table(space)
+    call, a, b = 0.375, 0.0625, 2.0 ** -19  # exact in float32
+    table = _with_terms(space, base, call, a, b)
+    ops = _arch(space, 1)
+    with jax.enable_x64(True):
+        f64 = lambda t: CostTable(*(jnp.asarray(np.asarray(x, np.float64)) for x in t))
+        lat0, lat1 = L.arch_latency(space, f64(base), ops), L.arch_latency(space, f64(table), ops)
+        nbytes = np.asarray(L.link_bytes(space, f64(base)), np.float64)
+    np.testing.assert_allclose(np.asarray(lat1.per_device) - np.asarray(lat0.per_device), call, rtol=1e-9)
+    used = np.asarray(lat0.per_link) > 0  # a chain's links all carry a tensor; so do a mesh's
+    assert used.all()
+    np.testing.assert_allclose(np.asarray(lat1.per_link) - np.asarray(lat0.per_link), a + b * nbytes, rtol=1e-9)
+    topo = space.topology
+    if topo.kind == "chain":
+        want = float(lat0.total) + call * topo.num_devices + float(np.sum(a + b * nbytes))
+    else:  # eq. (2) written out over the grown terms: the chain part plus the slowest branch path
+        dev, link = np.asarray(lat1.per_device), np.asarray(lat1.per_link)
+        li = topo.link_index
+        seq = list(topo.pre) + [topo.root]
+        want = sum(dev[m] for m in list(topo.pre) + list(topo.post)) + sum(link[li(x, y)] for x, y in zip(seq, seq[1:]))
+        want += sum(link[li(x, y)] for x, y in zip(topo.post, topo.post[1:]))
+        want += max(dev[topo.root] + link[li(topo.root, c)] + dev[c] + link[li(c, topo.post[0])] for c in topo.branches)
+        assert want > float(lat0.total) + call * (len(topo.pre) + len(topo.post) + 2)
+    assert float(lat1.total) == pytest.approx(want, rel=1e-9)
+
+
+def test_the_searched_split_optimises_the_handoff():
+    """The exact chain split (the DP the search runs, and the repair's split within the devices' limits) minimises
+    eq. (1) with the hand-off: it equals the best of every contiguous split enumerated, and a costly hand-off per
+    byte moves the cut to smaller tensors."""
+    from jmsnas import limits
+    space = _chain_space()
+    rng = np.random.default_rng(3)
+    base = from_compute(space, rng.uniform(0.1, 3.0, (3, space.num_layers, NUM_OPS)), [0.2] * 3, [0.2] * 3)
+    ops = _arch(space, 2)
+    probs = jax.nn.one_hot(ops, NUM_OPS)
+    splits = [np.array(s, np.int32) for s in itertools.product(range(3), repeat=space.num_layers)
+              if all(x <= y for x, y in zip(s, s[1:]))]
+    for b in (0.0, 1e-3):
+        table = _with_terms(space, base, 0.1, 0.05, b)
+        totals = [float(L.arch_latency(space, table, ops, s).total) for s in splits]
+        best = L.best_chain_assignment(space, table, probs)
+        assert float(L.arch_latency(space, table, ops, best).total) == pytest.approx(min(totals), rel=1e-5)
+        within = limits.best_split(space, table, limits.device_limits(space), ops)
+        assert float(L.arch_latency(space, table, ops, within).total) == pytest.approx(min(totals), rel=1e-5)
+        sent = float(np.sum(np.asarray(L.link_bytes(space, table, best))))
+        if b == 0.0:
+            sent_free = sent
+    assert sent <= sent_free
+
+
+# ------------------------------------------------------------------------------------------ the table file
+
+def _fake_table(space, op_ms=0.0, deployed=None):
+    slots = tuple({"index": s.index, "shape": P.slot_shape(s),
+                   "ops": {OP_NAMES[i]: P.Timing(op_ms, 0.0, 5) for i in np.flatnonzero(space.mask()[s.index])
+                           if i != IDENTITY}} for s in space.layers)
+    return P.MeasuredTable({"backend": "cpu"}, {"reps": 5, "batch": 1, "dw_impl": "xla"}, P.space_summary(space),
+                           slots, P.Timing(0.05, 0.0, 5), 0.0, P.Timing(op_ms, 0.0, 5), P.Timing(op_ms, 0.0, 5),
+                           {"method": "in-network", "networks": 3, "offset_ms": 0.25}, deployed)
+
+
+DEPLOYED = {"part_call": P.Timing(0.4, 0.01, 5),
+            "handoff": {"fixed_ms": 0.08, "ms_per_byte": 1e-6, "bytes": [0, 4096], "median_ms": [0.08, 0.084]}}
+
+
+def test_terms_are_stored_loaded_and_built_into_the_cost_table(tmp_path):
+    """The file round-trips the terms; a measured device pays the part call (its stem without the one-call terms),
+    a link the mean hand-off of its ends that have one; a table file without them keeps its one-call meaning."""
+    space = _chain_space()
+    P.write_table(_fake_table(space, 0.1, DEPLOYED), tmp_path / "dep.yaml")
+    P.write_table(_fake_table(space, 0.1), tmp_path / "one.yaml")
+    t = P.load_table(tmp_path / "dep.yaml", space)
+    assert t.deployed == DEPLOYED
+    assert P.load_table(tmp_path / "one.yaml", space).deployed is None
+    assert "deployed" not in yaml.safe_load((tmp_path / "one.yaml").read_text())
+    names = space.topology.device_names  # ue, edge, cloud; links ue->edge, edge->cloud
+    spec = {names[0]: {"kind": "measured", "path": str(tmp_path / "dep.yaml")},
+            names[1]: {"kind": "measured", "path": str(tmp_path / "one.yaml")},
+            names[2]: {"kind": "scaled", "of": names[0], "factor": 2.0}}
+    table = build_table(space, spec)
+    np.testing.assert_allclose(np.asarray(table.call_ms), [0.4, 0.0, 0.8], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(table.stem_ms), [0.1, 0.05 + 0.25 + 0.1, 0.2], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(table.handoff_ms), [0.08, 0.08], rtol=1e-6)  # one end each has it
+    np.testing.assert_allclose(np.asarray(table.handoff_ms_per_byte), [1e-6, 1e-6], rtol=1e-6)
+    none = build_table(space, {n: {"kind": "measured", "path": str(tmp_path / "one.yaml")} for n in names})
+    assert not np.any(np.asarray(none.call_ms)) and not np.any(np.asarray(none.handoff_ms))
+    assert build_rows(space, {})[names[0]].handoff is None  # a roofline row has none
+
+
+def test_a_validation_report_is_stored_in_the_table(tmp_path):
+    """predict_vs_measured stores jmsnas validate's report (accuracy.report) in the table; it loads back as written
+    and a malformed one is refused naming the entry."""
+    from jmsnas.cost import accuracy
+    space = _chain_space()
+    rep = dict(accuracy.report([1.0, 2.1, 2.9], [1.0, 2.0, 3.0]), against="3 networks")
+    P.write_table(_fake_table(space, 0.1)._replace(validation=rep), tmp_path / "t.yaml")
+    assert P.load_table(tmp_path / "t.yaml", space).validation == rep
+    d = yaml.safe_load((tmp_path / "t.yaml").read_text())
+    d["validation"] = [1, 2]
+    with pytest.raises(P.ProfileError, match="latency table entry validation: expected a mapping"):
+        P.table_from_dict(d)
+
+
+@pytest.mark.parametrize("path,value,needle", [
+    (("handoff", "fixed_ms"), -0.1, "deployed.handoff.fixed_ms: -0.1 is not a finite number >= 0"),
+    (("handoff", "bytes"), [0], "1 sizes in bytes, 2 in median_ms"),
+    (("part_call", "median_ms"), float("nan"), "deployed.part_call.median_ms"),
+    (("handoff",), "x", "latency table entry deployed.handoff: expected a mapping"),
+])
+def test_bad_terms_are_refused_naming_the_entry(tmp_path, path, value, needle):
+    space = _chain_space()
+    P.write_table(_fake_table(space, 0.1, DEPLOYED), tmp_path / "t.yaml")
+    d = yaml.safe_load((tmp_path / "t.yaml").read_text())
+    node = d["deployed"]
+    for k in path[:-1]:
+        node = node[k]
+    node[path[-1]] = value
+    with pytest.raises(P.ProfileError, match=needle.replace("(", r"\(").replace("[", r"\[")):
+        P.table_from_dict(d)
+
+
+def test_from_compute_checks_the_terms():
+    space = _chain_space()
+    m, n = 3, space.num_layers
+    z = np.zeros((m, n, NUM_OPS))
+    with pytest.raises(ValueError, match=r"handoff_ms has shape \(3,\), expected \(links,\) = \(2,\)"):
+        from_compute(space, z, [0] * m, [0] * m, handoff_ms=[0.1] * 3)
+    with pytest.raises(ValueError, match="call_ms has a negative"):
+        from_compute(space, z, [0] * m, [0] * m, call_ms=[0.1, -1.0, 0.0])
+
+
+# ------------------------------------------------------------------------------------------ measuring them
+
+def _tiny_space():
+    return build_space(presets.chain_preset((1, 1, 1, 1)), image_size=4, in_channels=1, num_classes=3,
+                       device_channels=(8, 8, 8, 8), device_strides=(1, 1, 1, 1), stem_channels=8,
+                       head_channels=16)
+
+
+def test_the_terms_are_measured_over_a_loopback_socket():
+    """Parts called between a receive and a send, and frames over a real loopback connection: with entries of 0 ms
+    the call cost is the parts' whole time (> 0); every hand-off takes time (> 0) and its fit is >= 0; entries far
+    above what the parts take clamp the call cost to 0 with a warning (never a negative latency)."""
+    space = _tiny_space()
+    sizes = (0, 8192, 65536)
+    dep = partcost.measure_deployed(space, _fake_table(space, 0.0), reps=3, archs=1, sizes=sizes)
+    assert dep["part_call"].median_ms > 0 and dep["part_call"].reps == 3
+    h = dep["handoff"]
+    assert h["bytes"] == list(sizes) and len(h["median_ms"]) == 3 and min(h["median_ms"]) > 0
+    assert h["fixed_ms"] >= 0 and h["ms_per_byte"] >= 0 and h["fixed_ms"] + h["ms_per_byte"] * 65536 > 0
+    with pytest.warns(RuntimeWarning, match="part call cost .* clamped to 0"):
+        big = partcost.measure_deployed(space, _fake_table(space, 1e4), reps=3, archs=1, sizes=(0,))
+    assert big["part_call"].median_ms == 0.0
+
+
+def test_fit_handoff_by_hand():
+    x = [0, 1000, 2000, 4000]
+    a, b = partcost.fit_handoff(x, [0.1 + 2e-5 * v for v in x])
+    assert a == pytest.approx(0.1) and b == pytest.approx(2e-5)
+    assert partcost.fit_handoff(x, [0.3, 0.2, 0.1, 0.0]) == pytest.approx((0.15, 0.0))  # falling: no slope
+    a, b = partcost.fit_handoff(x, [0.0, 0.01, 0.03, 0.07])  # negative intercept: through the origin
+    assert a == 0.0 and b > 0
+
+
+def test_profile_cli_stores_the_terms_and_search_uses_them(tmp_path):
+    """`jmsnas profile` writes the terms (unless --no-deployed) and the table built from it charges them."""
+    import json
+
+    from jmsnas import cli
+    space = _tiny_space()
+    sf = {"topology": "chain", "layers_per_device": [1, 1, 1, 1], "image_size": 4, "in_channels": 1,
+          "num_classes": 3, "device_channels": [8, 8, 8, 8], "device_strides": [1, 1, 1, 1], "stem_channels": 8,
+          "head_channels": 16}
+    (tmp_path / "s.json").write_text(json.dumps(sf))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a clamp under load is allowed: the test is the structure
+        assert cli.main(["profile", "--space", str(tmp_path / "s.json"), "--out", str(tmp_path / "t.yaml"),
+                         "--reps", "3", "--warmup", "0", "--calibrate", "0", "--method", "standalone"]) == 0
+    t = P.load_table(tmp_path / "t.yaml", space)
+    assert t.deployed is not None and t.deployed["part_call"].median_ms >= 0
+    assert t.deployed["handoff"]["bytes"] == list(partcost.HANDOFF_BYTES)
+    assert min(t.deployed["handoff"]["median_ms"]) > 0
+    table = build_table(space, {d: {"kind": "measured", "path": str(tmp_path / "t.yaml")}
+                                for d in space.topology.device_names})
+    np.testing.assert_allclose(np.asarray(table.call_ms), t.deployed["part_call"].median_ms, rtol=1e-6)
+    assert np.all(np.asarray(table.handoff_ms) + np.asarray(table.handoff_ms_per_byte) * 1e5 > 0)
+    ops = np.zeros(space.num_layers, np.int32)
+    lat = L.arch_latency(space, table, ops)
+    eps = np.asarray(L.link_bytes(space, table)) * 8 / (np.asarray(table.bandwidth_mbps) * 1e3) \
+        + np.asarray(table.link_latency_ms)
+    assert np.all(np.asarray(lat.per_link) > eps)  # the hand-off is in eq. (1)'s link terms
+
+
+def test_profile_cli_loopback_failure_is_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    """The deployed terms need a loopback connection; when it fails: one line naming it, exit 2, no table."""
+    import json
+
+    from jmsnas import cli
+    from jmsnas.cost import profile as prof
+
+    def no_loopback(*a, **k):
+        raise ConnectionRefusedError(111, "Connection refused")
+    monkeypatch.setattr(partcost, "with_deployed", no_loopback)
+    monkeypatch.setattr(prof, "measure_table", lambda space, **k: _fake_table(space, 0.1))
+    sf = {"topology": "chain", "layers_per_device": [1, 1, 1, 1], "image_size": 4, "in_channels": 1,
+          "num_classes": 3, "device_channels": [8, 8, 8, 8], "device_strides": [1, 1, 1, 1]}
+    (tmp_path / "s.json").write_text(json.dumps(sf))
+    assert cli.main(["profile", "--space", str(tmp_path / "s.json"), "--out", str(tmp_path / "t.yaml")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "loopback connection" in err and "--no-deployed" in err, err
+    assert not (tmp_path / "t.yaml").exists()
