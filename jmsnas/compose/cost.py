@@ -28,13 +28,8 @@ import numpy as np
 from jmsnas.compose.choices import ChoiceProbs
 from jmsnas.compose.terms import Terms
 from jmsnas.cost.energy import Energy, powers
-from jmsnas.cost.latency import Latency, mesh_segments, mesh_total_ms
+from jmsnas.cost.latency import Latency, device_fixed_ms, link_ms, mesh_segments, mesh_total_ms
 from jmsnas.cost.memory import DeviceMemory, SpaceMemory
-
-
-def link_ms(table, link: int, nbytes):
-    """eps of link ``link`` carrying ``nbytes`` bytes: nbytes * 8 / bandwidth (Mbit/s) + its fixed latency, ms."""
-    return nbytes * 8.0 / (table.bandwidth_mbps[link] * 1e3) + table.link_latency_ms[link]
 
 
 class LinkTerms(NamedTuple):
@@ -113,9 +108,7 @@ def _per_device_ms(space, table, terms, probs, assignment, lt, bounds):
     tau = layer_ms(terms, probs)
     dev = jnp.asarray(space.layer_devices() if assignment is None else assignment)
     per_device = jnp.einsum("mn,nm->m", tau, jax.nn.one_hot(dev, topo.num_devices, dtype=tau.dtype))
-    order = topo.path_order()
-    per_device = per_device.at[order[0]].add(table.stem_ms[order[0]])
-    per_device = per_device.at[order[-1]].add(table.head_ms[order[-1]])
+    per_device = device_fixed_ms(space, table, per_device)  # stem, head, every part's call cost
     if len(topo.links):
         src, dst = _ends(topo)
         per_device = per_device.at[src].add(_at(lt.send, bounds)).at[dst].add(_at(lt.recv, bounds))

@@ -17,7 +17,7 @@ device runs no layer), j = n + 1 is layer n's output. The tensor at boundary j h
   input and output while it runs (``send_act``/``recv_act`` [J, K], bytes at the memory table's activation bits).
   Module 0 is "none": zero everywhere and the whole tensor is sent.
 * Wire: ``wire_bytes[j, k, a]`` = ``jmsnas.quant.packing.transmitted_bytes(hw * hw * d_k, act_bits[a])``, exactly
-  what the packed wire carries (32 bits: float32). Link terms are functions of these bytes (``cost.link_ms``),
+  what the packed wire carries (32 bits: float32). Link terms are functions of these bytes (``jmsnas.cost.latency.link_ms``: eps plus a measured hand-off),
   not precomputed constants, so other per-link costs of the bytes add to them.
 """
 from __future__ import annotations

@@ -54,8 +54,6 @@ def link_ms(table: CostTable, link: int, nbytes):
     return eps + _at(table.handoff_ms, link) + _at(table.handoff_ms_per_byte, link) * nbytes
 
 
-_comm_ms = link_ms
-
 
 def device_fixed_ms(space: SearchSpace, table: CostTable, per_device):
     """``per_device`` float[M] (ms) plus the once-per-image terms: the stem on the first device in execution order,
@@ -65,8 +63,6 @@ def device_fixed_ms(space: SearchSpace, table: CostTable, per_device):
     per_device = per_device.at[order[-1]].add(table.head_ms[order[-1]])
     return per_device + table.call_ms
 
-
-_fixed_terms = device_fixed_ms
 
 
 def _check_assignment(space: SearchSpace, assignment) -> None:
@@ -95,12 +91,12 @@ def chain_latency(space: SearchSpace, table: CostTable, probs, assignment=None) 
     assignment = jnp.asarray(space.layer_devices() if assignment is None else assignment)
     tau = layer_ms(table, probs)  # [M, N]
     onehot = jax.nn.one_hot(assignment, topo.num_devices, dtype=tau.dtype)  # [N, M]
-    per_device = _fixed_terms(space, table, jnp.einsum("mn,nm->m", tau, onehot))
+    per_device = device_fixed_ms(space, table, jnp.einsum("mn,nm->m", tau, onehot))
     nbytes = link_bytes(space, table, assignment)
     per_link = jnp.zeros((len(topo.links),), tau.dtype)
     for j in range(len(order) - 1):
         link = topo.link_index(int(order[j]), int(order[j + 1]))
-        per_link = per_link.at[link].set(_comm_ms(table, link, nbytes[link]))
+        per_link = per_link.at[link].set(link_ms(table, link, nbytes[link]))
     return Latency(jnp.sum(per_device) + jnp.sum(per_link), per_device, per_link)
 
 
@@ -207,7 +203,7 @@ def mesh_latency(space: SearchSpace, table: CostTable, probs, assignment=None) -
         _check_mesh_assignment(space, assignment)
         onehot = jax.nn.one_hot(jnp.asarray(assignment), topo.num_devices, dtype=tau.dtype)
         per_device = jnp.einsum("mn,nm->m", tau, onehot)
-    per_device = _fixed_terms(space, table, per_device)
+    per_device = device_fixed_ms(space, table, per_device)
     if assignment is not None:
         return _mesh_total(space, table, per_device, _mesh_link_bytes(space, table, assignment))
     last_out = lambda m: table.out_bytes[space.layers_of(m)[-1]]
@@ -215,16 +211,16 @@ def mesh_latency(space: SearchSpace, table: CostTable, probs, assignment=None) -
     chain_seq = list(topo.pre) + [topo.root]
     for a, b in zip(chain_seq, chain_seq[1:]):
         link = topo.link_index(a, b)
-        per_link = per_link.at[link].set(_comm_ms(table, link, last_out(a)))
+        per_link = per_link.at[link].set(link_ms(table, link, last_out(a)))
     for a, b in zip(topo.post, topo.post[1:]):
         link = topo.link_index(a, b)
-        per_link = per_link.at[link].set(_comm_ms(table, link, last_out(a)))
+        per_link = per_link.at[link].set(link_ms(table, link, last_out(a)))
     agg = topo.post[0]
     branch_terms = []
     for b in topo.branches:
         down, up = topo.link_index(topo.root, b), topo.link_index(b, agg)
-        per_link = per_link.at[down].set(_comm_ms(table, down, last_out(topo.root)))
-        per_link = per_link.at[up].set(_comm_ms(table, up, last_out(b)))
+        per_link = per_link.at[down].set(link_ms(table, down, last_out(topo.root)))
+        per_link = per_link.at[up].set(link_ms(table, up, last_out(b)))
         branch_terms.append(per_device[topo.root] + per_link[down] + per_device[b] + per_link[up])
     chain_part = sum(per_device[m] for m in list(topo.pre) + list(topo.post))
     chain_part = chain_part + sum(per_link[topo.link_index(a, b)] for a, b in zip(chain_seq, chain_seq[1:]))
@@ -235,7 +231,7 @@ def mesh_latency(space: SearchSpace, table: CostTable, probs, assignment=None) -
 
 def _mesh_total(space, table, per_device, nbytes) -> Latency:
     """Eq. (2) from per-device compute ms and per-link bytes (the searched-split path of ``mesh_latency``)."""
-    per_link = jnp.stack([_comm_ms(table, i, nbytes[i]) for i in range(len(space.topology.links))])
+    per_link = jnp.stack([link_ms(table, i, nbytes[i]) for i in range(len(space.topology.links))])
     return Latency(mesh_total_ms(space, per_device, per_link), per_device, per_link)
 
 
@@ -305,7 +301,7 @@ def _segment_dp(space, table, order, tau, boundary_bytes):
     f, choices = cum[0], []
     for p in range(len(order) - 1):
         link = topo.link_index(order[p], order[p + 1])
-        cand = (f + _comm_ms(table, link, boundary_bytes) - cum[p + 1])[None, :] + cum[p + 1][:, None]  # [k, j]
+        cand = (f + link_ms(table, link, boundary_bytes) - cum[p + 1])[None, :] + cum[p + 1][:, None]  # [k, j]
         cand = jnp.where(j_le_k, cand, jnp.inf)
         choices.append(jnp.argmin(cand, axis=1))
         f = jnp.min(cand, axis=1)

@@ -5,6 +5,7 @@ numpy, float64): it shares only the per-choice ``Terms`` with the library (whose
 hand), not the closed-form sums, maxima and expectations under test."""
 import itertools
 
+import jax.numpy as jnp
 import numpy as np
 
 from jmsnas.compose import choices as C
@@ -36,8 +37,17 @@ def mesh_space():
                        device_strides=(1, 1, 1, 1), stem_channels=8, head_channels=8)
 
 
-def setup(space, modules=(2,), weight_bits=(4, 32), act_bits=(8, 32), quantize=None):
+def with_deployed_terms(table, space):
+    """``table`` with a deployed part's call cost on every device and a hand-off a + b * bytes on every link (ms)."""
+    m, l = space.topology.num_devices, len(space.topology.links)
+    return table._replace(call_ms=jnp.linspace(0.05, 0.2, m, dtype=jnp.float32),
+                          handoff_ms=jnp.full((l,), 0.03, jnp.float32),
+                          handoff_ms_per_byte=jnp.full((l,), 2e-6, jnp.float32))
+
+
+def setup(space, modules=(2,), weight_bits=(4, 32), act_bits=(8, 32), quantize=None, deployed=False):
     table = analytic_table(space)
+    table = with_deployed_terms(table, space) if deployed else table
     ch = C.make_choices(space.topology, modules, weight_bits, act_bits, quantize)
     return table, ch, TT.build_terms(space, table, ch), CM.space_memory(space)
 
@@ -83,6 +93,7 @@ def reference(space, table, terms, mem, ops, wb, mod, ab, a):
         acts[:, a[n]] = np.maximum(acts[:, a[n]], f(mem.act_bytes)[n, ops[:, n]])
     dev_ms[:, order[0]] += float(table.stem_ms[order[0]])
     dev_ms[:, order[-1]] += float(table.head_ms[order[-1]])
+    dev_ms += np.broadcast_to(np.asarray(table.call_ms, np.float64), (m,))  # every part's call cost (0: none)
     weights[:, order[0]] += float(mem.stem_weight_bytes)
     weights[:, order[-1]] += float(mem.head_weight_bytes)
     acts[:, order[0]] = np.maximum(acts[:, order[0]], float(mem.stem_act_bytes))
@@ -93,7 +104,9 @@ def reference(space, table, terms, mem, ops, wb, mod, ab, a):
         s, d = topo.device_names.index(link.src), topo.device_names.index(link.dst)
         nbytes = wire[j[l], mod[:, l], ab[:, l]]
         air[:, l] = nbytes * 8.0 / (float(table.bandwidth_mbps[l]) * 1e3)  # the table's copy of the link
-        per_link[:, l] = air[:, l] + float(table.link_latency_ms[l])
+        handoff = [np.broadcast_to(np.asarray(x, np.float64), (len(topo.links),))[l]
+                   for x in (table.handoff_ms, table.handoff_ms_per_byte)]
+        per_link[:, l] = air[:, l] + float(table.link_latency_ms[l]) + handoff[0] + handoff[1] * nbytes
         dev_ms[:, s] += send[s, j[l], mod[:, l]]
         dev_ms[:, d] += recv[d, j[l], mod[:, l]]
         for dd, w, act in ((s, terms.send_weight, terms.send_act), (d, terms.recv_weight, terms.recv_act)):

@@ -75,10 +75,11 @@ def test_terms_hand_count():
     assert float(terms.layer_ms[1, 0, 0, 0]) == float(table.compute_ms[1, 0, 0])
 
 
+@pytest.mark.parametrize("deployed", [False, True], ids=["paper_terms", "deployed_terms"])
 @pytest.mark.parametrize("make", [chain_space, mesh_space])
-def test_all_off_is_todays_cost_model(make):
+def test_all_off_is_todays_cost_model(make, deployed):
     space = make()
-    table, ch, terms, mem = setup(space, modules=(), weight_bits=(), act_bits=())
+    table, ch, terms, mem = setup(space, modules=(), weight_bits=(), act_bits=(), deployed=deployed)
     assert ch.off
     probs = C.probs_from_logits(space, ch, _logits(space, ch, 0))
     today = jax.jit(lambda space, p, a: (CL.latency(space, table, p, a), CM.device_memory(space, mem, table, p, a),
@@ -110,9 +111,12 @@ def _check_against(space, table, ch, terms, mem, probs, a):
     return ref, w, lat
 
 
-def test_chain_expectations_equal_enumeration_fixed_and_searched_split():
+@pytest.mark.parametrize("deployed", [False, True], ids=["paper_terms", "deployed_terms"])
+def test_chain_expectations_equal_enumeration_fixed_and_searched_split(deployed):
+    """With a deployed table (a part's call cost, a link's hand-off a + b * bytes) the same closed form holds: the
+    hand-off is a function of the bytes each module and bit width puts on the wire, enumerated in the reference."""
     space = chain_space((2, 1))
-    table, ch, terms, mem = setup(space)
+    table, ch, terms, mem = setup(space, deployed=deployed)
     probs = C.probs_from_logits(space, ch, _logits(space, ch, 3))
     expected = {}
     for a in ([0, 0, 1], [0, 1, 1], [1, 1, 1], [0, 0, 0]):  # every split of 3 layers over the 2 devices
