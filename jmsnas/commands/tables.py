@@ -39,6 +39,7 @@ def add_parser(sub) -> None:
     m.add_argument("--device", default=None, help="name of the device measured (default: here, or HOST:PORT)")
     m.add_argument("--seed", type=int, default=0)
     _timing_flags(m)
+    _remote_flags(m)
     a = sub.add_parser("adapt", help="a device's latency table from a base table and a few measured networks",
                        description=doc)
     a.add_argument("--table", required=True, help="base table: table file, or HELP's file:DEVICE")
@@ -55,6 +56,16 @@ def add_parser(sub) -> None:
     v.add_argument("--plot", default=None, help="write a scatter plot (PNG) here")
     v.add_argument("--no-record", action="store_true", help="do not store the report in the table file")
     _timing_flags(v)
+    _remote_flags(v)
+
+
+def _remote_flags(p) -> None:
+    """With --remote: the worker's secret (and TLS CA), and how long a reply may take."""
+    from jmsnas.deploy.daemon import add_secret_arguments
+    add_secret_arguments(p)
+    p.add_argument("--timeout", type=float, default=60.0,
+                   help="with --remote: seconds the worker may take for a reply (a program's compilation and "
+                        "timed calls; default 60)")
 
 
 def _timing_flags(p) -> None:
@@ -83,7 +94,8 @@ def measure_networks(space, archs, args) -> np.ndarray:
         from jmsnas.deploy import timer
         timer.parse_address(args.remote)
         return np.array(timer.time_programs(args.remote, [measure.export_network(space, a, args.batch)
-                                                          for a in archs], reps=args.reps))
+                                                          for a in archs], reps=args.reps,
+                                            timeout_s=args.timeout, credentials=args.credentials))
     return measure.measure_networks(space, archs, batch=args.batch, reps=args.reps)
 
 
@@ -100,6 +112,8 @@ def run(args) -> int:
     from jmsnas.cost import layertable as LT
     try:
         _check_counts(args)
+        if args.command in ("measure", "validate"):
+            args.credentials = _remote_credentials(args)
         if args.command == "measure":
             return _measure(args)
         if args.command == "adapt":
@@ -107,6 +121,16 @@ def run(args) -> int:
         return _validate(args)
     except (LT.TableError, ValueError) as e:
         return fail(args.command, safeio.clip(e, 600))
+
+
+def _remote_credentials(args):
+    """The credentials of --remote (one line naming a bad flag, before anything is measured)."""
+    from jmsnas.deploy.daemon import client_credentials
+    if not args.remote and (args.secret_file or args.tls_ca):
+        raise ValueError("--secret-file and --tls-ca are for --remote HOST:PORT")
+    if not 0 < args.timeout <= 86400:
+        raise ValueError(f"--timeout must be 0-86400 seconds, got {args.timeout!r}")
+    return client_credentials(args) if args.remote else None
 
 
 def _measure(args) -> int:

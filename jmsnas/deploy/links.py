@@ -23,6 +23,7 @@ connection's MSS and header bytes (``framing``; Ethernet framing assumed), the u
 from __future__ import annotations
 
 import json
+import math
 import socket
 import struct
 import time
@@ -36,6 +37,10 @@ _HEAD = struct.Struct("<4sBqBB")
 _LEN = struct.Struct("<Q")
 _TRAILER = struct.Struct("<dd")
 DTYPES = ("float32", "float64", "int32", "uint8", "float16")
+MAX_PAYLOAD = 1 << 31  # bytes a frame may declare (2 GiB: a part's weights); larger is refused unread
+MAX_JSON = 64 << 20  # bytes of a JSON frame
+MAX_NDIM = 16
+_STEP = 1 << 22  # a frame's bytes are read in steps of at most 4 MiB: a declared size is not allocated up front
 CHUNK_S = 0.0005  # link time per paced chunk (s)
 
 
@@ -135,10 +140,13 @@ def finish_frame(sock: socket.socket, payload, t0: float, sent: int, pace: Pace 
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytearray:
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
+    """n bytes, the buffer grown as they arrive (a peer that declares much and sends little costs little)."""
+    buf = bytearray(min(n, _STEP))
+    got = 0
     while got < n:
-        k = sock.recv_into(view[got:], n - got)
+        if got == len(buf):
+            buf.extend(bytes(min(n - got, len(buf))))  # at most doubles what has arrived
+        k = sock.recv_into(memoryview(buf)[got:], len(buf) - got)
         if k == 0:
             raise LinkClosed("connection closed by the peer")
         got += k
@@ -156,15 +164,34 @@ def _parse(b, rate=None):
     at = _HEAD.size + 4 * ndim
     if len(b) < at + _LEN.size:
         return at + _LEN.size
+    if ndim > MAX_NDIM:
+        raise LinkClosed(f"received a frame of {ndim} dimensions (at most {MAX_NDIM})")
     shape = struct.unpack_from(f"<{ndim}I", b, _HEAD.size) if ndim else ()
     (length,) = _LEN.unpack_from(b, at)
     at += _LEN.size
+    _check_length(kind, code, shape, length)
     end = at + length + _TRAILER.size
     if len(b) < end:
         return end
     t0, t1 = _TRAILER.unpack_from(b, at + length)
-    value = _decode(kind, code, shape, bytes(b[at:at + length]))
+    try:
+        value = _decode(kind, code, shape, bytes(b[at:at + length]))
+    except ValueError as e:  # JSON or UTF-8 that does not parse
+        raise LinkClosed(f"received a frame whose payload does not parse ({' '.join(str(e).split())[:120]})"
+                         ) from None
     return Frame(kind, image, value, t0, t1, now(), float("nan") if rate is None else rate(at, length)), end
+
+
+def _check_length(kind: int, code: int, shape: tuple, length: int) -> None:
+    """LinkClosed for a declared payload length over the caps or not what the array's shape and dtype make."""
+    cap = MAX_JSON if kind == JSON else MAX_PAYLOAD if kind == ARRAY else 0
+    if length > cap:
+        raise LinkClosed(f"received a frame declaring {length} payload bytes (at most {cap} for its kind)")
+    if kind == ARRAY:
+        want = math.prod(shape) * np.dtype(DTYPES[code]).itemsize
+        if want != length:
+            raise LinkClosed(f"received an array frame of shape {list(shape)} {DTYPES[code]} declaring "
+                             f"{length} payload bytes, not {want}")
 
 
 def recv_frame(sock: socket.socket) -> Frame:

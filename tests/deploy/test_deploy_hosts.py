@@ -71,8 +71,9 @@ def _daemon(listen: str, env=None, lab=None, device=None, wait=True):
     return proc
 
 
-def _marked_sessions() -> list:
-    """Live session processes (``jmsnas.deploy.worker``) started by this file's daemons, in any namespace."""
+def _marked_sessions(mark: str = MARK) -> list:
+    """Live session processes (``jmsnas.deploy.worker``) started by the daemons of a test file (its ``mark`` in
+    their environment), in any namespace."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -84,7 +85,7 @@ def _marked_sessions() -> list:
                 state = f.read().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if f"{MARK}=1".encode() in env and b"jmsnas.deploy.worker" in cmd and state != "Z":
+        if f"{mark}=1".encode() in env and b"jmsnas.deploy.worker" in cmd and state != "Z":
             found.append(int(pid))
     return found
 
