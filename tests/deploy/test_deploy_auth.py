@@ -27,6 +27,7 @@ from jmsnas.deploy import auth, daemon, links as L, timer
 
 from paths import REPO
 from test_deploy_hosts import _marked_sessions
+from certs import make_tls
 MARK = "JMSNAS_TEST_AUTH_MARK"
 SECRET = b"correct-horse-battery-staple-0123456789"
 
@@ -462,3 +463,58 @@ def test_fuzz_the_workers_handshake_then_serve(tmp_path, program):
     finally:
         err = _stop(proc)
     assert "Traceback" not in err, err
+
+
+# ------------------------------------------------------------------------------------------ TLS
+
+def test_tls_pipeline_and_timing_through_one_worker(tmp_path, program):
+    """A worker with the secret and TLS (a certificate made here): a 4-device pipeline through it (control and
+    data links encrypted) equals the whole network; measure --remote times through it; a client with the secret
+    but without TLS, or trusting another CA, is refused in one line and starts nothing."""
+    from jmsnas.deploy import reference
+    from jmsnas.deploy.export import export_run
+    from jmsnas.deploy.pipeline import run_pipeline
+    from test_deploy import make_run
+    tls = make_tls(tmp_path / "tls")
+    other = make_tls(tmp_path / "other")
+    run = str(tmp_path / "run")
+    make_run(run, "chain")
+    export_run(run)
+    proc, port = _daemon(tmp_path, "--tls-cert", tls["cert"], "--tls-key", tls["key"], "--tls-ca", tls["ca"])
+    creds = auth.Credentials(SECRET, ca=tls["ca"])
+    try:
+        images, _ = reference.test_images(run, 6)
+        raw = run_pipeline(os.path.join(run, "export"), images, bandwidth_scale=40.0, phase="both", window=3,
+                           hosts={d: f"127.0.0.1:{port}" for d in ("ue", "sbs", "mbs", "cloud")}, credentials=creds)
+        assert np.max(np.abs(raw["outputs"] - reference.whole_network(run)(images))) <= 1e-5
+        assert len(timer.time_programs(f"127.0.0.1:{port}", [program], reps=1, warmup=0, credentials=creds)) == 1
+        with pytest.raises(ValueError, match="did not authenticate: .*certificate verify failed") as e:
+            timer.time_programs(f"127.0.0.1:{port}", [program], credentials=auth.Credentials(SECRET, ca=other["ca"]))
+        assert "\n" not in str(e.value)
+        with pytest.raises(ValueError, match="closed") as e:  # plain frames into a TLS session
+            timer.time_programs(f"127.0.0.1:{port}", [program], timeout_s=20, credentials=auth.Credentials(SECRET))
+        assert "\n" not in str(e.value)
+        end = time.monotonic() + 20
+        while _sessions() and time.monotonic() < end:
+            time.sleep(0.05)
+        assert _sessions() == []
+    finally:
+        err = _stop(proc)
+    assert "Traceback" not in err and SECRET.decode() not in err, err
+    assert os.listdir(tmp_path / "tmp") == []
+
+
+def test_tls_flags_are_checked_before_anything_listens(tmp_path, capsys):
+    """A worker given a certificate without its key, or TLS without a secret: one line, exit 2."""
+    tls = make_tls(tmp_path / "tls")
+    (tmp_path / "s").write_text(SECRET.decode())
+    for argv, message in ((["--tls-cert", tls["cert"], "--tls-ca", tls["ca"], "--secret-file", str(tmp_path / "s")],
+                           "missing --tls-key"),
+                          (["--tls-cert", tls["cert"], "--tls-key", tls["key"], "--tls-ca", tls["ca"]],
+                           "TLS needs the shared secret"),
+                          (["--tls-cert", tls["ca"], "--tls-key", tls["key"], "--tls-ca", tls["ca"],
+                            "--secret-file", str(tmp_path / "s")], "cannot be used")):
+        os.environ.pop(auth.ENV, None)
+        assert cli.main(["worker", "--listen", "127.0.0.1:0", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
