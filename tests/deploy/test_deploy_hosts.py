@@ -170,6 +170,23 @@ def test_refused_unresolvable_and_malformed_hosts_are_one_line(tiny, tmp_path, c
     _no_session_left()
 
 
+def test_a_hosts_file_is_read_with_the_capped_loader(tiny, tmp_path, capsys):
+    """An alias bomb, /dev/zero and a 1 MB file as --hosts: one line each, exit 2, nothing read past the cap (the
+    plain yaml.safe_load expanded the bomb and read /dev/zero until memory ran out)."""
+    bomb = tmp_path / "bomb.yaml"  # ue: a list of 10^9 x's by aliases (a few hundred bytes, a small object graph)
+    levels = ["&a [x, x, x, x, x, x, x, x, x, x]"] + [
+        f"&{chr(97 + k)} [" + ", ".join([f"*{chr(96 + k)}"] * 10) + "]" for k in range(1, 9)]
+    bomb.write_text("ue: [" + ", ".join(levels) + "]\nsbs: 127.0.0.1:7000\nmbs: 127.0.0.1:7000\n"
+                    "cloud: 127.0.0.1:7000\n")
+    big = tmp_path / "big.yaml"
+    big.write_text("ue: 127.0.0.1:7000\n" + "# padding\n" * 100000)
+    argv = ["pipeline", "--workdir", tiny, "--images", "2", "--hosts"]
+    for path, message in ((bomb, "device 'ue' must be HOST:PORT"), ("/dev/zero", "larger than 65536 bytes"),
+                          (big, "larger than 65536 bytes")):
+        msg = _one_line(capsys, argv + [str(path)])
+        assert message in msg and str(path) in msg, msg
+
+
 @pytest.mark.slow
 def test_a_part_from_an_incompatible_jax_is_one_line(tiny, tmp_path, capsys):
     """The manifest says the programs were made by a jax whose calling convention this one cannot run: loading
