@@ -109,7 +109,7 @@ def time_programs(address: str, programs, *, reps: int = 20, warmup: int = 2, ti
                 out.append(float(np.median(_reply(conn, address, "times_ms", timeout_s)["times_ms"])))
             L.send_frame(conn, L.JSON, -1, {"end": True})
         except (socket.timeout, TimeoutError):
-            raise ValueError(f"the worker at {address} took no data for {timeout_s:g} s") from None
+            raise ValueError(f"the worker at {address} did not answer within {timeout_s:g} s (it took no data)") from None
         except OSError as e:  # a reset or broken pipe: the peer closed
             raise ValueError(f"the worker at {address} closed the connection: {e.strerror or e}") from None
     return out

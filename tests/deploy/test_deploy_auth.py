@@ -518,3 +518,33 @@ def test_tls_flags_are_checked_before_anything_listens(tmp_path, capsys):
         assert cli.main(["worker", "--listen", "127.0.0.1:0", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], err
+
+
+def test_measure_remote_against_a_silent_or_closing_peer_is_one_line(tmp_path, capsys):
+    """jmsnas measure --remote at a peer that accepts and never answers, and at one that closes at once: one line
+    naming the address, exit 2, within the --timeout (it waited 600 s per read, and exited 141 on the closing
+    one); nothing is written."""
+    out = tmp_path / "nets.json"
+    for behaviour in ("silent", "close"):
+        srv = socket.create_server(("127.0.0.1", 0))
+        port = srv.getsockname()[1]
+        held = []
+
+        def peer():
+            c, _ = srv.accept()
+            if behaviour == "close":
+                c.close()
+            else:
+                held.append(c)  # accepted, never read from or answered
+        threading.Thread(target=peer, daemon=True).start()
+        t0 = time.monotonic()
+        assert cli.main(["measure", "--networks", "2", "--out", str(out), "--remote", f"127.0.0.1:{port}",
+                         "--timeout", "2"]) == 2
+        assert time.monotonic() - t0 < 120  # a bound, not a timing: it did not wait out 600 s reads
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"the worker at 127.0.0.1:{port}" in err[0], err
+        assert ("did not answer within 2 s" in err[0]) if behaviour == "silent" else "closed" in err[0], err
+        assert not out.exists()
+        for c in held:
+            c.close()
+        srv.close()
