@@ -79,6 +79,19 @@ def _check_out(path: str) -> None:
         raise ValueError(f"output directory {d!r} does not exist")
 
 
+def _not_an_input(out, flag: str, inputs) -> None:
+    """ValueError (one line) when the output path ``out`` of ``flag`` is one of the (name, path) ``inputs`` the
+    command reads: it would overwrite it (a table spec FILE:DEVICE names FILE)."""
+    if not out:
+        return
+    for name, path in inputs:
+        for p in {path, str(path).rpartition(":")[0]} if path else ():
+            if p and os.path.exists(p) and os.path.exists(out) and os.path.samefile(p, out):
+                raise ValueError(f"{flag} {out} is the {name} this command reads; write the output elsewhere")
+            if p and os.path.realpath(p) == os.path.realpath(out):
+                raise ValueError(f"{flag} {out} is the {name} this command reads; write the output elsewhere")
+
+
 def _check_counts(args) -> None:
     for name in ("networks", "reps", "batch"):
         v = getattr(args, name, None)
@@ -154,6 +167,7 @@ def _measure(args) -> int:
 def _adapt(args) -> int:
     from jmsnas.cost import adapt, networks as NW
     from jmsnas.cost import layertable as LT
+    _not_an_input(args.out, "--out", [("--measured file", args.measured), ("base table", args.table)])
     base, _ = load_table(args.table)
     measured = NW.load(args.measured)
     _check_out(args.out)
@@ -177,6 +191,8 @@ def _validate(args) -> int:
         raise ValueError("give exactly one of --measured FILE or --networks N")
     if args.remote and args.networks is None:
         raise ValueError("--remote needs --networks N (the networks to measure there)")
+    for flag, out in (("--json", args.json), ("--plot", args.plot)):
+        _not_an_input(out, flag, [("--measured file", args.measured), ("table", args.table)])
     table, record = load_table(args.table)
     for p in (args.json, args.plot):
         if p:
