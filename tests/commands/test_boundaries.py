@@ -134,6 +134,27 @@ def test_a_config_argument_typo_is_refused(capsys, tmp_path):
     assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.parametrize("where", ["import", "get_config"])
+def test_a_config_file_that_calls_sys_exit_is_a_failing_user_file(capsys, tmp_path, where):
+    """sys.exit(0) in a config file (at import or in get_config) made the command exit 0 having done nothing."""
+    cfg = tmp_path / "cfg.py"
+    body = "import sys\nsys.exit(0)\n" if where == "import" else "import sys\ndef get_config():\n    sys.exit(0)\n"
+    cfg.write_text(body)
+    fails(capsys, ["search", "--config", str(cfg), "--workdir", tmp_path / "w"], "called sys.exit(0)")
+    assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize("where", ["import", "factory"])
+def test_a_model_module_that_calls_sys_exit_is_a_failing_user_file(capsys, tmp_path, where):
+    """sys.exit(0) in a --model module (at import or in its factory): one line, exit 2, nothing written."""
+    mod = tmp_path / "m.py"
+    mod.write_text("import sys\nsys.exit(0)\ndef f():\n    pass\n" if where == "import" else
+                   "import sys\ndef f():\n    sys.exit(0)\n")
+    fails(capsys, ["export", "--model", f"{mod}:f", "--topology", "chain", "--workdir", tmp_path / "w"],
+          "SystemExit: 0")
+    assert not (tmp_path / "w").exists()
+
+
 def test_a_killed_splitnets_run_is_told_to_resume(capsys, tmp_path):  # SplitNets resumes (jmsnas.run)
     w = tmp_path / "w"
     w.mkdir()
