@@ -182,12 +182,20 @@ def _log(line: str) -> None:
     print(f"jmsnas session {os.getpid()}: {' '.join(str(line).split())}", file=sys.stderr, flush=True)
 
 
-def _accept_inputs(server, n: int, creds: auth.Credentials) -> tuple:
+def _accept_inputs(server, n: int, creds: auth.Credentials, failed=lambda: None) -> tuple:
     """({source: connection}, {source: framing}) of the ``n`` data links into this device; a connection that does
-    not prove the secret (``auth``) is closed with one line in the log and takes no input's place."""
+    not prove the secret (``auth``) is closed with one line in the log and takes no input's place. ``failed()``:
+    an exception to raise instead of waiting on (this device's own outgoing links failed), checked twice a second."""
     ins, framing = {}, {}
+    server.settimeout(0.5)
     while len(ins) < n:
-        conn, addr = server.accept()
+        try:
+            conn, addr = server.accept()
+        except (socket.timeout, TimeoutError):
+            if failed() is not None:
+                raise failed()
+            continue
+        conn.settimeout(None)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             conn = auth.secure_server(conn, creds)
@@ -252,13 +260,25 @@ def _setup(args, ctl: _Control, creds: auth.Credentials = auth.NONE):
             raise SystemExit(0)
         else:
             break
-    outs = {}
-    for dst in [d for d in msg["to"] if d != "result"]:
-        s = connect_link(msg["peers"][dst], creds, f"device {device!r}: the data link to {dst!r}")
-        L.send_frame(s, L.JSON, value={"from": device, "framing": L.framing(s)})
-        bw, lat = msg["out"][dst]
-        outs[dst] = (s, L.Pace(bw, lat))
-    ins, framing = _accept_inputs(server, len(part.inputs), creds)
+    outs, errors = {}, []
+
+    def connect_out(dst):  # concurrently with the accepts: a cycle of links (a separable network) waits on both
+        try:
+            s = connect_link(msg["peers"][dst], creds, f"device {device!r}: the data link to {dst!r}")
+            L.send_frame(s, L.JSON, value={"from": device, "framing": L.framing(s)})
+            bw, lat = msg["out"][dst]
+            outs[dst] = (s, L.Pace(bw, lat))
+        except Exception as e:  # noqa: BLE001 - re-raised by the main thread
+            errors.append(e)
+    threads = [threading.Thread(target=connect_out, args=(d,), daemon=True) for d in msg["to"] if d != "result"]
+    for t in threads:
+        t.start()
+    ins, framing = _accept_inputs(server, len(part.inputs), creds, lambda: errors[0] if errors else None)
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    outs = {d: outs[d] for d in msg["to"] if d in outs}  # in the manifest's order
     server.close()
     return device, part, msg, outs, ins, framing
 
