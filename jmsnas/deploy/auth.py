@@ -237,6 +237,25 @@ def secure_server(sock, creds: Credentials, timeout_s: float = HANDSHAKE_S, *, a
     return tls
 
 
+def check_no_secret_needed(sock, wait_s: float = 0.3) -> None:
+    """For a client without a secret on a fresh control connection: AuthError when the server opened with a
+    handshake (it requires the secret), looked for during ``wait_s`` without consuming anything."""
+    if demands_secret(sock, wait_s):
+        raise AuthError("the worker requires a shared secret and none was given")
+
+
+def demands_secret(sock, wait_s: float = 0.3) -> bool:
+    """True when the server at the other end of a fresh connection opened with a handshake (it requires a secret
+    this client was not given); looked for during ``wait_s`` without consuming anything."""
+    sock.settimeout(wait_s)
+    try:
+        first = sock.recv(len(MAGIC), socket.MSG_PEEK)
+    except OSError:  # timeout: the server waits for the client, as one without a secret does
+        first = b""
+    sock.settimeout(None)
+    return first == MAGIC
+
+
 def to_env(creds: Credentials, env: dict) -> dict:
     """``env`` for a child process that inherits these credentials: the secret in ``JMSNAS_SECRET`` (an
     environment is readable only by its user, unlike a command line), the TLS files as JMSNAS_TLS_CERT/KEY/CA."""

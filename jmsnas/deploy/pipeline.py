@@ -132,6 +132,8 @@ def _connect_remote(device: str, addr: tuple, source: str, timeout_s: float, cre
     to a worker that does not prove the secret); DeployError (one line) if it cannot be made."""
     sock = _connect_plain(device, addr, source, timeout_s)
     try:
+        if creds.secret is None:
+            auth.check_no_secret_needed(sock)
         return auth.secure_client(sock, creds, addr[0], timeout_s)
     except (auth.AuthError, ssl.SSLError, OSError) as e:
         sock.close()
@@ -184,7 +186,7 @@ class _Cluster:
                     self.ctl[d], theirs = socket.socketpair()
                     self.logs[d] = open(os.path.join(log_dir, f"{d}.log"), "wb")
                     cmd = [sys.executable, "-m", "jmsnas.deploy.worker", "--fd", str(theirs.fileno()), "--host",
-                           "127.0.0.1", "--port", str(ports[d])]
+                           "127.0.0.1", "--port", str(ports[d]), "--plain-control"]  # a socket pair: no TLS
                     with theirs:
                         self.procs[d] = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
                                                          stdout=self.logs[d], stderr=subprocess.STDOUT, env=env)
@@ -382,7 +384,8 @@ def run_pipeline(export_dir: str, images: np.ndarray, *, bandwidth_scale: float 
     "stretch", "predicted_compute_ms", "pids", "settings"}; ``analysis.analyze`` makes the table. ``on_start(pids)``
     is called once the workers are connected (tests use it to inject faults). ``credentials``
     (``jmsnas.deploy.auth``): the secret (and TLS) every connection to the ``hosts`` proves (default: from
-    $JMSNAS_SECRET, else none); a local pipeline's processes share a fresh random secret of their own.
+    $JMSNAS_SECRET, else none); a local pipeline's processes share a fresh random secret of their own (or these
+    credentials, TLS files included: their data links are then encrypted too).
     """
     manifest = load_manifest(export_dir)
     images = np.ascontiguousarray(images, np.float32)
@@ -400,8 +403,8 @@ def run_pipeline(export_dir: str, images: np.ndarray, *, bandwidth_scale: float 
         for entry, key in part_files(manifest["parts"][d]):
             check_file(export_dir, d, entry, key)
     hosts = None if hosts is None else check_hosts(hosts, manifest["order"], hosts_source)
-    if hosts is None:
-        creds = auth.generated()
+    if hosts is None:  # the local processes' own secret (credentials=auth.NONE: none, a benchmark's baseline)
+        creds = credentials if credentials is not None else auth.generated()
     else:
         creds = credentials if credentials is not None else auth.Credentials(auth.read_secret())
     ports = _ports(manifest, 0 if hosts is not None else base_port)

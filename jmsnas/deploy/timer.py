@@ -92,10 +92,13 @@ def time_programs(address: str, programs, *, reps: int = 20, warmup: int = 2, ti
         raise ValueError(f"cannot reach the worker at {address}: {e.strerror or e} (start one there with: jmsnas "
                          f"worker --listen {host}:{port})") from None
     try:
+        if creds.secret is None:
+            auth.check_no_secret_needed(conn)
         conn = auth.secure_client(conn, creds, host)
     except (auth.AuthError, ssl.SSLError, OSError) as e:
         conn.close()
-        raise ValueError(f"the worker at {address} did not authenticate: {' '.join(str(e).split())}") from None
+        hint = " (give it with --secret-file or $JMSNAS_SECRET)" if creds.secret is None else ""
+        raise ValueError(f"the worker at {address} did not authenticate: {' '.join(str(e).split())}{hint}") from None
     out = []
     with conn:
         try:

@@ -410,6 +410,8 @@ def main(argv=None) -> int:
     p.add_argument("--fd", type=int, required=True, help="the control connection (a connected socket's descriptor)")
     p.add_argument("--port", type=int, default=0, help="data port (default 0: a free one)")
     p.add_argument("--host", default=None, help="data address (default: where the control connection arrived)")
+    p.add_argument("--plain-control", action="store_true",
+                   help="the control connection is a local socket pair: no TLS on it even with TLS credentials")
     args = p.parse_args(argv)
     signal.signal(signal.SIGTERM, _on_sigterm)
     _die_with_parent()
@@ -420,7 +422,7 @@ def main(argv=None) -> int:
         print(f"jmsnas.deploy.worker: --fd {args.fd} is no connected socket: {e}", file=sys.stderr)
         return 2
     try:  # the control connection was authenticated by the jmsnas worker (or is a local pipeline's socket pair)
-        ctl = _Control(auth.secure_server(sock, creds, authenticated=True))
+        ctl = _Control(sock if args.plain_control else auth.secure_server(sock, creds, authenticated=True))
     except (auth.AuthError, ssl.SSLError, OSError) as e:
         _log(f"the coordinator's TLS handshake failed: {e}")
         return 2

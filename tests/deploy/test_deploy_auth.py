@@ -188,6 +188,24 @@ def test_a_peer_without_the_secret_gets_nothing_and_starts_no_process(tmp_path, 
     assert os.listdir(tmp_path / "tmp") == []
 
 
+def test_a_client_without_the_secret_is_told_the_worker_requires_one(tmp_path, program, monkeypatch):
+    """measure --remote's timer and pipeline --hosts without a secret, at a worker that requires one: one line
+    saying so, nothing sent (the worker logs no refused answer: the client hung up before answering)."""
+    from jmsnas.deploy.pipeline import _connect_remote
+    from jmsnas.deploy.runtime import DeployError
+    monkeypatch.delenv(auth.ENV, raising=False)
+    proc, port = _daemon(tmp_path)
+    try:
+        with pytest.raises(ValueError, match="requires a shared secret and none was given.*--secret-file"):
+            timer.time_programs(f"127.0.0.1:{port}", [program], reps=1)
+        with pytest.raises(DeployError, match="device 'ue': the jmsnas worker at .* requires a shared secret"):
+            _connect_remote("ue", ("127.0.0.1", port), "hosts.yaml", 5.0)
+        assert _sessions() == []
+    finally:
+        err = _stop(proc)
+    assert "refused" not in err, err
+
+
 def test_a_rogue_worker_without_the_secret_receives_no_part(tmp_path):
     """A 'worker' that does not hold the secret (silent, or sending a challenge of its own) gets the coordinator's
     nonce and MAC at most, never a frame of a part; the coordinator fails in one line naming the device."""
@@ -538,7 +556,7 @@ def test_measure_remote_against_a_silent_or_closing_peer_is_one_line(tmp_path, c
                 held.append(c)  # accepted, never read from or answered
         threading.Thread(target=peer, daemon=True).start()
         t0 = time.monotonic()
-        assert cli.main(["measure", "--networks", "2", "--out", str(out), "--remote", f"127.0.0.1:{port}",
+        assert cli.main(["measure", "--networks", "1", "--out", str(out), "--remote", f"127.0.0.1:{port}",
                          "--timeout", "2"]) == 2
         assert time.monotonic() - t0 < 120  # a bound, not a timing: it did not wait out 600 s reads
         err = capsys.readouterr().err.strip().splitlines()
