@@ -1,7 +1,12 @@
 """One device of the pipeline as its own OS process (a session): ``python -m jmsnas.deploy.worker --fd N``, started
 with its control connection as file descriptor N: one end of a socket pair (the local pipeline, ``pipeline``) or the
-connection ``jmsnas worker --listen HOST:PORT`` (``daemon``) accepted from the coordinator. Imports only the
-standard library, numpy, jax and the jax+numpy modules ``runtime`` and ``links``.
+connection ``jmsnas worker --listen HOST:PORT`` (``daemon``) accepted from the coordinator, which has proved the
+shared secret already. Imports only the standard library, numpy, jax and the modules ``runtime``, ``links`` and
+``auth``. Its credentials come in its environment (``auth.to_env``: the secret, the TLS files): with TLS it runs TLS
+on the control connection (the handshake again inside it; not on a local socket pair, ``--plain-control``); every
+data link it makes or accepts proves the secret (``auth.secure_client`` / ``secure_server``; a connection that
+does not is closed with one line on stderr and takes no input's place). A malformed frame or message ends the
+session with one line on stderr; SIGTERM (also sent when its parent dies) removes its part files first.
 
 The control protocol (frames of ``links``; JSON unless said; the worker's times are its own CLOCK_MONOTONIC, s):
 
