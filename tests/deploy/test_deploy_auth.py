@@ -566,3 +566,30 @@ def test_measure_remote_against_a_silent_or_closing_peer_is_one_line(tmp_path, c
         for c in held:
             c.close()
         srv.close()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["pipeline", "--workdir", "W", "--hosts", "h.yaml", "--secret-file", "missing"], "--secret-file missing: cannot read"),
+    (["pipeline", "--workdir", "W", "--secret-file", "s"], "--secret-file and --tls-ca are for --hosts"),
+    (["pipeline", "--workdir", "W", "--hosts", "h.yaml", "--tls-ca", "ca.pem"], "TLS needs the shared secret"),
+    (["measure", "--networks", "1", "--out", "o.json", "--secret-file", "s"], "are for --remote HOST:PORT"),
+    (["measure", "--networks", "1", "--out", "o.json", "--remote", "127.0.0.1:1", "--timeout", "0"],
+     "--timeout must be 0-86400 seconds"),
+    (["validate", "--table", "t.json", "--networks", "2", "--remote", "127.0.0.1:1", "--secret-file", "short"],
+     "a secret must be 16-4096 bytes"),
+    (["worker", "--max-sessions", "0"], "--max-sessions must be 1-64"),
+    (["worker", "--listen", "127.0.0.1:99999"], "--listen must be HOST:PORT"),
+])
+def test_the_secret_and_timeout_flags_are_checked_before_any_work(tmp_path, monkeypatch, capsys, argv, message):
+    """Each of the flags this issue added: a bad value is one line, exit 2, nothing written."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(auth.ENV, raising=False)
+    (tmp_path / "s").write_text(SECRET.decode())
+    (tmp_path / "short").write_text("abc")
+    (tmp_path / "ca.pem").write_text("not used: refused first")
+    (tmp_path / "h.yaml").write_text("ue: 127.0.0.1:1\n")
+    before = sorted(os.listdir(tmp_path))
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert sorted(os.listdir(tmp_path)) == before
