@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from jax import export
 
 from jmsnas import cli
-from jmsnas.deploy import auth, daemon, links as L, timer
+from jmsnas.deploy import auth, links as L, timer
 
 from paths import REPO
 from test_deploy_hosts import _marked_sessions
@@ -593,3 +593,49 @@ def test_the_secret_and_timeout_flags_are_checked_before_any_work(tmp_path, monk
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_a_session_sends_nothing_to_a_peer_address_that_does_not_prove_the_secret(tmp_path, program):
+    """The coordinator's peers message names an address where something that is no worker of this deployment
+    answers with a challenge of its own and a wrong proof: the session sends no frame there (the old worker connected
+    and sent frames to any HOST:PORT it was told), and reports one error line to its coordinator."""
+    proc, port = _daemon(tmp_path)
+    rogue, got = L.listen(0), []
+
+    def serve_rogue():
+        conn, _ = rogue.accept()
+        conn.sendall(auth.server_hello()[0])
+        conn.settimeout(10.0)
+        data = b""
+        try:
+            while len(data) < auth.ANSWER and (chunk := conn.recv(auth.ANSWER - len(data))):
+                data += chunk
+            conn.sendall(secrets.token_bytes(auth.MAC))  # a proof it cannot have: a wrong one
+            while chunk := conn.recv(65536):
+                data += chunk
+        except OSError:
+            pass
+        got.append(data)
+        conn.close()
+    t = threading.Thread(target=serve_rogue, daemon=True)
+    t.start()
+    try:
+        conn = auth.secure_client(socket.create_connection(("127.0.0.1", port), timeout=5), auth.Credentials(SECRET))
+        manifest, prog, weights = timer.program_part(program)
+        manifest["parts"][timer.PART]["to"] = ["elsewhere"]
+        L.send_frame(conn, L.JSON, -1, {"part": timer.PART, "manifest": manifest})
+        for b in (prog, weights):
+            L.send_frame(conn, L.ARRAY, -1, np.frombuffer(b, np.uint8))
+        assert "hello" in L.recv_frame(conn).value
+        L.send_frame(conn, L.JSON, -1, {"peers": {"elsewhere": ["127.0.0.1", rogue.getsockname()[1]]},
+                                        "to": ["elsewhere"], "stretch": 1.0, "out": {"elsewhere": [None, 0.0]},
+                                        "in": {}})
+        conn.settimeout(30)
+        msg = L.recv_frame(conn).value
+        assert "did not authenticate" in msg["error"] and "\n" not in msg["error"], msg
+        t.join(15)
+        assert got and L.MAGIC not in got[0] and len(got[0]) <= auth.ANSWER, got
+        conn.close()
+    finally:
+        rogue.close()
+        _stop(proc)
