@@ -8,6 +8,7 @@ real pipeline, on this machine or across machines.
                     [--phase both] [--timeout 10] [--base-port 0] [--check]
                     [--hosts FILE [--connect-timeout 5] [--secret-file F] [--tls-ca CA]] [--pacing user|network]
     jmsnas worker [--listen HOST:PORT] [--secret-file F] [--tls-cert C --tls-key K --tls-ca CA] [--max-sessions 4]
+                  [--handshake-timeout 10]
 
 ``export`` writes RUN/export/ (one jax.export program + weights per device and manifest.json; RUN may also be the
 directory of ``jmsnas autosplit --write-parts``: the quantized edge part and the packed activations, see

@@ -252,6 +252,9 @@ def add_arguments(p) -> None:
     add_secret_arguments(p, server=True)
     p.add_argument("--max-sessions", type=int, default=MAX_SESSIONS,
                    help=f"sessions (processes) at once, 1-64 (default {MAX_SESSIONS})")
+    p.add_argument("--handshake-timeout", type=float, default=auth.HANDSHAKE_S,
+                   help=f"seconds a peer has for its first bytes and the whole handshake, 0.1-120 (default "
+                        f"{auth.HANDSHAKE_S:g})")
 
 
 def add_secret_arguments(p, server: bool = False) -> None:
@@ -280,6 +283,8 @@ def run(args) -> int:
             raise ValueError(f"--listen must be HOST:PORT or PORT with a port 0-65535, got {args.listen!r}")
         if not 1 <= args.max_sessions <= 64:
             raise ValueError(f"--max-sessions must be 1-64, got {args.max_sessions}")
+        if not 0.1 <= args.handshake_timeout <= 120:
+            raise ValueError(f"--handshake-timeout must be 0.1-120 seconds, got {args.handshake_timeout!r}")
         creds = auth.credentials(args.secret_file, args.tls_cert, args.tls_key, args.tls_ca, server=True)
         if creds.secret is None and not is_loopback(host):
             raise ValueError(f"--listen {args.listen} can be reached from other machines and the worker runs any "
@@ -287,7 +292,8 @@ def run(args) -> int:
     except ValueError as e:
         print(f"jmsnas worker: error: {e}", file=sys.stderr)
         return 2
-    return serve(host, port, announce=lambda s: print(s, flush=True), creds=creds, max_sessions=args.max_sessions)
+    return serve(host, port, announce=lambda s: print(s, flush=True), creds=creds, max_sessions=args.max_sessions,
+                 handshake_s=args.handshake_timeout)
 
 
 if __name__ == "__main__":

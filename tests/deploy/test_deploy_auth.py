@@ -284,6 +284,25 @@ def test_500_idle_or_half_open_connections_do_not_stop_a_real_coordinator(tmp_pa
     assert "Traceback" not in err, err
 
 
+def test_a_silent_peer_is_dropped_after_the_handshake_time(tmp_path, program):
+    """A connection that sends nothing, and one that stops half-way through its answer, are closed once the
+    handshake time has passed (--handshake-timeout 0.5; default 10 s, the old worker waited an hour); the worker
+    serves on and logs nothing for them (a port scan is no event)."""
+    proc, port = _daemon(tmp_path, "--handshake-timeout", "0.5")
+    try:
+        silent = socket.create_connection(("127.0.0.1", port), timeout=5)
+        half = socket.create_connection(("127.0.0.1", port), timeout=5)
+        half.sendall(auth.MAGIC + bytes([auth.VERSION]) + b"\0" * 20)
+        for s in (silent, half):
+            assert len(_drain(s, limit_s=30.0)) == auth.HELLO  # the challenge, then closed
+            s.close()
+        assert len(timer.time_programs(f"127.0.0.1:{port}", [program], reps=1, warmup=0,
+                                       credentials=auth.Credentials(SECRET))) == 1
+    finally:
+        err = _stop(proc)
+    assert "refused" not in err and "Traceback" not in err, err
+
+
 def test_a_full_worker_tells_the_coordinator_in_one_line(tmp_path, program):
     """--max-sessions 1: a second coordinator while a session runs is told the worker is busy."""
     proc, port = _daemon(tmp_path, "--max-sessions", "1")
@@ -578,6 +597,7 @@ def test_measure_remote_against_a_silent_or_closing_peer_is_one_line(tmp_path, c
     (["validate", "--table", "t.json", "--networks", "2", "--remote", "127.0.0.1:1", "--secret-file", "short"],
      "a secret must be 16-4096 bytes"),
     (["worker", "--max-sessions", "0"], "--max-sessions must be 1-64"),
+    (["worker", "--handshake-timeout", "3600"], "--handshake-timeout must be 0.1-120 seconds"),
     (["worker", "--listen", "127.0.0.1:99999"], "--listen must be HOST:PORT"),
 ])
 def test_the_secret_and_timeout_flags_are_checked_before_any_work(tmp_path, monkeypatch, capsys, argv, message):
