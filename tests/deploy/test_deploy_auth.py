@@ -327,7 +327,7 @@ def test_a_session_ended_by_sigterm_leaves_no_part_file(tmp_path, program):
         pid = L.recv_frame(conn).value["pid"]
         assert [n for n in os.listdir(tmp_path / "tmp") if n.startswith("jmsnas_part_")]
         os.kill(pid, signal.SIGTERM)
-        end = time.monotonic() + 20
+        end = time.monotonic() + 90
         while pid in _sessions() and time.monotonic() < end:
             time.sleep(0.05)
         assert pid not in _sessions()
@@ -348,8 +348,8 @@ def test_a_malformed_frame_ends_the_session_with_one_line(tmp_path):
             conn = auth.secure_client(socket.create_connection(("127.0.0.1", port), timeout=5),
                                       auth.Credentials(SECRET))
             conn.sendall(junk)
-            _drain(conn)  # the session's error message (or a reset, when our junk is left unread), then closed
-        end = time.monotonic() + 20
+            _drain(conn, limit_s=90.0)  # the session's error message (or a reset, when our junk is left unread), then closed
+        end = time.monotonic() + 90
         while _sessions() and time.monotonic() < end:
             time.sleep(0.05)
         assert _sessions() == [] and proc.poll() is None
@@ -529,9 +529,9 @@ def test_tls_pipeline_and_timing_through_one_worker(tmp_path, program):
             timer.time_programs(f"127.0.0.1:{port}", [program], credentials=auth.Credentials(SECRET, ca=other["ca"]))
         assert "\n" not in str(e.value)
         with pytest.raises(ValueError, match="closed") as e:  # plain frames into a TLS session
-            timer.time_programs(f"127.0.0.1:{port}", [program], timeout_s=20, credentials=auth.Credentials(SECRET))
+            timer.time_programs(f"127.0.0.1:{port}", [program], timeout_s=90, credentials=auth.Credentials(SECRET))
         assert "\n" not in str(e.value)
-        end = time.monotonic() + 20
+        end = time.monotonic() + 90
         while _sessions() and time.monotonic() < end:
             time.sleep(0.05)
         assert _sessions() == []
@@ -650,7 +650,7 @@ def test_a_session_sends_nothing_to_a_peer_address_that_does_not_prove_the_secre
         L.send_frame(conn, L.JSON, -1, {"peers": {"elsewhere": ["127.0.0.1", rogue.getsockname()[1]]},
                                         "to": ["elsewhere"], "stretch": 1.0, "out": {"elsewhere": [None, 0.0]},
                                         "in": {}})
-        conn.settimeout(30)
+        conn.settimeout(90)  # bounds, not timings: a loaded machine starts a session slowly
         msg = L.recv_frame(conn).value
         assert "did not authenticate" in msg["error"] and "\n" not in msg["error"], msg
         t.join(15)
