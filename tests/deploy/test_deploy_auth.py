@@ -86,6 +86,17 @@ def program():
     return bytes(prog.serialize())
 
 
+@pytest.fixture(scope="module")
+def chain_run(tmp_path_factory):
+    """A tiny exported 4-device chain run (``test_deploy.make_run``)."""
+    from jmsnas.deploy.export import export_run
+    from test_deploy import make_run
+    run = str(tmp_path_factory.mktemp("chain"))
+    make_run(run, "chain")
+    export_run(run)
+    return run
+
+
 def _send_part(sock, blob) -> None:
     """The control protocol's first step: a part (a timed program) and its two files."""
     manifest, prog, weights = timer.program_part(blob)
@@ -206,15 +217,11 @@ def test_a_client_without_the_secret_is_told_the_worker_requires_one(tmp_path, p
     assert "refused" not in err, err
 
 
-def test_a_rogue_worker_without_the_secret_receives_no_part(tmp_path):
+def test_a_rogue_worker_without_the_secret_receives_no_part(chain_run):
     """A 'worker' that does not hold the secret (silent, or sending a challenge of its own) gets the coordinator's
     nonce and MAC at most, never a frame of a part; the coordinator fails in one line naming the device."""
     from jmsnas.deploy.pipeline import run_pipeline
-    from test_deploy import make_run
-    from jmsnas.deploy.export import export_run
-    run = str(tmp_path / "run")
-    make_run(run, "chain")
-    export_run(run)
+    run = chain_run
     for speaks in (False, True):
         server = L.listen(0)
         got = []
@@ -504,19 +511,15 @@ def test_fuzz_the_workers_handshake_then_serve(tmp_path, program):
 
 # ------------------------------------------------------------------------------------------ TLS
 
-def test_tls_pipeline_and_timing_through_one_worker(tmp_path, program):
+def test_tls_pipeline_and_timing_through_one_worker(tmp_path, program, chain_run):
     """A worker with the secret and TLS (a certificate made here): a 4-device pipeline through it (control and
     data links encrypted) equals the whole network; measure --remote times through it; a client with the secret
     but without TLS, or trusting another CA, is refused in one line and starts nothing."""
     from jmsnas.deploy import reference
-    from jmsnas.deploy.export import export_run
     from jmsnas.deploy.pipeline import run_pipeline
-    from test_deploy import make_run
     tls = make_tls(tmp_path / "tls")
     other = make_tls(tmp_path / "other")
-    run = str(tmp_path / "run")
-    make_run(run, "chain")
-    export_run(run)
+    run = chain_run
     proc, port = _daemon(tmp_path, "--tls-cert", tls["cert"], "--tls-key", tls["key"], "--tls-ca", tls["ca"])
     creds = auth.Credentials(SECRET, ca=tls["ca"])
     try:
