@@ -26,7 +26,7 @@ from jmsnas import cli
 from jmsnas.deploy import auth, links as L, timer
 
 from paths import REPO
-from test_deploy_hosts import _marked_sessions
+from test_deploy_hosts import _marked_sessions, tiny  # noqa: F401 - tiny: an exported 4-device chain (a fixture)
 from certs import make_tls
 MARK = "JMSNAS_TEST_AUTH_MARK"
 SECRET = b"correct-horse-battery-staple-0123456789"
@@ -84,17 +84,6 @@ def program():
     """A tiny jax.export program as ``jmsnas measure --remote`` sends it."""
     prog = export.export(jax.jit(lambda x: jnp.tanh(x * 2.0)))(jax.ShapeDtypeStruct((4, 4), jnp.float32))
     return bytes(prog.serialize())
-
-
-@pytest.fixture(scope="module")
-def chain_run(tmp_path_factory):
-    """A tiny exported 4-device chain run (``test_deploy.make_run``)."""
-    from jmsnas.deploy.export import export_run
-    from test_deploy import make_run
-    run = str(tmp_path_factory.mktemp("chain"))
-    make_run(run, "chain")
-    export_run(run)
-    return run
 
 
 def _send_part(sock, blob) -> None:
@@ -217,11 +206,11 @@ def test_a_client_without_the_secret_is_told_the_worker_requires_one(tmp_path, p
     assert "refused" not in err, err
 
 
-def test_a_rogue_worker_without_the_secret_receives_no_part(chain_run):
+def test_a_rogue_worker_without_the_secret_receives_no_part(tiny):
     """A 'worker' that does not hold the secret (silent, or sending a challenge of its own) gets the coordinator's
     nonce and MAC at most, never a frame of a part; the coordinator fails in one line naming the device."""
     from jmsnas.deploy.pipeline import run_pipeline
-    run = chain_run
+    run = tiny
     for speaks in (False, True):
         server = L.listen(0)
         got = []
@@ -511,7 +500,7 @@ def test_fuzz_the_workers_handshake_then_serve(tmp_path, program):
 
 # ------------------------------------------------------------------------------------------ TLS
 
-def test_tls_pipeline_and_timing_through_one_worker(tmp_path, program, chain_run):
+def test_tls_pipeline_and_timing_through_one_worker(tmp_path, program, tiny):
     """A worker with the secret and TLS (a certificate made here): a 4-device pipeline through it (control and
     data links encrypted) equals the whole network; measure --remote times through it; a client with the secret
     but without TLS, or trusting another CA, is refused in one line and starts nothing."""
@@ -519,7 +508,7 @@ def test_tls_pipeline_and_timing_through_one_worker(tmp_path, program, chain_run
     from jmsnas.deploy.pipeline import run_pipeline
     tls = make_tls(tmp_path / "tls")
     other = make_tls(tmp_path / "other")
-    run = chain_run
+    run = tiny
     proc, port = _daemon(tmp_path, "--tls-cert", tls["cert"], "--tls-key", tls["key"], "--tls-ca", tls["ca"])
     creds = auth.Credentials(SECRET, ca=tls["ca"])
     try:
