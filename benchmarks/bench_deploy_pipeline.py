@@ -17,6 +17,12 @@ compute (ms), the latency model's own error. A table with deployed terms (``jmsn
 
     jmsnas profile --space default --out TABLE --dw-impl xla
     python benchmarks/bench_deploy_pipeline.py --runs RUN --scales 0.05 0.02 0.01 --predict-table TABLE
+
+Authentication and TLS (``--auth on off tls --reps 3``): every setting runs once per mode in turn, ``--reps``
+times (interleaved, so a change of the machine's load falls on every mode alike); ``on`` is the default (the
+local processes prove a shared secret on every data link), ``off`` none, ``tls`` the secret and TLS on every data
+link (a certificate for 127.0.0.1 made with ``openssl``). A last table gives per (run, scale, mode) the medians over
+the reps of the measured latency and stream throughput, and their ratio to ``off``.
 """
 from __future__ import annotations
 
@@ -27,7 +33,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jmsnas.deploy import reference, report  # noqa: E402
+from jmsnas.deploy import auth, reference, report  # noqa: E402
 from jmsnas.deploy.export import export_run  # noqa: E402
 from jmsnas.deploy.analysis import analyze  # noqa: E402
 from jmsnas.deploy.pipeline import run_pipeline  # noqa: E402
@@ -52,7 +58,12 @@ def main(argv=None) -> int:
     ap.add_argument("--images", type=int, default=40)
     ap.add_argument("--out", default="/tmp/bench_deploy_pipeline.json")
     ap.add_argument("--predict-table", default=None, help="honest mode: compute predicted by this table")
+    ap.add_argument("--auth", nargs="+", default=["on"], choices=("on", "off", "tls"),
+                    help="on: the local processes' shared secret (default); off: none; tls: secret + TLS")
+    ap.add_argument("--reps", type=int, default=1, help="runs of every (scale, auth) setting, interleaved")
     args = ap.parse_args(argv)
+    modes = {m: _credentials(m) for m in args.auth}
+    summary = {}
     rows, everything = [], []
     print("| topology | bandwidth | predicted T (ms) | measured T, median [p10, p90] (ms) | error | eq. of measured "
           "terms (ms) | hand-offs (ms) | largest term miss (ms) | throughput pred / meas (img/s) | load |")
@@ -66,15 +77,18 @@ def main(argv=None) -> int:
         analyses = []
         table = table_compute_ms(run, args.predict_table) if args.predict_table else None
         handoff = table_handoffs(run, args.predict_table) if args.predict_table else None
-        for s in args.scales:
+        for s, _, mode in [(s, r, m) for s in args.scales for r in range(args.reps) for m in modes]:
             raw = run_pipeline(export_dir, images, bandwidth_scale=s, phase="both", timeout_s=60.0,
-                               predicted_compute_ms=table)
+                               predicted_compute_ms=table, credentials=modes[mode])
             a = analyze(manifest, raw, handoff)
             a["load_average"] = os.getloadavg()
-            a["run"] = run
+            a["run"], a["auth"] = run, mode
             analyses.append(a)
             p, m = a["predicted"], a["measured"]
-            print(f"| {manifest['topology']['name']} | x{s:g} | {p['total']:.2f} | {m['total']:.2f} "
+            summary.setdefault((manifest["topology"]["name"], s, mode), []).append(
+                (m["total"], m["throughput_per_s"], a["load_average"][0]))
+            label = f"x{s:g}" + (f" ({mode})" if len(modes) > 1 or mode != "on" else "")
+            print(f"| {manifest['topology']['name']} | {label} | {p['total']:.2f} | {m['total']:.2f} "
                   f"[{m['total_p10']:.2f}, {m['total_p90']:.2f}] | {a['error_pct']:+.1f}% | {m['eq_of_measured']:.2f} "
                   f"| {m['overhead_ms']:.2f} | {_worst_term(a)} | {p['throughput_per_s']:.1f} / "
                   f"{m['throughput_per_s']:.1f} | {a['load_average'][0]:.1f} |", flush=True)
@@ -88,7 +102,37 @@ def main(argv=None) -> int:
         everything += analyses
     with open(args.out, "w") as f:
         json.dump(everything, f, indent=2)
+    if len(modes) > 1 or args.reps > 1:
+        _summary(summary)
     return 0
+
+
+def _credentials(mode: str):
+    """The credentials ``run_pipeline`` gives the local processes in ``mode``."""
+    if mode == "on":
+        return None  # the pipeline's own fresh secret
+    if mode == "off":
+        return auth.NONE
+    import tempfile
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "deploy"))
+    from certs import make_tls  # openssl: a CA and a certificate for 127.0.0.1
+    tls = make_tls(tempfile.mkdtemp(prefix="bench_tls_"))
+    return auth.Credentials(auth.generated().secret, tls["cert"], tls["key"], tls["ca"])
+
+
+def _summary(summary: dict) -> None:
+    """Medians over the reps of every (topology, scale, mode), and their ratio to mode off."""
+    import statistics
+    print("\n| topology | bandwidth | auth | reps | measured T, median (ms) | T / T(off) | stream throughput, median "
+          "(img/s) | / off | load |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for (topo, s, mode), rows in summary.items():
+        t, thr = statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows)
+        off = summary.get((topo, s, "off"))
+        t0 = statistics.median(r[0] for r in off) if off else float("nan")
+        thr0 = statistics.median(r[1] for r in off) if off else float("nan")
+        print(f"| {topo} | x{s:g} | {mode} | {len(rows)} | {t:.2f} | {t / t0:.3f} | {thr:.1f} | {thr / thr0:.3f} | "
+              f"{statistics.median(r[2] for r in rows):.1f} |")
 
 
 if __name__ == "__main__":

@@ -120,6 +120,9 @@ def _parse_value(key: str, value: str, old):
     return parsed
 
 
+RUN_DEFAULTS = {"tensorboard": True}  # settings of the run layer (docs/runs.md) a config file need not name
+
+
 def apply_overrides(cfg, overrides):
     """``--config.a.b=value`` pairs (value parsed as YAML) applied to cfg; unknown keys are errors."""
     for item in overrides:
@@ -128,6 +131,9 @@ def apply_overrides(cfg, overrides):
                              "--config.search.epochs=3")
         key, value = item[len("--config."):].split("=", 1)
         parent, name = cfg, key.split(".")[-1]
+        if key in RUN_DEFAULTS and key not in cfg:  # a run-layer setting every training command takes
+            with cfg.unlocked():
+                cfg[key] = RUN_DEFAULTS[key]
         for part in key.split(".")[:-1]:
             if not hasattr(parent, "keys") or part not in parent:
                 raise ValueError(f"unknown config key {safeio.short(key)}")

@@ -180,6 +180,9 @@ def call_user(fn, what: str, *args):
     """``fn(*args)`` for user code (a config's get_config); any exception becomes one ValueError line."""
     try:
         return fn(*args)
+    except SystemExit as e:  # sys.exit() in user code is a failing user file, not the command's own exit
+        raise ValueError(f"{what} called sys.exit({clip(e.code)!s}); a config or model must return, not exit"
+                         ) from None
     except Exception as e:  # noqa: BLE001 - user code may raise anything; report it in one line
         raise ValueError(f"{what} failed: {type(e).__name__}: {clip(e)}") from None
 
@@ -195,6 +198,9 @@ def import_file(path: str, what: str, module_name: str):
         spec.loader.exec_module(module)
     except SyntaxError as e:
         raise ValueError(f"{what} {path!r} has a Python syntax error at line {e.lineno}: {e.msg}") from None
+    except SystemExit as e:  # sys.exit() at import is a failing user file, not the command's own exit
+        raise ValueError(f"{what} {path!r} called sys.exit({clip(e.code)!s}) while loading; it must define, not "
+                         "exit") from None
     except Exception as e:  # noqa: BLE001
         raise ValueError(f"{what} {path!r} cannot be loaded: {type(e).__name__}: {clip(e)}") from None
     return module

@@ -6,8 +6,9 @@ real pipeline, on this machine or across machines.
                   [--data FILE.npz|tfds:NAME [--data-dir D]] [--act-bits 32] [--bandwidth MBPS ...]
     jmsnas pipeline --workdir RUN [--images 100] [--bandwidth-scale 1 0.2 0.05] [--compute-scale host]
                     [--phase both] [--timeout 10] [--base-port 0] [--check]
-                    [--hosts FILE [--connect-timeout 5]] [--pacing user|network]
-    jmsnas worker --listen HOST:PORT
+                    [--hosts FILE [--connect-timeout 5] [--secret-file F] [--tls-ca CA]] [--pacing user|network]
+    jmsnas worker [--listen HOST:PORT] [--secret-file F] [--tls-cert C --tls-key K --tls-ca CA] [--max-sessions 4]
+                  [--handshake-timeout 10]
 
 ``export`` writes RUN/export/ (one jax.export program + weights per device and manifest.json; RUN may also be the
 directory of ``jmsnas autosplit --write-parts``: the quantized edge part and the packed activations, see
@@ -89,8 +90,9 @@ def add_parser(sub) -> None:
     w = sub.add_parser("worker", help="serve pipeline sessions on HOST:PORT (one per machine of a --hosts file)",
                        description="Listen on HOST:PORT; every coordinator connection becomes a session process "
                                    "that receives its part and plays that device (jmsnas/deploy/daemon.py).")
-    w.add_argument("--listen", required=True, help="HOST:PORT to accept coordinators on (0.0.0.0:7000: every "
-                                                     "address)")
+    from jmsnas.deploy import daemon
+    daemon.add_arguments(w)
+    daemon.add_secret_arguments(q)
     q.add_argument("--json", action="store_true", help="print the analysis as JSON instead of the table")
 
 
@@ -115,7 +117,7 @@ def run(args) -> int:
     from jmsnas.topology import TopologyError
     if args.command == "worker":
         from jmsnas.deploy import daemon
-        return daemon.main(["--listen", args.listen])
+        return daemon.run(args)
     try:
         if args.command == "export":
             platforms = tuple(p.strip() for p in args.platforms.split(",") if p.strip())
@@ -181,7 +183,12 @@ def _pipeline(args) -> int:
     from jmsnas.deploy.hosts import read_hosts
     from jmsnas.deploy.pipeline import run_pipeline
     from jmsnas.deploy.runtime import DeployError, load_manifest
+    from jmsnas.deploy.daemon import client_credentials
     compute = parse_compute(args.compute_scale)
+    creds = client_credentials(args)
+    if not args.hosts and (args.secret_file or args.tls_ca):
+        raise DeployError("--secret-file and --tls-ca are for --hosts (a local pipeline's processes share a secret "
+                          "of their own)")
     hosts = read_hosts(args.hosts) if args.hosts else None
     groups = separable.is_separable(args.workdir)
     predicted, handoff = None, None
@@ -212,7 +219,8 @@ def _pipeline(args) -> int:
         raw = run_pipeline(export_dir, images, bandwidth_scale=s, compute=compute, phase=args.phase,
                            timeout_s=args.timeout, base_port=args.base_port, window=args.window, hosts=hosts,
                            hosts_source=args.hosts or "the hosts", pacing=args.pacing,
-                           connect_timeout_s=args.connect_timeout, predicted_compute_ms=predicted)
+                           connect_timeout_s=args.connect_timeout, predicted_compute_ms=predicted,
+                           credentials=creds)
         a = separable.analyze(args.workdir, manifest, raw) if groups else analyze(manifest, raw, handoff)
         if labels is not None:
             a["accuracy"] = float(np.mean(np.argmax(raw["outputs"].reshape(len(labels), -1), -1) == labels))

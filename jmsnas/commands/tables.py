@@ -43,6 +43,7 @@ def add_parser(sub) -> None:
     m.add_argument("--device", default=None, help="name of the device measured (default: here, or HOST:PORT)")
     m.add_argument("--seed", type=int, default=0)
     _timing_flags(m)
+    _remote_flags(m)
     a = sub.add_parser("adapt", help="a device's latency table from a base table and a few measured networks",
                        description=doc)
     a.add_argument("--table", default=None, help="base table: table file, or HELP's file:DEVICE")
@@ -66,6 +67,16 @@ def add_parser(sub) -> None:
     v.add_argument("--plot", default=None, help="write a scatter plot (PNG) here")
     v.add_argument("--no-record", action="store_true", help="do not store the report in the table file")
     _timing_flags(v)
+    _remote_flags(v)
+
+
+def _remote_flags(p) -> None:
+    """With --remote: the worker's secret (and TLS CA), and how long a reply may take."""
+    from jmsnas.deploy.daemon import add_secret_arguments
+    add_secret_arguments(p)
+    p.add_argument("--timeout", type=float, default=60.0,
+                   help="with --remote: seconds the worker may take for a reply (a program's compilation and "
+                        "timed calls; default 60)")
 
 
 def _timing_flags(p) -> None:
@@ -77,6 +88,19 @@ def _check_out(path: str) -> None:
     d = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(d):
         raise ValueError(f"output directory {d!r} does not exist")
+
+
+def _not_an_input(out, flag: str, inputs) -> None:
+    """ValueError (one line) when the output path ``out`` of ``flag`` is one of the (name, path) ``inputs`` the
+    command reads: it would overwrite it (a table spec FILE:DEVICE names FILE)."""
+    if not out:
+        return
+    for name, path in inputs:
+        for p in {path, str(path).rpartition(":")[0]} if path else ():
+            if p and os.path.exists(p) and os.path.exists(out) and os.path.samefile(p, out):
+                raise ValueError(f"{flag} {out} is the {name} this command reads; write the output elsewhere")
+            if p and os.path.realpath(p) == os.path.realpath(out):
+                raise ValueError(f"{flag} {out} is the {name} this command reads; write the output elsewhere")
 
 
 def _check_counts(args) -> None:
@@ -94,7 +118,8 @@ def measure_networks(space, archs, args) -> np.ndarray:
         from jmsnas.deploy import timer
         timer.parse_address(args.remote)
         return np.array(timer.time_programs(args.remote, [measure.export_network(space, a, args.batch)
-                                                          for a in archs], reps=args.reps))
+                                                          for a in archs], reps=args.reps,
+                                            timeout_s=args.timeout, credentials=args.credentials))
     return measure.measure_networks(space, archs, batch=args.batch, reps=args.reps)
 
 
@@ -111,6 +136,8 @@ def run(args) -> int:
     from jmsnas.cost import layertable as LT
     try:
         _check_counts(args)
+        if args.command in ("measure", "validate"):
+            args.credentials = _remote_credentials(args)
         if args.command == "measure":
             return _measure(args)
         if args.command == "adapt":
@@ -118,6 +145,16 @@ def run(args) -> int:
         return _validate(args)
     except (LT.TableError, ValueError) as e:
         return fail(args.command, safeio.clip(e, 600))
+
+
+def _remote_credentials(args):
+    """The credentials of --remote (one line naming a bad flag, before anything is measured)."""
+    from jmsnas.deploy.daemon import client_credentials
+    if not args.remote and (args.secret_file or args.tls_ca):
+        raise ValueError("--secret-file and --tls-ca are for --remote HOST:PORT")
+    if not 0 < args.timeout <= 86400:
+        raise ValueError(f"--timeout must be 0-86400 seconds, got {args.timeout!r}")
+    return client_credentials(args) if args.remote else None
 
 
 def _measure(args) -> int:
@@ -163,6 +200,7 @@ def _adapt(args) -> int:
     if args.fit is not None:
         if args.table or args.measured or args.library:
             raise ValueError("--fit NETS takes no --table, --measured or --library")
+        _not_an_input(args.out, "--out", [("--fit file", args.fit)])
         measured = NW.load(args.fit)
         _check_out(args.out)
         out = layerfit.fit(measured, holdout=args.holdout, device=args.device)
@@ -176,6 +214,8 @@ def _adapt(args) -> int:
         return 0
     if not args.table or not args.measured:
         raise ValueError("give --table BASE and --measured NETS (or --fit NETS)")
+    _not_an_input(args.out, "--out", [("--measured file", args.measured), ("base table", args.table)]
+                  + [("--library table", t) for t in (args.library or []) if t != "shipped"])
     base, _ = load_table(args.table)
     measured = NW.load(args.measured)
     if len(measured.ms) == 0:
@@ -232,6 +272,8 @@ def _validate(args) -> int:
         raise ValueError("give exactly one of --measured FILE or --networks N")
     if args.remote and args.networks is None:
         raise ValueError("--remote needs --networks N (the networks to measure there)")
+    for flag, out in (("--json", args.json), ("--plot", args.plot)):
+        _not_an_input(out, flag, [("--measured file", args.measured), ("table", args.table)])
     table, record = load_table(args.table)
     for p in (args.json, args.plot):
         if p:

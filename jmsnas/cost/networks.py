@@ -30,12 +30,16 @@ class Measured(NamedTuple):
     info: dict = {}
 
 
+MIN_MS, MAX_MS = 1e-6, 1e7  # one network's plausible time: a nanosecond to 2.8 hours (1e-300 scaled a table by 1e-302)
+
+
 def make(archs, ms, op_names, *, space: str, device: str, info=None) -> Measured:
     a = np.asarray(archs, dtype=np.int64).reshape(len(ms), -1) if len(ms) else np.zeros((0, 0), np.int64)
     y = np.asarray(ms, dtype=np.float64)
-    bad = np.flatnonzero(~np.isfinite(y) | (y <= 0))
+    bad = np.flatnonzero(~np.isfinite(y) | (y < MIN_MS) | (y > MAX_MS))
     if bad.size:
-        raise TableError(f"network {int(bad[0])}: measured latency must be a finite number > 0 ms, got {y[bad[0]]!r}")
+        raise TableError(f"network {int(bad[0])}: measured latency must be {MIN_MS:g}-{MAX_MS:g} ms (a plausible "
+                         f"time for one network), got {float(y[bad[0]])!r}")
     return Measured(a, y, tuple(op_names), str(space), str(device), dict(info or {}))
 
 
@@ -95,8 +99,9 @@ def from_dict(d, source: str = "measured networks") -> Measured:
         if width is not None and len(idx) != width:
             raise TableError(f"{where} has {len(idx)} layers, networks[0] has {width}")
         width = len(idx)
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
-            raise TableError(f"{where}.ms must be a latency > 0 ms, got {safeio.short(t)}")
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or not MIN_MS <= t <= MAX_MS:
+            raise TableError(f"{where}.ms must be a latency of {MIN_MS:g}-{MAX_MS:g} ms (a plausible time for one "
+                             f"network), got {safeio.short(t)}")
         archs.append(idx)
         ms.append(float(t))
     return make(np.array(archs, np.int64) if archs else np.zeros((0, 0), np.int64), ms, names, space=d["space"],

@@ -23,7 +23,9 @@ connection's MSS and header bytes (``framing``; Ethernet framing assumed), the u
 from __future__ import annotations
 
 import json
+import math
 import socket
+import ssl
 import struct
 import time
 from typing import NamedTuple
@@ -36,6 +38,10 @@ _HEAD = struct.Struct("<4sBqBB")
 _LEN = struct.Struct("<Q")
 _TRAILER = struct.Struct("<dd")
 DTYPES = ("float32", "float64", "int32", "uint8", "float16")
+MAX_PAYLOAD = 1 << 31  # bytes a frame may declare (2 GiB: a part's weights); larger is refused unread
+MAX_JSON = 64 << 20  # bytes of a JSON frame
+MAX_NDIM = 16
+_STEP = 1 << 22  # a frame's bytes are read in steps of at most 4 MiB: a declared size is not allocated up front
 CHUNK_S = 0.0005  # link time per paced chunk (s)
 
 
@@ -77,6 +83,19 @@ def sleep_until(t: float) -> None:
         time.sleep(dt)
 
 
+TLS_RECORD = 4096  # payload bytes per TLS record: a receiver sees a record whole, and measures its rate by them
+
+
+def _sendall(sock, data) -> None:
+    """sendall; over TLS in records of ``TLS_RECORD`` bytes (22 more each, 0.5%), so that the receiver's payload
+    rate (``payload_rate``) gets a sample per record, not one per 16 KiB (the most a record holds)."""
+    if isinstance(sock, ssl.SSLSocket) and len(data) > TLS_RECORD:
+        for i in range(0, len(data), TLS_RECORD):
+            sock.sendall(data[i:i + TLS_RECORD])
+    else:
+        sock.sendall(data)
+
+
 def _chunk(rate: float) -> int:
     return max(256, int(rate * CHUNK_S))
 
@@ -111,7 +130,7 @@ def start_frame(sock: socket.socket, kind: int, image: int = -1, value=None, pac
     bw = pace.bandwidth_mbps if kind == ARRAY else None
     first = min(len(payload), _chunk(bw * 1e6 / 8.0)) if bw else 0
     if first:
-        sock.sendall(payload[:first])
+        _sendall(sock, payload[:first])
     return payload, t0, first
 
 
@@ -119,7 +138,7 @@ def finish_frame(sock: socket.socket, payload, t0: float, sent: int, pace: Pace 
     """Sends the rest of a frame begun by ``start_frame`` and the trailer; (tx_start, tx_end). Paced: byte k goes
     out at t0 + k * 8 / bandwidth, an absolute schedule; unpaced (no bandwidth): at once."""
     if not pace.bandwidth_mbps:
-        sock.sendall(payload[sent:])
+        _sendall(sock, payload[sent:])
     else:
         rate = pace.bandwidth_mbps * 1e6 / 8.0  # bytes per second
         while True:
@@ -127,7 +146,7 @@ def finish_frame(sock: socket.socket, payload, t0: float, sent: int, pace: Pace 
             if sent >= len(payload):
                 break
             part = payload[sent:sent + _chunk(rate)]
-            sock.sendall(part)
+            _sendall(sock, part)
             sent += len(part)
     t1 = now()
     sock.sendall(_TRAILER.pack(t0, t1))
@@ -135,10 +154,13 @@ def finish_frame(sock: socket.socket, payload, t0: float, sent: int, pace: Pace 
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytearray:
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
+    """n bytes, the buffer grown as they arrive (a peer that declares much and sends little costs little)."""
+    buf = bytearray(min(n, _STEP))
+    got = 0
     while got < n:
-        k = sock.recv_into(view[got:], n - got)
+        if got == len(buf):
+            buf.extend(bytes(min(n - got, len(buf))))  # at most doubles what has arrived
+        k = sock.recv_into(memoryview(buf)[got:], len(buf) - got)
         if k == 0:
             raise LinkClosed("connection closed by the peer")
         got += k
@@ -156,15 +178,34 @@ def _parse(b, rate=None):
     at = _HEAD.size + 4 * ndim
     if len(b) < at + _LEN.size:
         return at + _LEN.size
+    if ndim > MAX_NDIM:
+        raise LinkClosed(f"received a frame of {ndim} dimensions (at most {MAX_NDIM})")
     shape = struct.unpack_from(f"<{ndim}I", b, _HEAD.size) if ndim else ()
     (length,) = _LEN.unpack_from(b, at)
     at += _LEN.size
+    _check_length(kind, code, shape, length)
     end = at + length + _TRAILER.size
     if len(b) < end:
         return end
     t0, t1 = _TRAILER.unpack_from(b, at + length)
-    value = _decode(kind, code, shape, bytes(b[at:at + length]))
+    try:
+        value = _decode(kind, code, shape, bytes(b[at:at + length]))
+    except ValueError as e:  # JSON or UTF-8 that does not parse
+        raise LinkClosed(f"received a frame whose payload does not parse ({' '.join(str(e).split())[:120]})"
+                         ) from None
     return Frame(kind, image, value, t0, t1, now(), float("nan") if rate is None else rate(at, length)), end
+
+
+def _check_length(kind: int, code: int, shape: tuple, length: int) -> None:
+    """LinkClosed for a declared payload length over the caps or not what the array's shape and dtype make."""
+    cap = MAX_JSON if kind == JSON else MAX_PAYLOAD if kind == ARRAY else 0
+    if length > cap:
+        raise LinkClosed(f"received a frame declaring {length} payload bytes (at most {cap} for its kind)")
+    if kind == ARRAY:
+        want = math.prod(shape) * np.dtype(DTYPES[code]).itemsize
+        if want != length:
+            raise LinkClosed(f"received an array frame of shape {list(shape)} {DTYPES[code]} declaring "
+                             f"{length} payload bytes, not {want}")
 
 
 def recv_frame(sock: socket.socket) -> Frame:

@@ -36,13 +36,16 @@ import tempfile
 import threading
 import time
 
+import ssl
+
 import numpy as np
 
-from jmsnas.deploy import clock
+from jmsnas.deploy import auth, clock
 from jmsnas.deploy.hosts import check_hosts
 from jmsnas.deploy import links as L
 from jmsnas.deploy.predict import cameras, predicted_links
 from jmsnas.deploy.runtime import DeployError, check_file, load_manifest, part_files
+from jmsnas.deploy.worker import connect_link
 
 PHASES = ("latency", "stream", "both")
 PACING = ("user", "network")  # user: the sender paces every link; network: the kernel's shaper does
@@ -124,8 +127,23 @@ def _ports(manifest: dict, base_port: int) -> dict:
     return ports
 
 
-def _connect_remote(device: str, addr: tuple, source: str, timeout_s: float):
-    """The control connection to the ``jmsnas worker`` of ``device``; DeployError (one line) if it cannot be made."""
+def _connect_remote(device: str, addr: tuple, source: str, timeout_s: float, creds: auth.Credentials = auth.NONE):
+    """The control connection to the ``jmsnas worker`` of ``device``, authenticated with ``creds`` (nothing is sent
+    to a worker that does not prove the secret); DeployError (one line) if it cannot be made."""
+    sock = _connect_plain(device, addr, source, timeout_s)
+    try:
+        if creds.secret is None:
+            auth.check_no_secret_needed(sock)
+        return auth.secure_client(sock, creds, addr[0], timeout_s)
+    except (auth.AuthError, ssl.SSLError, OSError) as e:
+        sock.close()
+        hint = ("; give this command the worker's secret (--secret-file or $JMSNAS_SECRET)" if creds.secret is None
+                else "; is the worker started with the same secret?")
+        raise DeployError(f"device {device!r}: the jmsnas worker at {addr[0]}:{addr[1]} (from {source}) did not "
+                          f"authenticate: {' '.join(str(e).split())}{hint}") from None
+
+
+def _connect_plain(device: str, addr: tuple, source: str, timeout_s: float):
     host, port = addr
     where = f"device {device!r}: {host}:{port} (from {source})"
     try:
@@ -151,23 +169,24 @@ class _Cluster:
     connection it accepted)."""
 
     def __init__(self, export_dir, manifest, ports, log_dir, hosts=None, connect_timeout_s=5.0,
-                 hosts_source="the hosts"):
+                 hosts_source="the hosts", creds: auth.Credentials = auth.NONE):
         self.manifest, self.order = manifest, manifest["order"]
         self.events: queue.Queue = queue.Queue()
         self.procs, self.ctl, self.logs, self.where = {}, {}, {}, {}
         self.errors, self.bye, self.sent = {}, set(), []
         self.remote_pids: dict = {}
-        env = {**os.environ, "JMSNAS_DEPLOY_EXPORT": export_dir}  # marks the processes of this export
+        # marks the processes of this export; the local sessions share the secret their data links prove
+        env = auth.to_env(creds, {**os.environ, "JMSNAS_DEPLOY_EXPORT": export_dir})
         try:
             for d in self.order:
                 if hosts is not None:
-                    self.ctl[d] = _connect_remote(d, hosts[d], hosts_source, connect_timeout_s)
+                    self.ctl[d] = _connect_remote(d, hosts[d], hosts_source, connect_timeout_s, creds)
                     self.where[d] = f"{hosts[d][0]}:{hosts[d][1]}"
                 else:
                     self.ctl[d], theirs = socket.socketpair()
                     self.logs[d] = open(os.path.join(log_dir, f"{d}.log"), "wb")
                     cmd = [sys.executable, "-m", "jmsnas.deploy.worker", "--fd", str(theirs.fileno()), "--host",
-                           "127.0.0.1", "--port", str(ports[d])]
+                           "127.0.0.1", "--port", str(ports[d]), "--plain-control"]  # a socket pair: no TLS
                     with theirs:
                         self.procs[d] = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
                                                          stdout=self.logs[d], stderr=subprocess.STDOUT, env=env)
@@ -349,8 +368,8 @@ def _to_coordinator(records: dict, offsets: dict, order: list) -> dict:
 def run_pipeline(export_dir: str, images: np.ndarray, *, bandwidth_scale: float = 1.0, compute="host",
                  phase: str = "both", timeout_s: float = 10.0, startup_timeout_s: float = 180.0,
                  base_port: int = 0, window: int = 8, on_start=None, hosts=None, hosts_source: str = "the hosts",
-                 pacing: str = "user", connect_timeout_s: float = 5.0, predicted_compute_ms: dict | None = None
-                 ) -> dict:
+                 pacing: str = "user", connect_timeout_s: float = 5.0, predicted_compute_ms: dict | None = None,
+                 credentials: auth.Credentials | None = None) -> dict:
     """Runs ``images`` float32[N, H, W, C] through the deployed parts; returns the raw measurement.
 
     ``hosts``: {device: "HOST:PORT"} of ``jmsnas worker --listen`` processes (None: local processes on
@@ -363,7 +382,10 @@ def run_pipeline(export_dir: str, images: np.ndarray, *, bandwidth_scale: float 
     (every time on the coordinator's clock), "coordinator": {phase: {image: [sent, output received]}} (s, its
     clock), "clock": {device: {offset_ms, uncertainty_ms, delay_ms}}, "framing": {link: [MSS, header bytes]}, "calib_ms",
     "stretch", "predicted_compute_ms", "pids", "settings"}; ``analysis.analyze`` makes the table. ``on_start(pids)``
-    is called once the workers are connected (tests use it to inject faults).
+    is called once the workers are connected (tests use it to inject faults). ``credentials``
+    (``jmsnas.deploy.auth``): the secret (and TLS) every connection to the ``hosts`` proves (default: from
+    $JMSNAS_SECRET, else none); a local pipeline's processes share a fresh random secret of their own (or these
+    credentials, TLS files included: their data links are then encrypted too).
     """
     manifest = load_manifest(export_dir)
     images = np.ascontiguousarray(images, np.float32)
@@ -381,10 +403,15 @@ def run_pipeline(export_dir: str, images: np.ndarray, *, bandwidth_scale: float 
         for entry, key in part_files(manifest["parts"][d]):
             check_file(export_dir, d, entry, key)
     hosts = None if hosts is None else check_hosts(hosts, manifest["order"], hosts_source)
+    if hosts is None:  # the local processes' own secret (credentials=auth.NONE: none, a benchmark's baseline)
+        creds = credentials if credentials is not None else auth.generated()
+    else:
+        creds = credentials if credentials is not None else auth.Credentials(auth.read_secret())
     ports = _ports(manifest, 0 if hosts is not None else base_port)
     order, b = manifest["order"], manifest["batch"]
     with tempfile.TemporaryDirectory(prefix="jmsnas_pipeline_") as logs:
-        cl = _Cluster(os.path.abspath(export_dir), manifest, ports, logs, hosts, connect_timeout_s, hosts_source)
+        cl = _Cluster(os.path.abspath(export_dir), manifest, ports, logs, hosts, connect_timeout_s, hosts_source,
+                      creds)
         done = {d: set() for d in order}
         in_flight, hang_s, src = None, timeout_s, []
         try:
@@ -416,7 +443,8 @@ def run_pipeline(export_dir: str, images: np.ndarray, *, bandwidth_scale: float 
                                           "to": part["to"], "stretch": stretch[d], "out": out, "in": inn})
             src = []
             for d, view in cameras(manifest):  # the camera: unthrottled, one link per part that takes the image
-                src.append((L.connect((hello[d]["host"], hello[d]["port"])), view))
+                src.append((connect_link((hello[d]["host"], hello[d]["port"]), creds,
+                                         f"the camera's link to device {d!r}"), view))
                 L.send_frame(src[-1][0], L.JSON, value={"from": "image"})
             ready = _collect(cl, "ready", time.time() + startup_timeout_s)
             if on_start is not None:

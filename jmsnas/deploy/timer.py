@@ -13,9 +13,11 @@ import hashlib
 import io
 import socket
 
+import ssl
+
 import numpy as np
 
-from jmsnas.deploy import links as L
+from jmsnas.deploy import auth, links as L
 from jmsnas.deploy.daemon import parse_address as _parse
 
 PART = "program"  # the device name every timed program plays
@@ -52,9 +54,12 @@ def program_part(blob: bytes) -> tuple:
     return manifest, bytes(blob), weights
 
 
-def _reply(conn, address: str, key: str) -> dict:
+def _reply(conn, address: str, key: str, timeout_s: float) -> dict:
+    conn.settimeout(timeout_s)
     try:
         fr = L.recv_frame(conn)
+    except (socket.timeout, TimeoutError):
+        raise ValueError(f"the worker at {address} did not answer within {timeout_s:g} s") from None
     except (L.LinkClosed, OSError) as e:
         raise ValueError(f"the worker at {address} closed the session: {e}") from None
     msg = fr.value if fr.kind == L.JSON and isinstance(fr.value, dict) else {}
@@ -65,26 +70,49 @@ def _reply(conn, address: str, key: str) -> dict:
     return msg
 
 
-def time_programs(address: str, programs, *, reps: int = 20, warmup: int = 2, timeout_s: float = 600.0) -> list:
+CONNECT_S = 10.0  # seconds to reach the worker
+
+
+def time_programs(address: str, programs, *, reps: int = 20, warmup: int = 2, timeout_s: float = 60.0,
+                  credentials: auth.Credentials | None = None) -> list:
     """Median ms of each serialised program (bytes) on the ``jmsnas worker`` at ``address`` (one session for all);
-    ValueError (one line) when the worker cannot be reached or reports an error."""
+    ValueError (one line naming the address) when the worker cannot be reached, does not prove the secret
+    (``credentials``, default $JMSNAS_SECRET: nothing is sent to it then), closes the connection, reports an error
+    or leaves a reply out for ``timeout_s`` seconds (a program's compilation and its timed calls included)."""
     host, port = parse_address(address)
     if not 1 <= reps <= 10000 or not 0 <= warmup <= 1000:
         raise ValueError(f"reps must be 1-10000 and warmup 0-1000, got {reps}, {warmup}")
+    if not 0 < timeout_s <= 86400:
+        raise ValueError(f"the timeout must be 0-86400 s, got {timeout_s!r}")
+    creds = credentials if credentials is not None else auth.Credentials(auth.read_secret())
     parts = [program_part(b) for b in programs]
     try:
-        conn = socket.create_connection((host, port), timeout=timeout_s)
+        conn = socket.create_connection((host, port), timeout=CONNECT_S)
     except OSError as e:
         raise ValueError(f"cannot reach the worker at {address}: {e.strerror or e} (start one there with: jmsnas "
                          f"worker --listen {host}:{port})") from None
+    try:
+        if creds.secret is None:
+            auth.check_no_secret_needed(conn)
+        conn = auth.secure_client(conn, creds, host)
+    except (auth.AuthError, ssl.SSLError, OSError) as e:
+        conn.close()
+        hint = " (give it with --secret-file or $JMSNAS_SECRET)" if creds.secret is None else ""
+        raise ValueError(f"the worker at {address} did not authenticate: {' '.join(str(e).split())}{hint}") from None
     out = []
     with conn:
-        for manifest, prog, weights in parts:
-            L.send_frame(conn, L.JSON, -1, {"part": PART, "manifest": manifest})
-            for blob in (prog, weights):
-                L.send_frame(conn, L.ARRAY, -1, np.frombuffer(blob, np.uint8))
-            _reply(conn, address, "hello")
-            L.send_frame(conn, L.JSON, -1, {"calibrate": reps, "warmup": warmup})
-            out.append(float(np.median(_reply(conn, address, "times_ms")["times_ms"])))
-        L.send_frame(conn, L.JSON, -1, {"end": True})
+        try:
+            for manifest, prog, weights in parts:
+                conn.settimeout(timeout_s)
+                L.send_frame(conn, L.JSON, -1, {"part": PART, "manifest": manifest})
+                for blob in (prog, weights):
+                    L.send_frame(conn, L.ARRAY, -1, np.frombuffer(blob, np.uint8))
+                _reply(conn, address, "hello", timeout_s)
+                L.send_frame(conn, L.JSON, -1, {"calibrate": reps, "warmup": warmup})
+                out.append(float(np.median(_reply(conn, address, "times_ms", timeout_s)["times_ms"])))
+            L.send_frame(conn, L.JSON, -1, {"end": True})
+        except (socket.timeout, TimeoutError):
+            raise ValueError(f"the worker at {address} did not answer within {timeout_s:g} s (it took no data)") from None
+        except OSError as e:  # a reset or broken pipe: the peer closed
+            raise ValueError(f"the worker at {address} closed the connection: {e.strerror or e}") from None
     return out

@@ -131,7 +131,8 @@ def export_traced(model, topology, workdir: str, *, method: str = "chain_dp", cu
     if topo.buses:
         raise DeployError(f"topology {topo.name!r} has shared buses; the pipeline paces every link on its own")
     if data is not None:
-        evaldata.load(data, um.input_shape, data_dir)  # refused now, not at pipeline time
+        _, labels = evaldata.load(data, um.input_shape, data_dir)  # refused now, not at pipeline time
+        evaldata.check_classes(labels, t.output_shape, data)
     setup = compare.make_setup(t.net, topo, act_bits=act_bits, weight_bits=weight_bits)
     n = len(t.net.layers)
     if cuts is not None:

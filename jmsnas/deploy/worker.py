@@ -1,7 +1,12 @@
 """One device of the pipeline as its own OS process (a session): ``python -m jmsnas.deploy.worker --fd N``, started
 with its control connection as file descriptor N: one end of a socket pair (the local pipeline, ``pipeline``) or the
-connection ``jmsnas worker --listen HOST:PORT`` (``daemon``) accepted from the coordinator. Imports only the
-standard library, numpy, jax and the jax+numpy modules ``runtime`` and ``links``.
+connection ``jmsnas worker --listen HOST:PORT`` (``daemon``) accepted from the coordinator, which has proved the
+shared secret already. Imports only the standard library, numpy, jax and the modules ``runtime``, ``links`` and
+``auth``. Its credentials come in its environment (``auth.to_env``: the secret, the TLS files): with TLS it runs TLS
+on the control connection (the handshake again inside it; not on a local socket pair, ``--plain-control``); every
+data link it makes or accepts proves the secret (``auth.secure_client`` / ``secure_server``; a connection that
+does not is closed with one line on stderr and takes no input's place). A malformed frame or message ends the
+session with one line on stderr; SIGTERM (also sent when its parent dies) removes its part files first.
 
 The control protocol (frames of ``links``; JSON unless said; the worker's times are its own CLOCK_MONOTONIC, s):
 
@@ -47,6 +52,7 @@ import selectors
 import shutil
 import signal
 import socket
+import ssl
 import statistics
 import sys
 import tempfile
@@ -54,7 +60,7 @@ import threading
 
 import numpy as np
 
-from jmsnas.deploy import links as L
+from jmsnas.deploy import auth, links as L
 from jmsnas.deploy.runtime import DeployError, load_stages, part_files, versions
 
 _TMP: list = []  # the temporary directory holding this session's part files (removed on every way out)
@@ -75,9 +81,15 @@ class _Control:
             L.send_frame(self.sock, kind, image, value)
 
 
+def _on_sigterm(signum, _frame) -> None:
+    """A session ended by a signal (its worker stopping, or its parent gone) leaves no part file behind."""
+    _cleanup()
+    os._exit(128 + signum)
+
+
 def _die_with_parent() -> None:
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: _on_sigterm cleans up
     except (OSError, AttributeError):
         pass
 
@@ -170,7 +182,62 @@ def _receive_part(ctl: _Control, msg: dict):
     return device, load_stages(folder, device, manifest)
 
 
-def _setup(args, ctl: _Control):
+def _log(line: str) -> None:
+    """One line on stderr (the ``jmsnas worker``'s log, or the local pipeline's log of this device)."""
+    print(f"jmsnas session {os.getpid()}: {' '.join(str(line).split())}", file=sys.stderr, flush=True)
+
+
+def _accept_inputs(server, n: int, creds: auth.Credentials, failed=lambda: None) -> tuple:
+    """({source: connection}, {source: framing}) of the ``n`` data links into this device; a connection that does
+    not prove the secret (``auth``) is closed with one line in the log and takes no input's place. ``failed()``:
+    an exception to raise instead of waiting on (this device's own outgoing links failed), checked twice a second."""
+    ins, framing = {}, {}
+    server.settimeout(0.5)
+    while len(ins) < n:
+        try:
+            conn, addr = server.accept()
+        except (socket.timeout, TimeoutError):
+            if failed() is not None:
+                raise failed()
+            continue
+        conn.settimeout(None)
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            conn = auth.secure_server(conn, creds)
+            hello = L.recv_frame(conn).value
+            src = hello["from"]
+        except (auth.AuthError, ssl.SSLError, OSError, L.LinkClosed, TypeError, KeyError) as e:
+            _log(f"refused a data link from {addr[0]}:{addr[1]}: {e}")
+            conn.close()
+            continue
+        ins[src], framing[src] = conn, hello.get("framing")
+    return ins, framing
+
+
+def connect_link(addr, creds: auth.Credentials, what: str):
+    """A data link to ``addr`` (host, port), authenticated (and encrypted) with ``creds``; DeployError naming
+    ``what`` when the peer does not prove the secret."""
+    s = L.connect(tuple(addr))
+    try:
+        return auth.secure_client(s, creds, str(addr[0]))
+    except (auth.AuthError, ssl.SSLError, OSError) as e:
+        s.close()
+        raise DeployError(f"{what} at {addr[0]}:{addr[1]} did not authenticate: {e}") from None
+
+
+def _read_available(sock):
+    """The bytes a readable socket holds (b"": closed; None: nothing whole yet, a partial TLS record)."""
+    try:
+        data = sock.recv(1 << 20)
+    except ssl.SSLWantReadError:
+        return None
+    if isinstance(sock, ssl.SSLSocket):
+        while data and sock.pending():
+            data += sock.recv(sock.pending())
+    return data
+
+
+def _setup(args, ctl: _Control, creds: auth.Credentials = auth.NONE):
     device, part = _receive_part(ctl, L.recv_frame(ctl.sock).value)
     host = args.host or ctl.sock.getsockname()[0]
     try:
@@ -198,17 +265,25 @@ def _setup(args, ctl: _Control):
             raise SystemExit(0)
         else:
             break
-    outs = {}
-    for dst in [d for d in msg["to"] if d != "result"]:
-        s = L.connect(tuple(msg["peers"][dst]))
-        L.send_frame(s, L.JSON, value={"from": device, "framing": L.framing(s)})
-        bw, lat = msg["out"][dst]
-        outs[dst] = (s, L.Pace(bw, lat))
-    ins, framing = {}, {}
-    for _ in part.inputs:
-        conn = L.accept(server)
-        hello = L.recv_frame(conn).value
-        ins[hello["from"]], framing[hello["from"]] = conn, hello.get("framing")
+    outs, errors = {}, []
+
+    def connect_out(dst):  # concurrently with the accepts: a cycle of links (a separable network) waits on both
+        try:
+            s = connect_link(msg["peers"][dst], creds, f"device {device!r}: the data link to {dst!r}")
+            L.send_frame(s, L.JSON, value={"from": device, "framing": L.framing(s)})
+            bw, lat = msg["out"][dst]
+            outs[dst] = (s, L.Pace(bw, lat))
+        except Exception as e:  # noqa: BLE001 - re-raised by the main thread
+            errors.append(e)
+    threads = [threading.Thread(target=connect_out, args=(d,), daemon=True) for d in msg["to"] if d != "result"]
+    for t in threads:
+        t.start()
+    ins, framing = _accept_inputs(server, len(part.inputs), creds, lambda: errors[0] if errors else None)
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    outs = {d: outs[d] for d in msg["to"] if d in outs}  # in the manifest's order
     server.close()
     return device, part, msg, outs, ins, framing
 
@@ -239,7 +314,9 @@ def _serve(ctl: _Control, device, part, msg, outs, ins, framing) -> None:
         for key, _ in sel.select(timeout=1.0):
             src, buf = key.data
             try:
-                data = key.fileobj.recv(1 << 20)
+                data = _read_available(key.fileobj)
+                if data is None:
+                    continue
                 if not data:
                     raise L.LinkClosed("connection closed by the peer")
                 frames = buf.feed(data)
@@ -338,18 +415,29 @@ def main(argv=None) -> int:
     p.add_argument("--fd", type=int, required=True, help="the control connection (a connected socket's descriptor)")
     p.add_argument("--port", type=int, default=0, help="data port (default 0: a free one)")
     p.add_argument("--host", default=None, help="data address (default: where the control connection arrived)")
+    p.add_argument("--plain-control", action="store_true",
+                   help="the control connection is a local socket pair: no TLS on it even with TLS credentials")
     args = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, _on_sigterm)
     _die_with_parent()
+    creds = auth.from_env()
     try:
-        ctl = _Control(socket.socket(fileno=args.fd))
+        sock = socket.socket(fileno=args.fd)
     except OSError as e:
         print(f"jmsnas.deploy.worker: --fd {args.fd} is no connected socket: {e}", file=sys.stderr)
         return 2
+    try:  # the control connection was authenticated by the jmsnas worker (or is a local pipeline's socket pair)
+        ctl = _Control(sock if args.plain_control else auth.secure_server(sock, creds, authenticated=True))
+    except (auth.AuthError, ssl.SSLError, OSError) as e:
+        _log(f"the coordinator's TLS handshake failed: {e}")
+        return 2
     try:
-        _serve(ctl, *_setup(args, ctl))
+        _serve(ctl, *_setup(args, ctl, creds))
     except SystemExit as e:
         return int(e.code or 0)
-    except (DeployError, RuntimeError, OSError, L.LinkClosed, KeyError, TypeError, ValueError) as e:
+    except Exception as e:  # noqa: BLE001 - a malformed frame or message, a broken link: this session ends
+        known = (DeployError, OSError, RuntimeError, L.LinkClosed, ValueError)
+        _log(f"session ended: {e}" if isinstance(e, known) else f"session ended: {type(e).__name__}: {e}")
         try:
             ctl.send(L.JSON, value={"error": " ".join(str(e).split()), "cause": "own"})
         except OSError:

@@ -38,9 +38,11 @@ from jmsnas.runcheck import ConfigError
 DEFAULTS = dict(width=0.25, tables=None, fitness="supernet", supernet_epochs=2, batch_size=64, lr=3e-3,
                 population=32, generations=8, fitness_examples=256, seed=0)
 FITNESS = ("supernet", "flops")
+MIN_WIDTH = 1 / 16
 BOUNDS = {**{f"fbnet.{k}": dict(low=low, integer=True) for k, low in dict(
     supernet_epochs=0, batch_size=1, population=2, generations=1, fitness_examples=1, seed=0).items()},
-          "fbnet.width": dict(low=0, low_open=True), "fbnet.lr": dict(low=0, low_open=True),
+          # a width below 1/16 makes every layer 2 channels wide (fbnet.space.scaled's floor): a search at chance
+          "fbnet.width": dict(low=MIN_WIDTH, high=4), "fbnet.lr": dict(low=0, low_open=True),
           "t_const_ms": dict(low=0, low_open=True)}  # runcheck.number's keyword arguments
 
 
@@ -59,6 +61,10 @@ def settings(cfg) -> ml_collections.ConfigDict:
         raise ConfigError("fbnet.tables must map every device to a table file or HELP's file:DEVICE, got "
                           f"{safeio.short(s.tables)}")
     runcheck.check_bounds(cfg, BOUNDS)
+    if s.fitness == "supernet" and s.supernet_epochs < 1:
+        raise ConfigError("fbnet.supernet_epochs=0 leaves the supernet untrained, and fitness 'supernet' ranks "
+                          "networks by its accuracy (chance level); train it (fbnet.supernet_epochs >= 1) or use "
+                          "fbnet.fitness=flops")
     tb.enabled(cfg)  # a bool
     return cfg
 

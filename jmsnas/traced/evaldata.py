@@ -88,6 +88,15 @@ def load(spec: str, input_shape, data_dir: str | None = None):
     return _npz(spec, tuple(input_shape))
 
 
+def check_classes(labels, output_shape, spec: str) -> None:
+    """EvalDataError (one line) when a label is no output of the model (``output_shape``: the traced model's, with
+    its batch dimension; its other dimensions flattened are the classes): its accuracy would be 0 without a word."""
+    shape = tuple(output_shape)
+    classes = int(np.prod(shape[1:])) if len(shape) > 1 else int(shape[0])
+    if len(labels) and int(labels.max()) >= classes:
+        raise EvalDataError(f"--data {spec!r}: labels reach {int(labels.max())}; the model has {classes} outputs")
+
+
 def split(images, labels) -> tuple:
     """(val, test) halves as ``data.Split``s: the first ceil(N/2) examples and the rest."""
     h = (len(images) + 1) // 2

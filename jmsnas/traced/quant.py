@@ -73,10 +73,7 @@ def prepare(model, topo, memory_bytes: float, bits, select_on: str, data, data_d
                                      "tfds:NAME, the data its accuracy is measured on")
     t = trace(model)
     images, labels = evaldata.load(data, t.model.input_shape, data_dir)
-    classes = int(np.prod(t.output_shape[1:])) if len(t.output_shape) > 1 else int(t.output_shape[0])
-    if labels.max() >= classes:
-        raise evaldata.EvalDataError(f"--data {data!r}: labels reach {int(labels.max())}; the model has {classes} "
-                                     "outputs")
+    evaldata.check_classes(labels, t.output_shape, data)
     net = t.net
     if check_fits is not None:
         check_fits(net, [l.params for l in net.layers], memory_bytes, bits)

@@ -151,7 +151,7 @@ def _import(module: str, ref: str):
         mod = importlib.util.module_from_spec(spec)
         try:
             spec.loader.exec_module(mod)
-        except Exception as e:  # noqa: BLE001 - whatever the user's module raises
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - whatever the user's module raises, an exit too
             raise ModelRefError(f"model {ref!r}: importing {module!r} raised {_one_line(e)}") from None
         return mod
     added = os.getcwd() not in sys.path
@@ -164,7 +164,7 @@ def _import(module: str, ref: str):
             raise ModelRefError(f"model {ref!r}: module {module!r} not found (expected an importable module, "
                                 "e.g. pkg.module:factory, or path/to/file.py:factory)") from None
         raise ModelRefError(f"model {ref!r}: importing {module!r} raised {_one_line(e)}") from None
-    except Exception as e:  # noqa: BLE001
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - sys.exit() at import is a failing module too
         raise ModelRefError(f"model {ref!r}: importing {module!r} raised {_one_line(e)}") from None
     finally:
         if added and sys.path and sys.path[0] == os.getcwd():
@@ -184,7 +184,7 @@ def resolve(ref) -> UserModel:
         raise ModelRefError(f"model {ref!r}: {module!r} has no function {fn_name!r}")
     try:
         made = factory()
-    except Exception as e:  # noqa: BLE001 - whatever the user's factory raises
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - whatever the user's factory raises, an exit too
         raise ModelRefError(f"model {ref!r}: the factory raised {_one_line(e)}") from None
     if isinstance(made, UserModel):
         return made._replace(input_shape=_shape(made.input_shape, ref))

@@ -96,7 +96,7 @@ def run_example(t: Traced, leaves: dict, start: int, stop: int, xs, wbits=None, 
             continue
         for v, y in zip(op.outs, _bind(op, [get(i) for i in op.ins])):
             if outs_of.get(v) == k:
-                if abits is not None:
+                if abits is not None and jnp.issubdtype(y.dtype, jnp.floating):  # not a cond's predicate or index
                     y = fake_quant_act(y, ranges[k, 0], ranges[k, 1], abits[k])
                 if collect:
                     collected[k - start].append(y)

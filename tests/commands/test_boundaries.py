@@ -134,6 +134,52 @@ def test_a_config_argument_typo_is_refused(capsys, tmp_path):
     assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.parametrize("where", ["import", "get_config"])
+def test_a_config_file_that_calls_sys_exit_is_a_failing_user_file(capsys, tmp_path, where):
+    """sys.exit(0) in a config file (at import or in get_config) made the command exit 0 having done nothing."""
+    cfg = tmp_path / "cfg.py"
+    body = "import sys\nsys.exit(0)\n" if where == "import" else "import sys\ndef get_config():\n    sys.exit(0)\n"
+    cfg.write_text(body)
+    fails(capsys, ["search", "--config", str(cfg), "--workdir", tmp_path / "w"], "called sys.exit(0)")
+    assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize("where", ["import", "factory"])
+def test_a_model_module_that_calls_sys_exit_is_a_failing_user_file(capsys, tmp_path, where):
+    """sys.exit(0) in a --model module (at import or in its factory): one line, exit 2, nothing written."""
+    mod = tmp_path / "m.py"
+    mod.write_text("import sys\nsys.exit(0)\ndef f():\n    pass\n" if where == "import" else
+                   "import sys\ndef f():\n    sys.exit(0)\n")
+    fails(capsys, ["export", "--model", f"{mod}:f", "--topology", "chain", "--workdir", tmp_path / "w"],
+          "SystemExit: 0")
+    assert not (tmp_path / "w").exists()
+
+
+FBNET = os.path.join(REPO, "experiments", "configs", "fbnet_raspi4.py")
+
+
+@pytest.mark.parametrize("override, needles", [
+    ("--config.fbnet.supernet_epochs=0", ("fbnet.supernet_epochs=0", "fbnet.fitness=flops")),
+    ("--config.fbnet.width=1e-9", ("fbnet.width",)),
+])
+def test_an_fbnet_search_at_chance_level_is_refused_before_the_workdir(capsys, tmp_path, override, needles):
+    """fitness=supernet with an untrained supernet, or a width that makes every layer 2 channels: the search would
+    rank networks at chance level and write that as a result."""
+    fails(capsys, ["search", "--config", FBNET, "--workdir", tmp_path / "w", override], *needles)
+    assert not (tmp_path / "w").exists()
+
+
+def test_tensorboard_false_is_taken_by_the_fbnet_config():
+    """--config.tensorboard=False (docs/runs.md, every training command) on a config file that does not name it."""
+    from jmsnas import configs, tensorboard as tb
+    from jmsnas.fbnet import flow
+    cfg = configs.apply_overrides(configs.load_config(FBNET), ["--config.tensorboard=False"])
+    assert tb.enabled(flow.settings(cfg)) is False
+    assert tb.enabled(flow.settings(configs.load_config(FBNET))) is True
+    with pytest.raises(ValueError, match="config key 'tensorboard': expected true or false"):
+        configs.apply_overrides(configs.load_config(FBNET), ["--config.tensorboard=maybe"])
+
+
 def test_a_killed_splitnets_run_is_told_to_resume(capsys, tmp_path):  # SplitNets resumes (jmsnas.run)
     w = tmp_path / "w"
     w.mkdir()

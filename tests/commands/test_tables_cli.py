@@ -63,6 +63,43 @@ def test_bad_input_is_one_line_and_writes_nothing(files, monkeypatch, capsys, ar
     assert sorted(os.listdir(files)) == before
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["adapt", "--table", "ten.json", "--measured", "ten.json", "--out", "ten.json"], "--out ten.json is the --measured"),
+    (["adapt", "--table", "titan.json", "--measured", "ten.json", "--out", "./titan.json"], "is the base table"),
+    (["validate", "--table", "titan.json", "--measured", "ten.json", "--json", "ten.json"],
+     "--json ten.json is the --measured file"),
+    (["validate", "--table", "titan.json", "--measured", "ten.json", "--plot", "titan.json"], "--plot titan.json is the table"),
+])
+def test_an_output_onto_an_input_is_refused_before_any_work(files, monkeypatch, capsys, argv, message):
+    """adapt --out onto its --measured file or base table, validate --json/--plot onto an input: one line, exit 2,
+    the input unchanged (they were overwritten with exit 0)."""
+    monkeypatch.chdir(files)
+    if not (files / "titan.json").exists():
+        assert main(["adapt", "--table", HELP_PIXEL3, "--measured", "ten.json", "--out", "titan.json"]) == 0
+    before = {n: (files / n).read_bytes() for n in ("ten.json", "titan.json")}
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    assert {n: (files / n).read_bytes() for n in before} == before
+
+
+@pytest.mark.parametrize("ms", [1e-300, 1e308])
+def test_an_implausible_measured_latency_is_refused_naming_the_network(files, tmp_path, capsys, ms):
+    """Measured latencies of 1e-300 or 1e308 ms (a table scaled by ~1e-302, a 300-digit percentage): one line naming
+    the network, for adapt and for validate."""
+    d = json.loads((files / "ten.json").read_text())
+    d["networks"][4]["ms"] = ms
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(d))
+    for argv in (["adapt", "--table", HELP_PIXEL3, "--measured", str(bad), "--out", str(tmp_path / "t.json")],
+                 ["validate", "--table", HELP_PIXEL3, "--measured", str(bad)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "networks[4].ms must be a latency of 1e-06-1e+07 ms" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "t.json").exists()
+
+
 @pytest.mark.slow
 def test_remote_timing_is_the_workers_calibrate_message(monkeypatch):
     """``jmsnas measure --remote`` times on a ``jmsnas worker`` (the pipeline's): every program one part of one

@@ -137,7 +137,7 @@ def test_measured_file_round_trip_and_errors(tmp_path, data):
     d = NW.to_dict(m)
     d["networks"][3]["ms"] = -1.0
     (tmp_path / "bad.json").write_text(json.dumps(d))
-    with pytest.raises(LT.TableError, match=r"networks\[3\]\.ms must be a latency > 0 ms, got -1.0"):
+    with pytest.raises(LT.TableError, match=r"networks\[3\]\.ms must be a latency of 1e-06-1e\+07 ms .*, got -1.0"):
         NW.load(tmp_path / "bad.json")
 
 

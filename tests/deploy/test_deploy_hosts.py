@@ -19,14 +19,16 @@ import pytest
 
 from jmsnas import cli, topology as T
 from jmsnas.topology import presets
-from jmsnas.deploy import clock, links as L, netlab, reference
+from jmsnas.deploy import auth, clock, links as L, netlab, reference
 from jmsnas.deploy.export import export_run
 from jmsnas.deploy.pipeline import run_pipeline
 from jmsnas.deploy.runtime import DeployError, load_part
 from test_deploy import make_run
+from certs import make_tls
 
 from paths import REPO
 MARK = "JMSNAS_TEST_HOSTS_MARK"
+SECRET = "namespace-lab-secret-0123456789abcdef"
 
 
 # ----------------------------------------------------------------------------------------------- clock
@@ -57,10 +59,10 @@ def test_offset_estimate_is_within_its_uncertainty_of_the_true_offset():
 
 # ------------------------------------------------------------------------------------------ daemons
 
-def _daemon(listen: str, env=None, lab=None, device=None, wait=True):
+def _daemon(listen: str, env=None, lab=None, device=None, wait=True, flags=()):
     """A ``jmsnas worker --listen`` process (in ``lab``'s namespace of ``device`` if given), once it listens (with
     ``wait``)."""
-    argv = [sys.executable, "-m", "jmsnas.cli", "worker", "--listen", listen]
+    argv = [sys.executable, "-m", "jmsnas.cli", "worker", "--listen", listen, *flags]
     env = {**os.environ, MARK: "1", "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
            **(env or {})}
     kw = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
@@ -71,8 +73,9 @@ def _daemon(listen: str, env=None, lab=None, device=None, wait=True):
     return proc
 
 
-def _marked_sessions() -> list:
-    """Live session processes (``jmsnas.deploy.worker``) started by this file's daemons, in any namespace."""
+def _marked_sessions(mark: str = MARK) -> list:
+    """Live session processes (``jmsnas.deploy.worker``) started by the daemons of a test file (its ``mark`` in
+    their environment), in any namespace."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -84,7 +87,7 @@ def _marked_sessions() -> list:
                 state = f.read().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if f"{MARK}=1".encode() in env and b"jmsnas.deploy.worker" in cmd and state != "Z":
+        if f"{mark}=1".encode() in env and b"jmsnas.deploy.worker" in cmd and state != "Z":
             found.append(int(pid))
     return found
 
@@ -165,6 +168,23 @@ def test_refused_unresolvable_and_malformed_hosts_are_one_line(tiny, tmp_path, c
     msg = _one_line(capsys, argv + [_hosts_file(tmp_path, {"ue": base["ue"]}, "m.yaml")])
     assert "missing ['sbs', 'mbs', 'cloud']" in msg, msg
     _no_session_left()
+
+
+def test_a_hosts_file_is_read_with_the_capped_loader(tiny, tmp_path, capsys):
+    """An alias bomb, /dev/zero and a 1 MB file as --hosts: one line each, exit 2, nothing read past the cap (the
+    plain yaml.safe_load expanded the bomb and read /dev/zero until memory ran out)."""
+    bomb = tmp_path / "bomb.yaml"  # ue: a list of 10^9 x's by aliases (a few hundred bytes, a small object graph)
+    levels = ["&a [x, x, x, x, x, x, x, x, x, x]"] + [
+        f"&{chr(97 + k)} [" + ", ".join([f"*{chr(96 + k)}"] * 10) + "]" for k in range(1, 9)]
+    bomb.write_text("ue: [" + ", ".join(levels) + "]\nsbs: 127.0.0.1:7000\nmbs: 127.0.0.1:7000\n"
+                    "cloud: 127.0.0.1:7000\n")
+    big = tmp_path / "big.yaml"
+    big.write_text("ue: 127.0.0.1:7000\n" + "# padding\n" * 100000)
+    argv = ["pipeline", "--workdir", tiny, "--images", "2", "--hosts"]
+    for path, message in ((bomb, "device 'ue' must be HOST:PORT"), ("/dev/zero", "larger than 65536 bytes"),
+                          (big, "larger than 65536 bytes")):
+        msg = _one_line(capsys, argv + [str(path)])
+        assert message in msg and str(path) in msg, msg
 
 
 @pytest.mark.slow
@@ -289,11 +309,21 @@ def chain3(tmp_path_factory):
                                   presets.device("server_v100", "cloud")], [4.0, 8.0], [1, 1, 1])
         make_run(run, "chain", topo=topo, shapes=((128, 128, 128), (1, 1, 1)))
         export_run(run)
-        for proc in [_daemon(f"{lab.addresses[d]}:7000", lab=lab, device=d, wait=False) for d in ("ue", "sbs", "cloud")]:
+        secret = os.path.join(run, "secret")
+        with open(secret, "w") as f:
+            f.write(SECRET)
+        tls = make_tls(os.path.join(run, "tls"), [lab.addresses[d] for d in ("ue", "sbs", "cloud")])
+        tls_flags = ["--tls-cert", tls["cert"], "--tls-key", tls["key"], "--tls-ca", tls["ca"]]
+        procs = [_daemon(f"{lab.addresses[d]}:{port}", lab=lab, device=d, wait=False,
+                         flags=["--secret-file", secret, *(tls_flags if port == 7001 else [])])
+                 for d in ("ue", "sbs", "cloud") for port in (7000, 7001)]
+        for proc in procs:
             line = proc.stdout.readline()
-            assert "listening on" in line, line
-        yield {"lab": lab, "run": run, "rates": rates,
-               "hosts": {d: f"{lab.addresses[d]}:7000" for d in ("ue", "sbs", "cloud")}}
+            assert "listening on" in line and "secret required" in line, line
+        yield {"lab": lab, "run": run, "rates": rates, "secret": secret, "tls": tls,
+               "credentials": auth.Credentials(SECRET.encode()),
+               "hosts": {d: f"{lab.addresses[d]}:7000" for d in ("ue", "sbs", "cloud")},
+               "tls_hosts": {d: f"{lab.addresses[d]}:7001" for d in ("ue", "sbs", "cloud")}}
     finally:
         netlab.destroy(lab)
         _no_session_left()
@@ -302,18 +332,23 @@ def chain3(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_namespace_chain_with_kernel_shaped_links(chain3, tmp_path, capsys):
-    """jmsnas pipeline --hosts --pacing network --check over three addresses: outputs == the whole network, each
-    link's measured wire Mbit/s within 5% of its tbf rate, every clock offset reported with its uncertainty."""
-    hosts = _hosts_file(tmp_path, chain3["hosts"])
+@pytest.mark.parametrize("tls", [False, True], ids=["secret", "secret+tls"])
+def test_namespace_chain_with_kernel_shaped_links(chain3, tmp_path, capsys, tls):
+    """jmsnas pipeline --hosts --pacing network --check over three addresses, every connection authenticated by
+    the secret (and encrypted by TLS, a certificate made here for the three addresses): outputs == the whole
+    network, each link's measured wire Mbit/s within 5% of its tbf rate (TLS adds 0.5% to a payload), every clock
+    offset reported with its uncertainty."""
+    where = chain3["tls_hosts" if tls else "hosts"]
+    hosts = _hosts_file(tmp_path, where)
     assert cli.main(["pipeline", "--workdir", chain3["run"], "--hosts", hosts, "--pacing", "network", "--check",
-                     "--phase", "latency", "--images", "12", "--json"]) == 0
+                     "--phase", "latency", "--images", "12", "--json", "--secret-file", chain3["secret"],
+                     *(["--tls-ca", chain3["tls"]["ca"]] if tls else [])]) == 0
     a = json.loads(capsys.readouterr().out)[0]
     assert a["max_abs_diff"] <= 1e-5
     for (src, dst), rate in chain3["rates"].items():
         got = a["measured"]["link_wire_mbps"][f"{src}->{dst}"]
         assert got == pytest.approx(rate, rel=0.05), (src, dst, got, a["measured"]["link_mbps"])
-    assert a["where"] == chain3["hosts"]
+    assert a["where"] == where
     for d, c in a["clock"].items():  # one kernel, one clock: the true offset is 0
         assert abs(c["offset_ms"]) <= c["uncertainty_ms"] + 1e-6
     _no_session_left()
@@ -332,7 +367,7 @@ def test_a_dead_worker_at_another_address_is_one_line(chain3):
 
     with pytest.raises(DeployError) as e:
         run_pipeline(os.path.join(chain3["run"], "export"), images, phase="stream", pacing="network",
-                     hosts=chain3["hosts"], on_start=start, timeout_s=30.0)
+                     hosts=chain3["hosts"], on_start=start, timeout_s=30.0, credentials=chain3["credentials"])
     msg = str(e.value)
     assert msg.startswith(f"device 'sbs' at {chain3['hosts']['sbs']} (pid {pids['sbs']}) died"), msg
     assert "\n" not in msg
@@ -344,7 +379,7 @@ def test_an_unreachable_host_is_one_line(chain3, tmp_path, capsys):
     """A hosts file naming an address of the lab's subnet where no machine answers: one line, exit 2."""
     hosts = dict(chain3["hosts"], sbs=chain3["lab"].addresses["ue"].rsplit(".", 1)[0] + ".99:7000")
     msg = _one_line(capsys, ["pipeline", "--workdir", chain3["run"], "--connect-timeout", "1", "--hosts",
-                             _hosts_file(tmp_path, hosts)])
+                             _hosts_file(tmp_path, hosts), "--secret-file", chain3["secret"]])
     assert f"device 'sbs': {hosts['sbs']}" in msg and ("did not answer" in msg or "unreachable" in msg), msg
     _no_session_left()
 

@@ -154,12 +154,16 @@ def test_separable_parts_over_hosts_check_and_predicted_vs_measured(run, tmp_pat
     if reason and os.environ.get("JMSNAS_REQUIRE_NETNS") == "1":
         pytest.fail(f"JMSNAS_REQUIRE_NETNS=1 but network namespaces cannot be used: {reason}")
     m = read_parts(d)
+    secret = str(tmp_path / "secret")  # every link authenticated (the cycle of data links too)
+    with open(secret, "w") as f:
+        f.write("separable-hosts-secret-0123456789")
     try:
         if reason is None:
             links = {(l["src"], l["dst"]): l["bandwidth_mbps"] for l in m.links}
             lab = netlab.create(devices, links)
             hosts = {x: f"{lab.addresses[x]}:7000" for x in devices}
-            daemons = [_daemon(hosts[x], lab=lab, device=x, wait=False) for x in devices]
+            daemons = [_daemon(hosts[x], lab=lab, device=x, wait=False, flags=["--secret-file", secret])
+                       for x in devices]
             for p in daemons:
                 line = p.stdout.readline()
                 assert "listening on" in line, line
@@ -171,9 +175,10 @@ def test_separable_parts_over_hosts_check_and_predicted_vs_measured(run, tmp_pat
                 ports.append(s.getsockname()[1])
                 s.close()
             hosts = {x: f"127.0.0.1:{p}" for x, p in zip(devices, ports)}
-            daemons = [_daemon(hosts[x]) for x in devices]
+            daemons = [_daemon(hosts[x], flags=["--secret-file", secret]) for x in devices]
         argv = ["pipeline", "--workdir", d, "--export-dir", str(tmp_path / "export"), "--hosts",
-                _hosts_file(tmp_path, hosts), "--check", "--phase", "latency", "--images", "8", "--json"]
+                _hosts_file(tmp_path, hosts), "--check", "--phase", "latency", "--images", "8", "--json",
+                "--secret-file", secret]
         assert cli.main(argv) == 0, capsys.readouterr().err
         a = json.loads(capsys.readouterr().out)[0]
     finally:

@@ -202,6 +202,50 @@ def test_bad_data_one_line_exit_2(tmp_path, capsys, arrays, needle):
     assert len(err.splitlines()) == 1 and needle in err, err
 
 
+COND = textwrap.dedent('''
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    def model():
+        def apply(p, x):
+            h = jnp.tanh(x.reshape(len(x), -1) @ p["a"])
+            h = jax.lax.cond(h.sum() > 0, lambda z: z * 2.0, lambda z: -z, h)
+            return h @ p["b"]
+        rng = np.random.default_rng(0)
+        return apply, {"a": rng.normal(size=(64, 16)).astype(np.float32),
+                       "b": rng.normal(size=(16, 10)).astype(np.float32)}, (8, 8, 1)
+''')
+
+
+def _cond_files(tmp_path, classes: int) -> tuple:
+    (tmp_path / "condm.py").write_text(COND)
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "d.npz", images=rng.normal(size=(24, 8, 8, 1)).astype(np.float32),
+             labels=(np.arange(24) % classes).astype(np.int32))
+    return f"{tmp_path}/condm.py:model", str(tmp_path / "d.npz")
+
+
+def test_autosplit_data_on_a_model_with_lax_cond(tmp_path, capsys):
+    """A model with lax.cond (documented as supported) through autosplit --data: the fake-quantized runner left
+    the cond's predicate alone (it quantized it to float32: a TypeError traceback)."""
+    model, data = _cond_files(tmp_path, 10)
+    assert cli.main(["autosplit", "--model", model, "--data", data, "--topology", "autosplit", "--memory-mb", "1",
+                     "--max-accuracy-drop", "0.5", "--bits", "4,8"]) == 0
+    assert "autosplit" in capsys.readouterr().out
+
+
+def test_export_data_with_labels_beyond_the_models_outputs_is_one_line(tmp_path, capsys):
+    """export --model --data with labels 0-19 for a 10-output model: refused as autosplit refuses it (the pipeline
+    reported accuracy 0.000 without a word); nothing written."""
+    model, data = _cond_files(tmp_path, 20)
+    assert cli.main(["export", "--model", model, "--topology", "chain", "--workdir", str(tmp_path / "w"),
+                     "--data", data]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "labels reach 19; the model has 10 outputs" in err, err
+    assert not (tmp_path / "w").exists()
+
+
 TINY = textwrap.dedent('''
     import flax_zoo
     from jmsnas.traced import ref
