@@ -99,10 +99,11 @@ def main(argv=None) -> int:
         print(f"{dev:14s} {name:16s} {r['mape_pct']:8.2f} {r['within_10pct']:8.1f} {r['spearman']:9.3f} {cov}")
     for dev in devices:
         c = out[dev]["chosen"]
+        iv = c["interval"]
         print(f"{dev}: {'FALLBACK to one factor' if c['fallback'] else 'library'}: {c['why']}; dropped {c['dropped']};"
               f" {len(c['chosen'])} model(s) averaged; 90% interval ±{100 * c['interval']['rel_halfwidth']:.1f}% "
-              f"(z {c['interval']['factor']:.2f} x sigma {100 * c['interval']['loo_rms_rel']:.2f}%: "
-              f"{c['interval']['factor_from']})")
+              f"(z {iv['factor']:.2f} x scale {100 * iv.get('scale', iv['loo_rms_rel']):.2f}%: "
+              f"{iv['factor_from']})")
     checks = []
     for dev in devices:
         d, b, e = out[dev]["(d) library"], out[dev]["(b) one factor"], out[dev]["(e) ceiling"]

@@ -37,8 +37,8 @@ Model (the argument for it: docs/device_tables.md). With library tables L_1..L_J
    When the measured networks are exactly the ones a curve's ``reference`` block was calibrated on (HELP's 10
    reference networks), that block is used (the calibration then matches the design: those 10 networks are more
    diverse than a random 10, and their leave-one-out errors larger); else the random-draw scores at K networks.
-   Without curves, and for the fallback: Student's t_{0.95, K-1} times the RMS of the used table's leave-one-out
-   errors. The 90% interval of a network predicted p ms is
+   Without curves: Student's t_{0.95, K-1} times that scale; for the fallback: Student's t times the RMS of the
+   rescale's own leave-one-out errors. The 90% interval of a network predicted p ms is
    [p (1 - h), p (1 + h)] (``interval_ms``).
 
 Everything is a function of the sorted library and the measured networks: permuting the library changes nothing.
@@ -230,13 +230,10 @@ def _interval(r, lib, k: int, use_lib: bool, target=None, archs=None, scores=())
     if r is None or len(r) < 3:
         return None
     sigma = float(np.sqrt(np.mean(r ** 2)))
+    scale = float(np.sqrt(np.mean(np.concatenate([c["_r"] for c in scores]) ** 2))) if use_lib else sigma
     factor, how = LB.interval_factor(lib, k, target, archs, LEVEL) if use_lib else (None, None)
     if factor is None:
         factor, how = float(stats.t.ppf(0.5 + LEVEL / 2, len(r) - 1)), f"Student t, {len(r) - 1} degrees of freedom"
-        scale = sigma
-    else:
-        every = np.concatenate([c["_r"] for c in scores])
-        scale = float(np.sqrt(np.mean(every ** 2)))
     return {"level": LEVEL, "rel_halfwidth": float(factor * scale), "loo_rms_rel": sigma, "scale": scale,
             "factor": factor, "factor_from": how}
 
