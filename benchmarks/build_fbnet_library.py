@@ -23,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from jmsnas.cost import accuracy, adapt_prior as AP, layerfit  # noqa: E402
+from jmsnas.cost import adapt_prior as AP, layerfit  # noqa: E402
 from jmsnas.cost import layertable as LT  # noqa: E402
 from jmsnas.fbnet import help as H  # noqa: E402
 from jmsnas.fbnet.space import fbnet_c100  # noqa: E402
