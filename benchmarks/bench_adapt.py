@@ -9,8 +9,9 @@ Reports MAPE, % within +-10% and Spearman's rho on the test set for
     Student's t times the leave-one-out RMS error),
 (d) ``jmsnas.cost.adapt_prior.adapt_library`` with the library's tables (the shipped jmsnas/fbnet/library, fitted
     on each device's networks 0-3599; ``--library DEV,...`` names those it may use, default every device but the
-    target: the target's own data is never in its prior apart from its samples), and the share of the test networks
-    inside its 90% interval,
+    target: the target's own data is never in its prior apart from its samples: the library tables' learning curves
+    and interval calibration it reads are the ones built with the target left out, ``learning_curve_without``),
+    and the share of the test networks inside its 90% interval,
 (e) the ceiling: a per-layer table fitted (``jmsnas.cost.layerfit``) on the device's own networks 0-3999.
 With ``--samples 5,10,20,50``: the learning curve of (d) (and (b)) with K random networks of 0-3999 per device,
 median over ``--draws`` draws. No test network is in any fit or choice.
@@ -98,8 +99,11 @@ def main(argv=None) -> int:
         print(f"{dev:14s} {name:16s} {r['mape_pct']:8.2f} {r['within_10pct']:8.1f} {r['spearman']:9.3f} {cov}")
     for dev in devices:
         c = out[dev]["chosen"]
+        iv = c["interval"]
         print(f"{dev}: {'FALLBACK to one factor' if c['fallback'] else 'library'}: {c['why']}; dropped {c['dropped']};"
-              f" {len(c['chosen'])} model(s) averaged; 90% interval ±{100 * c['interval']['rel_halfwidth']:.1f}%")
+              f" {len(c['chosen'])} model(s) averaged; 90% interval ±{100 * c['interval']['rel_halfwidth']:.1f}% "
+              f"(z {iv['factor']:.2f} x scale {100 * iv.get('scale', iv['loo_rms_rel']):.2f}%: "
+              f"{iv['factor_from']})")
     checks = []
     for dev in devices:
         d, b, e = out[dev]["(d) library"], out[dev]["(b) one factor"], out[dev]["(e) ceiling"]

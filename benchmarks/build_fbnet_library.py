@@ -2,10 +2,13 @@
 
 For every device of HELP's fbnet_latency.json: ``jmsnas.cost.layerfit.fit`` on its networks 0-3999 (the first 3600
 fitted, 3600-3999 held out: the table's ``validation``); networks 4000-4999, the benchmark's test set, are in no
-fit. Then the device's learning curve (and its interval calibration: the 90% quantile of the held-out relative
-errors over the leave-one-out RMS relative error, ``interval_factor``): ``adapt_prior.adapt_library`` from the other devices' tables with K random
-networks of 0-3599 (K = 5, 10, 20, 50; ``--draws`` draws each; base: the Pixel 3 table, the Raspberry Pi 4's for
-the Pixel 3), scored on 3600-3999; the medians go in ``adaptation["learning_curve"]``.
+fit. Then the device's learning curve and interval calibration (``adapt_prior.learning_curve``): the device
+adapted by ``adapt_prior.adapt_library`` from the other devices' tables with K random networks of 0-3599 (K = 5,
+10, 20, 50; ``--draws`` draws each) scored on 3600-3999, and from HELP's 10 reference networks scored on the rest
+of 0-3999 (base: the Pixel 3 table, the Raspberry Pi 4's for the Pixel 3): the medians of the errors and the
+percentiles of the calibration scores |y - p| / p / sigma go in ``adaptation["learning_curve"]``. The same with
+each other device x left out of the library too go in ``adaptation["learning_curve_without"][x]``: when x is the
+target (the benchmark leaves each device out in turn), its prior reads only curves built without x's table.
 
     python benchmarks/build_fbnet_library.py [--data ../shared/reference/help_fbnet] [--out jmsnas/fbnet/library]
 """
@@ -20,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from jmsnas.cost import accuracy, adapt_prior as AP, layerfit  # noqa: E402
+from jmsnas.cost import adapt_prior as AP, layerfit  # noqa: E402
 from jmsnas.cost import layertable as LT  # noqa: E402
 from jmsnas.fbnet import help as H  # noqa: E402
 from jmsnas.fbnet.space import fbnet_c100  # noqa: E402
@@ -47,32 +50,24 @@ def fit_all(data) -> dict:
     return out
 
 
-def curve(data, tables, base_tables, dev, ks=KS, draws=5, seed=0) -> dict:
-    """The learning curve of ``dev`` adapted from the other tables (module docstring)."""
-    rng = np.random.default_rng(seed)
-    lib = [t for d, t in tables.items() if d != dev]
+def curve(data, tables, base_tables, dev, exclude=None, ks=KS, draws=5, seed=0) -> dict:
+    """The learning curve and interval calibration of ``dev`` adapted from the other tables, ``exclude`` left out
+    too (module docstring); ``adapt_prior.learning_curve`` with K random networks of 0-3599 scored on 3600-3999, and
+    HELP's 10 reference networks scored on the other networks of 0-3999."""
+    lib = [t for d, t in tables.items() if d not in (dev, exclude)]
     base = base_tables["pixel3" if dev != "pixel3" else "raspi4"]
-    held = H.measured(data, dev, range(3600, 4000))
-    rows = {"networks": list(ks), "mape_pct": [], "within_10pct": [], "rms_rel": [], "coverage_90_pct": [],
-            "interval_factor": []}
-    for k in ks:
-        got = []
-        for _ in range(draws):
-            sample = H.measured(data, dev, rng.choice(3600, k, replace=False))
-            t = AP.adapt_library(base, sample, lib, stages=stages())
-            p = LT.predict_ms(t, held.archs)
-            lo, hi = AP.interval_ms(t, held.archs) if t.adaptation["interval"] else (p, p)
-            r = accuracy.report(p, held.ms)
-            err = np.abs(p - held.ms) / held.ms
-            got.append((r["mape_pct"], r["within_10pct"], float(np.sqrt(np.mean(err ** 2))),
-                        float(100 * np.mean((held.ms >= lo) & (held.ms <= hi))),
-                        float(np.quantile(err, 0.9) / max(t.adaptation["interval"]["loo_rms_rel"], 1e-9))))
-        med = np.median(np.array(got), axis=0)
-        for key, v in zip(("mape_pct", "within_10pct", "rms_rel", "coverage_90_pct", "interval_factor"), med):
-            rows[key].append(float(v))
-    rows["how"] = (f"median over {draws} draws of K networks from 0-3599, adapted from the other library tables "
-                   f"(jmsnas.cost.adapt_prior), scored on networks 3600-3999")
-    return rows
+    return AP.learning_curve(base, lib, H.measured(data, dev, range(3600)), H.measured(data, dev, range(3600, 4000)),
+                             ks=ks, draws=draws, seed=seed, stages=stages(),
+                             reference=H.measured(data, dev, data["reference"]))
+
+
+def curves(data, tables, base_tables, dev, ks=KS, draws=5, seed=0) -> dict:
+    """{"learning_curve": from every other table, "learning_curve_without": {x: with x left out too}}: when x is
+    the target of an adaptation (a benchmark leaving x out), its prior reads the curves built without x, so nothing
+    of x's data is in it (``library.interval_factor``/``expected_error``)."""
+    c = curve(data, tables, base_tables, dev, None, ks, draws, seed)
+    without = {x: curve(data, tables, base_tables, dev, x, ks, draws, seed) for x in tables if x != dev}
+    return {"learning_curve": c, "learning_curve_without": without}
 
 
 def main(argv=None) -> int:
@@ -87,8 +82,9 @@ def main(argv=None) -> int:
     base_tables = H.tables(args.data)
     os.makedirs(args.out, exist_ok=True)
     for dev, t in tables.items():
-        c = curve(data, tables, base_tables, dev, draws=args.draws)
-        t = t._replace(adaptation={**t.adaptation, "learning_curve": c})
+        cs = curves(data, tables, base_tables, dev, draws=args.draws)
+        c = cs["learning_curve"]
+        t = t._replace(adaptation={**t.adaptation, **cs})
         LT.save(t, os.path.join(args.out, f"{dev}.json"))
         v = t.validation
         print(f"{dev:14s} held-out 3600-3999: MAPE {v['mape_pct']:.2f}%  within ±10% {v['within_10pct']:.1f}%  "

@@ -6,6 +6,11 @@ Model (the argument for it: docs/device_tables.md). With library tables L_1..L_J
 1. Combination. m = sum_j w_j L_j, w >= 0, fitted by non-negative least squares on relative errors
    (min sum_k ((sum_j w_j L_j(a_k) - y_k) / y_k)^2). A combination of tables is a table: c_m = sum w_j c_j,
    m[l, o] = sum w_j L_j[l, o], never negative.
+1b. Structure. The basis holds, beside the library's tables, tables built from the space alone (``STRUCTURES``,
+   ``structural_tables``): ``launch``, one unit per layer that runs something (a block, or a skip where the layer
+   changes the shape: a 1 x 1 convolution). Its weight is a cost per layer launched whatever its arithmetic: the
+   kernel-launch cost that dominates a GPU on small inputs (titan_rtx_32: ~0.45 ms per layer for a batch of 32,
+   whatever the block), which no CPU or phone of the library shows. NNLS gives it weight 0 where it does not help.
 2. Per-type corrections shrunk toward the combination: T(a) = theta_0 c_m + sum_l theta_g(l, a_l) m[l, a_l],
    theta >= 0, fitted as ``adapt.fit_features`` does (relative least squares + lam sum (theta - s)^2, s the single
    factor that best rescales m); the cell groups g are the block types of ``adapt.op_groups`` (expand,
@@ -20,17 +25,28 @@ Model (the argument for it: docs/device_tables.md). With library tables L_1..L_J
    the one-factor rescale (the data cannot tell that the library helps), and ``adaptation["fallback"]`` says so.
 5. Outliers. A network whose relative error under the combination fitted on all K is above 15% and 5 robust
    standard deviations (1.4826 MAD) from the median is left out (at most K // 5 of them; ``dropped``).
-6. Interval. Relative half-width h = z sigma, sigma the RMS of the chosen table's leave-one-out relative errors
-   r_k, z the library's calibration (``library.interval_factor``: for each library device adapted from the others,
-   the 90% quantile of its held-out relative errors over its sigma, median over draws; the median over the
-   library's devices at K networks), or Student's t_{0.95, K-1} without curves and for the fallback: the 90% interval of a network
-   predicted p ms is [p (1 - h), p (1 + h)] (``interval_ms``).
+6. Interval (split-conformal, scaled). Relative half-width h = z sigma. sigma, the device's scale: the RMS of the
+   leave-one-out relative errors of *every* candidate of step 3 (the chosen table's own are the lowest of ~25 on the
+   same 10 networks, biased low by the choice; on networks 0-3999 of HELP's devices, not the test set, the
+   all-candidate scale put 3 of 6 devices' coverage in 85-95% against 1 of 6 for the chosen table's). z: the 90%
+   quantile of the pooled scores |y - p| / p / sigma of the library's devices, each adapted by this procedure from
+   the *other* library devices and scored on its own held-out networks
+   (``library.interval_factor``; the curves stored in the library tables, ``learning_curve``). When the target is
+   itself a device the library's curves were built with (leave-one-device-out), only the curves built with the
+   target left out are read (``learning_curve_without``): nothing of the target but its samples is in its prior.
+   When the measured networks are exactly the ones a curve's ``reference`` block was calibrated on (HELP's 10
+   reference networks), that block is used (the calibration then matches the design: those 10 networks are more
+   diverse than a random 10, and their leave-one-out errors larger); else the random-draw scores at K networks.
+   Without curves: Student's t_{0.95, K-1} times that scale; for the fallback: Student's t times the RMS of the
+   rescale's own leave-one-out errors. The 90% interval of a network predicted p ms is
+   [p (1 - h), p (1 + h)] (``interval_ms``).
 
 Everything is a function of the sorted library and the measured networks: permuting the library changes nothing.
 """
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 from scipy import stats
@@ -42,9 +58,12 @@ from jmsnas.cost import library as LB
 from jmsnas.cost import networks as NW
 
 GROUPINGS = ("expand", "kernel_expand", "op", "stage", "stage_expand")
+STRUCTURES = ("launch",)
 LAMBDAS = (1e-3, 1e-2, 1e-1, 1.0, 10.0)
 COMBINATION = "combination"
 LEVEL = 0.9
+SCORE_LEVELS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 0.825, 0.85, 0.875, 0.9, 0.925, 0.95, 0.975, 0.99,
+                1.0)
 
 
 def cell_groups(op_names, num_layers: int, grouping: str, stages=None) -> np.ndarray:
@@ -62,6 +81,35 @@ def cell_groups(op_names, num_layers: int, grouping: str, stages=None) -> np.nda
     else:
         g = np.broadcast_to(AD.op_groups(op_names, grouping)[None], (num_layers, len(op_names)))
     return np.unique(np.asarray(g).ravel(), return_inverse=True)[1].reshape(num_layers, len(op_names))
+
+
+def _reshaping(base: LT.LayerTable) -> np.ndarray:
+    """bool[N]: the layers whose output shape differs from their input's (a skip there is a 1 x 1 convolution, it
+    runs), from the registered space of the table; all False when the space is not registered or has no layers."""
+    from jmsnas import spaces
+    try:
+        layers = getattr(spaces.get(base.space), "layers", None)
+    except ValueError:
+        layers = None
+    if not layers or len(layers) != base.num_layers:
+        return np.zeros(base.num_layers, bool)
+    return np.array([(l.in_ch, l.in_hw, l.stride) != (l.out_ch, l.out_hw, 1) for l in layers], bool)
+
+
+def structural_tables(base: LT.LayerTable, structure: str) -> tuple:
+    """The tables that describe a cost no library device need show (module docstring, 1b), built from the space
+    alone (no device's data): ``launch`` is 1 ms-unit for every layer that runs something (an op with a kernel size,
+    or a skip where the layer changes the shape: a 1 x 1 convolution), i.e. a cost per layer launched, whatever its
+    arithmetic; ``none`` adds nothing."""
+    if structure == "none":
+        return ()
+    if structure != "launch":
+        raise ValueError(f"structure must be one of {list(STRUCTURES)}, got {structure!r}")
+    runs = np.array([re.search(r"(?:^|_)k\d+(?:_|$)", n) is not None for n in base.op_names], bool)
+    cells = runs[None, :] | _reshaping(base)[:, None]
+    entry = np.where(base.valid, cells.astype(np.float64), np.nan)
+    return (LT.make(0.0, entry, base.op_names, space=base.space, device="launch (ms per layer run)",
+                    source="jmsnas.cost.adapt_prior.structural_tables: one unit per layer that runs something"),)
 
 
 def _combine(lib_pred: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -126,22 +174,25 @@ def _within_one_standard_error(scores) -> list:
     return [c for c in scores if c["loo_mape_pct"] <= bar + 1e-9]
 
 
-def _score(base, lib, lp, a, yk, stages, groupings, lambdas) -> tuple:
+def _score(base, bases, a, yk, stages, groupings, lambdas) -> tuple:
     """(one_loo, scores): the one-factor rescale's signed leave-one-out errors and every candidate's (None, [] below
-    3 networks)."""
+    3 networks). ``bases``: {structure: (tables, their predictions of a)}; a candidate is (structure, grouping,
+    lam)."""
     if len(yk) < 3:
         return None, []
     pb = LT.predict_ms(base, a)
     one_loo = np.array([(AD.single_factor(np.delete(pb, k), np.delete(yk, k)) * pb[k] - yk[k]) / yk[k]
                         for k in range(len(yk))])
     scores = []
-    for grouping, lam in [(COMBINATION, math.inf)] + [(g, float(l)) for g in groupings
-                                                      for l in sorted(lambdas, reverse=True)]:
-        groups = cell_groups(base.op_names, base.num_layers, grouping, stages)
-        if groups is not None:
-            r = _loo(lp, lib, groups, lam, a, yk)
-            scores.append({"grouping": grouping, "lambda": None if math.isinf(lam) else lam,
-                           "loo_mape_pct": float(100 * np.abs(r).mean()), "_r": r, "_g": groups, "_lam": lam})
+    for structure, (tabs, lp) in bases.items():
+        for grouping, lam in [(COMBINATION, math.inf)] + [(g, float(l)) for g in groupings
+                                                          for l in sorted(lambdas, reverse=True)]:
+            groups = cell_groups(base.op_names, base.num_layers, grouping, stages)
+            if groups is not None:
+                r = _loo(lp, tabs, groups, lam, a, yk)
+                scores.append({"structure": structure, "grouping": grouping,
+                               "lambda": None if math.isinf(lam) else lam,
+                               "loo_mape_pct": float(100 * np.abs(r).mean()), "_r": r, "_g": groups, "_lam": lam})
     return one_loo, scores
 
 
@@ -157,32 +208,89 @@ def _decide(chosen, one_loo, k: int) -> tuple:
     return bool(d.mean() + se < 0), why, r
 
 
-def _average(chosen, lib, w, a, yk, valid) -> tuple:
-    """(const, entry, thetas): the average of the chosen candidates' tables fitted on all kept networks."""
-    entry, const, thetas = 0.0, 0.0, []
+def _average(chosen, bases, a, yk, valid) -> tuple:
+    """(const, entry, thetas, weights): the average of the chosen candidates' tables fitted on all kept networks
+    (each with the combination of its own basis), and the average combination weights."""
+    entry, const, thetas, weights = 0.0, 0.0, [], {}
     for c in chosen:
-        _, th, m_const, m_entry = _model_predict(w, lib, c["_g"], c["_lam"], a, yk, a[:1])
+        tabs, lp = bases[c["structure"]]
+        w = _combine(lp, yk)
+        _, th, m_const, m_entry = _model_predict(w, tabs, c["_g"], c["_lam"], a, yk, a[:1])
         entry = entry + m_entry * th[1 + c["_g"]] / len(chosen)
         const = const + th[0] * m_const / len(chosen)
         thetas.append([float(v) for v in th])
-    return float(const), np.where(valid, entry, np.nan), thetas
+        for t, wi in zip(tabs, w):
+            weights[t.device] = weights.get(t.device, 0.0) + float(wi) / len(chosen)
+    return float(const), np.where(valid, entry, np.nan), thetas, weights
 
 
-def _interval(r, lib, k: int, use_lib: bool) -> dict | None:
-    """The 90% interval's relative half-width (module docstring, 6); the library's calibration only for its own
-    model, Student's t for the fallback."""
+def _interval(r, lib, k: int, use_lib: bool, target=None, archs=None, scores=()) -> dict | None:
+    """The 90% interval's relative half-width (module docstring, 6); the library's split-conformal calibration (none
+    of it from ``target``) only for its own model, Student's t for the fallback."""
     if r is None or len(r) < 3:
         return None
     sigma = float(np.sqrt(np.mean(r ** 2)))
-    factor, how = LB.interval_factor(lib, k) if use_lib else (None, None)
+    scale = float(np.sqrt(np.mean(np.concatenate([c["_r"] for c in scores]) ** 2))) if use_lib else sigma
+    factor, how = LB.interval_factor(lib, k, target, archs, LEVEL) if use_lib else (None, None)
     if factor is None:
         factor, how = float(stats.t.ppf(0.5 + LEVEL / 2, len(r) - 1)), f"Student t, {len(r) - 1} degrees of freedom"
-    return {"level": LEVEL, "rel_halfwidth": float(factor * sigma), "loo_rms_rel": sigma, "factor": factor,
-            "factor_from": how}
+    return {"level": LEVEL, "rel_halfwidth": float(factor * scale), "loo_rms_rel": sigma, "scale": scale,
+            "factor": factor, "factor_from": how}
+
+
+def _take(m: NW.Measured, idx) -> NW.Measured:
+    return m._replace(archs=m.archs[idx], ms=m.ms[idx])
+
+
+def learning_curve(base: LT.LayerTable, library, pool: NW.Measured, held: NW.Measured, *, ks=(5, 10, 20, 50),
+                   draws: int = 5, seed: int = 0, reference=None, stages=None) -> dict:
+    """How ``adapt_library`` does on a device of which everything is known (``pool``: networks to draw from,
+    ``held``: networks to score on, both measured on it) from ``library`` (which must not hold it): at each K of
+    ``ks``, ``draws`` random draws of K networks of ``pool``; the medians of the held-out MAPE, share within +-10%
+    and RMS relative error, and the quantiles at ``SCORE_LEVELS`` of the pooled calibration scores
+    |y - p| / p / sigma (sigma: the adapted table's ``interval["scale"]``, module docstring 6; draws that fell back
+    are left out of the scores, their interval is Student's; None at a K where every draw fell back). ``reference`` (a
+    Measured of the same device, e.g. HELP's 10 reference networks): the same for that one sample, scored on
+    ``held`` without those networks (``library.interval_factor`` uses it when a target measured exactly those
+    networks)."""
+    rng = np.random.default_rng(seed)
+
+    def one(sample, on):
+        t = adapt_library(base, sample, library, stages=stages)
+        p = LT.predict_ms(t, on.archs)
+        e = np.abs(p - on.ms) / on.ms
+        iv = t.adaptation["interval"]
+        sc = (np.abs(p - on.ms) / p / iv["scale"]) if (iv and not t.adaptation["fallback"]
+                                                         and iv["scale"] > 0) else np.empty(0)
+        return (float(100 * e.mean()), float(100 * np.mean(e <= 0.1)), float(np.sqrt(np.mean(e ** 2)))), sc
+
+    def pct(sc):
+        return [round(float(v), 4) for v in np.quantile(sc, SCORE_LEVELS)] if sc.size else None
+
+    out = {"networks": [int(k) for k in ks], "mape_pct": [], "within_10pct": [], "rms_rel": [],
+           "score_levels": list(SCORE_LEVELS), "score_percentiles": []}
+    for k in ks:
+        got = [one(_take(pool, rng.choice(len(pool.ms), k, replace=False)), held) for _ in range(draws)]
+        for key, v in zip(("mape_pct", "within_10pct", "rms_rel"), np.median([g[0] for g in got], axis=0)):
+            out[key].append(float(v))
+        out["score_percentiles"].append(pct(np.concatenate([g[1] for g in got])))
+    if reference is not None:
+        refset = {tuple(r) for r in NW.for_table(reference, base).tolist()}
+        on = _take(held, np.array([tuple(r) not in refset for r in NW.for_table(held, base).tolist()]))
+        (m, w, rms), sc = one(reference, on)
+        out["reference"] = {"archs": [",".join(map(str, r)) for r in NW.for_table(reference, base).tolist()],
+                            "mape_pct": m, "within_10pct": w,
+                            "rms_rel": rms, "score_percentiles": pct(sc)}
+        if out["reference"]["score_percentiles"] is None:
+            del out["reference"]
+    out["how"] = (f"median over {draws} draws of K networks, adapted from {len(library)} library device(s) "
+                  f"({', '.join(sorted(t.device for t in library))}) by jmsnas.cost.adapt_prior, scored on "
+                  f"{len(held.ms)} held-out networks")
+    return out
 
 
 def adapt_library(base: LT.LayerTable, measured: NW.Measured, library, *, stages=None, groupings=GROUPINGS,
-                  lambdas=LAMBDAS, device: str | None = None) -> LT.LayerTable:
+                  lambdas=LAMBDAS, structures=STRUCTURES, device: str | None = None) -> LT.LayerTable:
     """The target's table (module docstring) with ``adaptation`` holding the choice, the weights, the leave-one-out
     errors of every candidate, the fallback decision, the interval and the expected error from the library."""
     archs = NW.for_table(measured, base)
@@ -190,29 +298,36 @@ def adapt_library(base: LT.LayerTable, measured: NW.Measured, library, *, stages
     if len(y) == 0:
         raise LT.TableError("no measured networks to adapt from: give at least 1 (10 recommended)")
     lib = LB.check(library, base, measured, device)
+    target = device or measured.device
     lib_pred = np.stack([LT.predict_ms(t, archs) for t in lib], axis=1)
     keep = _drop_outliers(lib_pred, y)
     a, yk, lp = archs[keep], y[keep], lib_pred[keep]
-    one_loo, scores = _score(base, lib, lp, a, yk, stages, groupings, lambdas)
+    bases = {}
+    for st in structures:
+        extra = structural_tables(base, st)
+        tabs = lib + extra
+        bases[st] = (tabs, np.concatenate([lp] + [LT.predict_ms(t, a)[:, None] for t in extra], axis=1))
+    one_loo, scores = _score(base, bases, a, yk, stages, groupings, lambdas)
     chosen = _within_one_standard_error(scores)
     use_lib, why, r = _decide(chosen, one_loo, len(yk))
     w = thetas = None
     if use_lib:
-        w = _combine(lp, yk)
-        const, entry, thetas = _average(chosen, lib, w, a, yk, base.valid)
-        model = [c["grouping"] + ("" if math.isinf(c["_lam"]) else f" lambda={c['_lam']:g}") for c in chosen]
+        const, entry, thetas, w = _average(chosen, bases, a, yk, base.valid)
+        model = [("" if c["structure"] == "none" else f"{c['structure']} + ") + c["grouping"]
+                 + ("" if math.isinf(c["_lam"]) else f" lambda={c['_lam']:g}") for c in chosen]
     else:
         s = AD.single_factor(LT.predict_ms(base, a), yk)
         entry, const, r, model = s * base.entry_ms, s * base.const_ms, one_loo, ["single_factor"]
     info = {"model": "library combination + per-type corrections (jmsnas.cost.adapt_prior)",
             "base": {"device": base.device, "source": base.source},
             "networks": int(len(y)), "measured_device": measured.device, "library": [t.device for t in lib],
-            "weights": None if w is None else dict(zip([t.device for t in lib], map(float, w))),
+            "weights": w,
             "fallback": not use_lib, "why": why, "chosen": model, "theta": thetas,
             "dropped": [int(i) for i in np.flatnonzero(~keep)],
             "loo_mape_pct": None if r is None else float(100 * np.abs(r).mean()),
             "single_factor_loo_mape_pct": None if one_loo is None else float(100 * np.abs(one_loo).mean()),
-            "interval": _interval(r, lib, len(yk), use_lib), "expected": LB.expected_error(lib, len(yk)),
+            "interval": _interval(r, lib, len(yk), use_lib, target, archs, scores),
+            "expected": LB.expected_error(lib, len(yk), target),
             "candidates": [{k: v for k, v in c.items() if not k.startswith("_")} for c in scores]}
     return LT.make(max(float(const), 0.0), np.where(np.isnan(entry), np.nan, np.maximum(entry, 0.0)), base.op_names,
                    space=base.space, device=device or measured.device,

@@ -91,12 +91,22 @@ def check(library, base: LT.LayerTable, measured: NW.Measured, target: str | Non
     return lib
 
 
-def expected_error(library, k: int) -> dict | None:
-    """Median over the library's learning curves of the adapted table's MAPE (%) and share within +-10% (%) at
-    ``k`` networks and at ``k + 10`` (interpolated in log k, clamped to the measured range); None without
-    curves."""
-    curves = [t.adaptation.get("learning_curve") for t in library if isinstance(t.adaptation, dict)]
-    curves = [c for c in curves if isinstance(c, dict) and c.get("networks")]
+def _curve(table, target: str | None):
+    """The learning curve of ``table`` that holds nothing of ``target``: the one built with ``target`` out of the
+    library (``adaptation["learning_curve_without"][target]``) when ``target`` was a device of the library the curve
+    was built from, else ``adaptation["learning_curve"]`` (built from every other library device); None without."""
+    a = table.adaptation if isinstance(table.adaptation, dict) else {}
+    without = a.get("learning_curve_without")
+    c = without.get(target) if isinstance(without, dict) and target is not None else None
+    c = c if c is not None else a.get("learning_curve")
+    return c if isinstance(c, dict) and c.get("networks") else None
+
+
+def expected_error(library, k: int, target: str | None = None) -> dict | None:
+    """Median over the library's learning curves (``_curve``: none built with ``target``'s data) of the adapted
+    table's MAPE (%) and share within +-10% (%) at ``k`` networks and at ``k + 10`` (interpolated in log k, clamped
+    to the measured range); None without curves."""
+    curves = [c for c in (_curve(t, target) for t in library) if c is not None]
     if not curves:
         return None
 
@@ -113,14 +123,43 @@ def expected_error(library, k: int) -> dict | None:
     return out
 
 
-def interval_factor(library, k: int) -> tuple:
-    """(z, how): the median over the library's learning curves of ``interval_factor`` (the 90% quantile of the
-    held-out relative errors over the leave-one-out RMS relative error) at ``k`` networks, interpolated in log k;
-    (None, None) without curves."""
-    curves = [t.adaptation.get("learning_curve") for t in library if isinstance(t.adaptation, dict)]
-    curves = [c for c in curves if isinstance(c, dict) and c.get("interval_factor")]
+def _same_networks(stored, archs) -> bool:
+    """Whether ``stored`` (a curve's reference networks, "op,op,..." per network) are the networks ``archs``."""
+    a = np.asarray(archs)
+    return isinstance(stored, list) and len(stored) == len(a) and \
+        set(stored) == {",".join(map(str, r)) for r in a.tolist()}
+
+
+def interval_factor(library, k: int, target: str | None = None, archs=None, level: float = 0.9) -> tuple:
+    """(z, how): the split-conformal factor of the 90% interval (``adapt_prior`` module docstring, 6): the ``level``
+    quantile of the pooled scores |measured - predicted| / predicted / (leave-one-out RMS relative error) of the
+    library's devices, each adapted from the other library devices (none of them ``target``: ``_curve``) and scored
+    on its own held-out networks. Each curve stores its score distribution as quantiles (``score_levels``); the
+    pooled quantile is the z where the mean of the devices' distribution functions reaches ``level``. When ``archs``
+    are the networks a curve's ``reference`` block was calibrated on (HELP's 10 reference networks), that block is
+    used (pooled over the devices that have it: a reference adaptation that fell back stores none), else the
+    random-draw scores at ``k`` networks (interpolated in log k). (None, None) without curves."""
+    curves = [c for c in (_curve(t, target) for t in library)
+              if c is not None and any(p is not None for p in c.get("score_percentiles") or [])]
     if not curves:
         return None, None
-    z = [float(np.interp(np.log(k), np.log(np.asarray(c["networks"], float)), np.asarray(c["interval_factor"], float)))
-         for c in curves]
-    return float(np.median(z)), f"median of {len(z)} library devices' calibration at {k} networks"
+    ref = [c.get("reference") if archs is not None else None for c in curves]
+    ref = [r if isinstance(r, dict) and _same_networks(r.get("archs"), archs) else None for r in ref]
+    use_ref = any(r is not None for r in ref)      # those devices whose reference adaptation did not fall back
+    qs = []
+    for c, r in zip(curves, ref):
+        if use_ref:
+            if r is not None:
+                qs.append(np.asarray(r["score_percentiles"], float))
+        else:
+            ok = [i for i, p in enumerate(c["score_percentiles"]) if p is not None]  # None: every draw fell back
+            table = np.asarray([c["score_percentiles"][i] for i in ok], float)    # [K values, levels]
+            lk = np.log(np.asarray(c["networks"], float)[ok])
+            qs.append(np.array([np.interp(np.log(k), lk, table[:, j]) for j in range(table.shape[1])]))
+    levels = np.asarray(curves[0].get("score_levels") or np.linspace(0.0, 1.0, qs[0].size), float)
+    grid = np.unique(np.concatenate(qs))
+    cdf = np.mean([np.interp(grid, q, levels) for q in qs], axis=0)
+    z = float(np.interp(level, cdf, grid))
+    how = (f"split-conformal: {int(100 * level)}% quantile of the pooled held-out scores of {len(qs)} library "
+           f"devices, " + ("adapted from the same reference networks" if use_ref else f"at {k} random networks"))
+    return z, how
