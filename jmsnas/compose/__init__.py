@@ -1,4 +1,4 @@
-"""The composed search (issue 37, DESIGN.md "Composition: one search, each paper a special case").
+"""The composed search (DESIGN.md "Composition: one search, each paper a special case").
 
 One search space, a product of independent choices, each with its own gate: the op of every layer (JMSNAS), the
 split (fixed or searched), the split module at every cut (SplitNets) and the bit widths of every layer's weights

@@ -190,8 +190,8 @@ def _bad_library_files(d):
     (["--library", os.path.join(LIB, "titan_rtx_32.json")], "a table of the target device 'titan_rtx_32'"),
     (["--library", "shipped"], "a table of the target device 'titan_rtx_32'"),
     (["--measured", "empty.json"], "no measured networks"),
-    (["--measured", "nan.json"], "networks[0].ms must be a latency > 0 ms, got nan"),
-    (["--measured", "neg.json"], "networks[0].ms must be a latency > 0 ms, got -2.0"),
+    (["--measured", "nan.json"], "networks[0].ms must be a latency of 1e-06-1e+07 ms (a plausible time for one network), got nan"),
+    (["--measured", "neg.json"], "networks[0].ms must be a latency of 1e-06-1e+07 ms (a plausible time for one network), got -2.0"),
 ])
 def test_bad_adapt_input_is_one_line_and_keeps_what_was_saved(files, monkeypatch, capsys, change, message):
     monkeypatch.chdir(files)
