@@ -23,8 +23,10 @@ from __future__ import annotations
 import hmac
 import os
 import secrets
+import select
 import socket
 import ssl
+import threading
 import time
 from typing import NamedTuple
 
@@ -219,7 +221,7 @@ def secure_client(sock, creds: Credentials, host: str | None = None, timeout_s: 
     sock.settimeout(timeout_s)
     tls = client_context(creds).wrap_socket(sock, server_hostname=host or sock.getpeername()[0])
     client_handshake(tls, creds.secret, timeout_s)
-    return tls
+    return SerialTLS(tls)
 
 
 def secure_server(sock, creds: Credentials, timeout_s: float = HANDSHAKE_S, *, authenticated: bool = False):
@@ -234,7 +236,83 @@ def secure_server(sock, creds: Credentials, timeout_s: float = HANDSHAKE_S, *, a
     sock.settimeout(timeout_s)
     tls = server_context(creds).wrap_socket(sock, server_side=True)
     server_handshake(tls, creds.secret, timeout_s)
-    return tls
+    return SerialTLS(tls)
+
+
+class SerialTLS:
+    """A TLS connection that one thread may read while another writes (a session's control connection: the
+    coordinator's reader thread and its sends; a worker's watch thread and its replies).
+
+    OpenSSL allows no two calls on one connection at once; two threads blocked in ``SSL_read`` and ``SSL_write``
+    of one ``ssl.SSLSocket`` corrupted its state under load (a session died without a word). So the TLS socket is
+    non-blocking and every TLS call holds one lock, taken only for a call that cannot block: a reader with nothing
+    to read waits for the raw socket's bytes (``select``, no TLS call) outside the lock, a writer whose kernel
+    buffer is full waits likewise, so neither holds up the other. Blocking and timeout behave as a socket's:
+    ``settimeout(None)`` blocks, ``0`` raises ``ssl.SSLWantReadError`` / ``SSLWantWriteError`` at once, a number of
+    seconds raises ``TimeoutError``."""
+
+    def __init__(self, tls: ssl.SSLSocket):
+        self.tls, self.lock, self.timeout = tls, threading.Lock(), tls.gettimeout()
+        tls.setblocking(False)
+
+    def _call(self, op, wait_for_read: bool):
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        while True:
+            with self.lock:
+                try:
+                    return op()
+                except ssl.SSLWantReadError:
+                    want_read = True
+                except ssl.SSLWantWriteError:
+                    want_read = False
+            if self.timeout == 0:
+                raise ssl.SSLWantReadError() if want_read else ssl.SSLWantWriteError()
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError("timed out")
+            r, w, _ = select.select([self.tls] if want_read else [], [] if want_read else [self.tls], [], left)
+            if not (r or w) and left is not None:
+                raise TimeoutError("timed out")
+
+    def recv(self, n: int) -> bytes:
+        return self._call(lambda: self.tls.recv(n), True)
+
+    def recv_into(self, buf, n: int = 0) -> int:
+        return self._call(lambda: self.tls.recv_into(buf, n), True)
+
+    def sendall(self, data) -> None:
+        view = memoryview(data).cast("B")
+        while len(view):
+            view = view[self._call(lambda: self.tls.send(view), False):]
+
+    def send(self, data) -> int:
+        return self._call(lambda: self.tls.send(data), False)
+
+    def pending(self) -> int:
+        with self.lock:
+            return self.tls.pending()
+
+    def settimeout(self, t) -> None:
+        self.timeout = t
+
+    def gettimeout(self):
+        return self.timeout
+
+    def setblocking(self, flag: bool) -> None:
+        self.timeout = None if flag else 0.0
+
+    def close(self) -> None:
+        with self.lock:
+            self.tls.close()
+
+    def __getattr__(self, name):  # fileno, getpeername, getsockopt, setsockopt, shutdown, family ...
+        return getattr(self.tls, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def check_no_secret_needed(sock, wait_s: float = 0.3) -> None:

@@ -32,6 +32,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from jmsnas.deploy.auth import SerialTLS
+
 MAGIC = b"JMSN"
 ARRAY, JSON, STOP = 0, 1, 2
 _HEAD = struct.Struct("<4sBqBB")
@@ -89,7 +91,7 @@ TLS_RECORD = 4096  # payload bytes per TLS record: a receiver sees a record whol
 def _sendall(sock, data) -> None:
     """sendall; over TLS in records of ``TLS_RECORD`` bytes (22 more each, 0.5%), so that the receiver's payload
     rate (``payload_rate``) gets a sample per record, not one per 16 KiB (the most a record holds)."""
-    if isinstance(sock, ssl.SSLSocket) and len(data) > TLS_RECORD:
+    if isinstance(sock, (ssl.SSLSocket, SerialTLS)) and len(data) > TLS_RECORD:
         for i in range(0, len(data), TLS_RECORD):
             sock.sendall(data[i:i + TLS_RECORD])
     else:

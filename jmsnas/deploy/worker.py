@@ -231,7 +231,7 @@ def _read_available(sock):
         data = sock.recv(1 << 20)
     except ssl.SSLWantReadError:
         return None
-    if isinstance(sock, ssl.SSLSocket):
+    if isinstance(sock, (ssl.SSLSocket, auth.SerialTLS)):
         while data and sock.pending():
             data += sock.recv(sock.pending())
     return data

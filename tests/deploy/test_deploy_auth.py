@@ -651,3 +651,54 @@ def test_a_session_sends_nothing_to_a_peer_address_that_does_not_prove_the_secre
     finally:
         rogue.close()
         _stop(proc)
+
+
+def test_one_tls_connection_read_by_one_thread_while_another_writes_carries_every_frame(tmp_path):
+    """Both ends of one TLS connection read in one thread while another thread writes (as a session's control
+    connection is used: the reader thread and the sends): every frame arrives whole and in order, both ways.
+    The connection ``secure_client``/``secure_server`` return (auth.SerialTLS) is non-blocking underneath and
+    serialises its TLS calls; this checks that a blocked reader never holds up the writer and that partial
+    writes and reads of frames from 4 KB to 84 KB lose nothing."""
+    tls = make_tls(tmp_path / "tls")
+    server = socket.create_server(("127.0.0.1", 0))
+    ends, errors, n = {}, [], 300
+
+    def accept():
+        conn, _ = server.accept()
+        ends["server"] = auth.secure_server(conn, auth.Credentials(SECRET, tls["cert"], tls["key"], tls["ca"]))
+
+    t = threading.Thread(target=accept)
+    t.start()
+    ends["client"] = auth.secure_client(socket.create_connection(server.getsockname()), auth.Credentials(SECRET,
+                                                                                                         ca=tls["ca"]))
+    t.join()
+    server.close()
+    assert all(isinstance(e, auth.SerialTLS) for e in ends.values())
+    got = {"client": [], "server": []}
+
+    def write(side):
+        try:
+            for i in range(n):
+                L.send_frame(ends[side], L.ARRAY, i, np.full(1000 + (i % 7) * 3000, i, np.float32))
+        except Exception as e:  # noqa: BLE001 - reported by the assertion below
+            errors.append(e)
+
+    def read(side):
+        try:
+            for _ in range(n):
+                fr = L.recv_frame(ends[side])
+                got[side].append((fr.image, bool(np.all(fr.value == fr.image)), fr.value.size))
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=f, args=(s,), daemon=True) for s in ("client", "server") for f in (read, write)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    for e in ends.values():
+        e.close()
+    assert not errors, errors
+    for side in got:
+        assert [g[0] for g in got[side]] == list(range(n)) and all(g[1] for g in got[side])
+        assert [g[2] for g in got[side]] == [1000 + (i % 7) * 3000 for i in range(n)]
