@@ -140,18 +140,14 @@ def _entries_ms(table: MeasuredTable, key: tuple) -> float:
 
 
 def fit_handoff(nbytes, ms) -> tuple:
-    """(fixed_ms, ms_per_byte) >= 0 of ``ms ~ fixed_ms + ms_per_byte * nbytes`` by least squares (a bound that
-    binds is fixed at 0 and the other refitted)."""
+    """(fixed_ms, ms_per_byte) >= 0 of ``ms ~ fixed_ms + ms_per_byte * nbytes``: non-negative least squares."""
+    from scipy.optimize import nnls
     x, y = np.asarray(nbytes, float), np.asarray(ms, float)
-    if len(x) >= 2 and np.ptp(x) > 0:
-        b, a = np.polyfit(x, y, 1)
-    else:
-        a, b = float(np.mean(y)), 0.0
-    if b < 0:
-        a, b = float(np.mean(y)), 0.0
-    if a < 0:
-        a, b = 0.0, float(np.sum(x * y) / np.sum(x * x)) if np.sum(x * x) > 0 else 0.0
-    return max(float(a), 0.0), max(float(b), 0.0)
+    if np.ptp(x) == 0:  # one size: nothing tells a slope
+        return float(np.mean(y)), 0.0
+    scale = float(np.max(np.abs(x)))  # bytes in units of the largest: columns of like size
+    (a, b), _ = nnls(np.stack([np.ones_like(x), x / scale], 1), y)
+    return float(a), float(b / scale)
 
 
 def measure_deployed(space: SearchSpace, table: MeasuredTable, *, reps: int = 30, archs: int = 2, seed: int = 0,
