@@ -122,8 +122,12 @@ def device_frontier(d: _Device, lat, cost, valid):
     layers = list(d.layers)
     values = np.unique(np.concatenate([[d.act_floor], d.act[layers][valid[layers]]]))
     found_p, found_k = [], []
+    fits = lambda top, pts: ((d.mem_const + top + pts[:, 2] <= d.mem_limit)
+                             & (d.energy_const + pts[:, 3] <= d.energy_limit))
     for top in values[values >= d.act_floor]:
         pts, picks = np.zeros((1, 4)), np.zeros((1, 0), np.int64)
+        ok = fits(top, pts)  # the device's constants alone (all a device with no layer, a relay, has)
+        pts, picks = pts[ok], picks[ok]
         for n in layers:
             ops = np.flatnonzero(valid[n] & (d.act[n] <= top))
             if not len(ops):
@@ -132,10 +136,8 @@ def device_frontier(d: _Device, lat, cost, valid):
             add = np.stack([lat[n, ops], cost[n, ops], d.weight[n, ops], d.energy[n, ops]], 1)
             pts = (pts[:, None, :] + add[None]).reshape(-1, 4)
             picks = np.concatenate([np.repeat(picks, len(ops), 0), np.tile(ops, len(picks))[:, None]], 1)
-            ok = (d.mem_const + top + pts[:, 2] <= d.mem_limit) & (d.energy_const + pts[:, 3] <= d.energy_limit)
+            ok = fits(top, pts)
             pts, picks = _prune(pts[ok], picks[ok])  # both sums only grow: a point over a limit stays over it
-        ok = (d.mem_const + top + pts[:, 2] <= d.mem_limit) & (d.energy_const + pts[:, 3] <= d.energy_limit)
-        pts, picks = pts[ok], picks[ok]  # again for a device with no layer (a relay): its constants alone
         if len(pts):
             found_p.append(pts[:, :2])
             found_k.append(picks)

@@ -54,7 +54,6 @@ def link_ms(table: CostTable, link: int, nbytes):
     return eps + _at(table.handoff_ms, link) + _at(table.handoff_ms_per_byte, link) * nbytes
 
 
-
 def device_fixed_ms(space: SearchSpace, table: CostTable, per_device):
     """``per_device`` float[M] (ms) plus the once-per-image terms: the stem on the first device in execution order,
     the head on the last, and every device's part call cost (``call_ms``, 0 in a table without one)."""
@@ -62,7 +61,6 @@ def device_fixed_ms(space: SearchSpace, table: CostTable, per_device):
     per_device = per_device.at[order[0]].add(table.stem_ms[order[0]])
     per_device = per_device.at[order[-1]].add(table.head_ms[order[-1]])
     return per_device + table.call_ms
-
 
 
 def _check_assignment(space: SearchSpace, assignment) -> None:

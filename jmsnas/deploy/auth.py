@@ -255,7 +255,7 @@ class SerialTLS:
         self.tls, self.lock, self.timeout = tls, threading.Lock(), tls.gettimeout()
         tls.setblocking(False)
 
-    def _call(self, op, wait_for_read: bool):
+    def _call(self, op):
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         while True:
             with self.lock:
@@ -275,18 +275,18 @@ class SerialTLS:
                 raise TimeoutError("timed out")
 
     def recv(self, n: int) -> bytes:
-        return self._call(lambda: self.tls.recv(n), True)
+        return self._call(lambda: self.tls.recv(n))
 
     def recv_into(self, buf, n: int = 0) -> int:
-        return self._call(lambda: self.tls.recv_into(buf, n), True)
+        return self._call(lambda: self.tls.recv_into(buf, n))
 
     def sendall(self, data) -> None:
         view = memoryview(data).cast("B")
         while len(view):
-            view = view[self._call(lambda: self.tls.send(view), False):]
+            view = view[self._call(lambda: self.tls.send(view)):]
 
     def send(self, data) -> int:
-        return self._call(lambda: self.tls.send(data), False)
+        return self._call(lambda: self.tls.send(data))
 
     def pending(self) -> int:
         with self.lock:
