@@ -62,6 +62,7 @@ def one_device(data, dev, base, lib, samples, held, ceiling=None) -> dict:
     a = d.adaptation
     out["chosen"] = {k: a[k] for k in ("chosen", "fallback", "why", "weights", "dropped", "loo_mape_pct",
                                        "single_factor_loo_mape_pct", "interval", "expected")}
+    out["chosen"]["interval"] = {k: v for k, v in (a["interval"] or {}).items() if k != "jackknife"}
     return out
 
 
@@ -101,8 +102,7 @@ def main(argv=None) -> int:
         c = out[dev]["chosen"]
         iv = c["interval"]
         print(f"{dev}: {'FALLBACK to one factor' if c['fallback'] else 'library'}: {c['why']}; dropped {c['dropped']};"
-              f" {len(c['chosen'])} model(s) averaged; 90% interval ±{100 * c['interval']['rel_halfwidth']:.1f}% "
-              f"(z {iv['factor']:.2f} x scale {100 * iv.get('scale', iv['loo_rms_rel']):.2f}%: "
+              f" {len(c['chosen'])} model(s) averaged; 90% interval: {AP.describe_interval(iv)} (z {iv['factor']:.2f}: "
               f"{iv['factor_from']})")
     checks = []
     for dev in devices:

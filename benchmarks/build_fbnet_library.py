@@ -6,7 +6,7 @@ fit. Then the device's learning curve and interval calibration (``adapt_prior.le
 adapted by ``adapt_prior.adapt_library`` from the other devices' tables with K random networks of 0-3599 (K = 5,
 10, 20, 50; ``--draws`` draws each) scored on 3600-3999, and from HELP's 10 reference networks scored on the rest
 of 0-3999 (base: the Pixel 3 table, the Raspberry Pi 4's for the Pixel 3): the medians of the errors and the
-percentiles of the calibration scores |y - p| / p / sigma go in ``adaptation["learning_curve"]``. The same with
+percentiles of the calibration scores |y - p| / p / u(a) go in ``adaptation["learning_curve"]``. The same with
 each other device x left out of the library too go in ``adaptation["learning_curve_without"][x]``: when x is the
 target (the benchmark leaves each device out in turn), its prior reads only curves built without x's table.
 

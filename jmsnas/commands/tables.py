@@ -243,6 +243,7 @@ def _adapt(args) -> int:
 
 
 def _print_library_adaptation(base, out) -> None:
+    from jmsnas.cost import adapt_prior
     a = out.adaptation
     if a["fallback"]:
         print(f"adapted {base.device} -> {out.device} from {a['networks']} networks: FELL BACK to the one-factor "
@@ -255,7 +256,7 @@ def _print_library_adaptation(base, out) -> None:
         print(f"left out as outliers: measured network(s) {a['dropped']}")
     iv = a["interval"]
     if iv:
-        print(f"90% interval: prediction ±{100 * iv['rel_halfwidth']:.1f}% ({iv['factor_from']})")
+        print(f"90% interval: {adapt_prior.describe_interval(iv)} (z {iv['factor']:.2f}: {iv['factor_from']})")
     e = a["expected"]
     if e:
         at, more = e["at"], e["plus_10"]

@@ -22,7 +22,7 @@ def report(pred_ms, measured_ms) -> dict:
     rho = stats.spearmanr(p, y).statistic
     tau = stats.kendalltau(p, y).statistic
     return {"n": int(len(p)), "mape_pct": float(100 * err.mean()), "within_10pct": float(100 * (err <= 0.1).mean()),
-            "median_error_pct": float(100 * np.median(err)), "max_error_pct": float(100 * err.max()),
+            "median_error_pct": float(100 * np.median(err)), "rms_error_pct": float(100 * np.sqrt(np.mean(err ** 2))), "max_error_pct": float(100 * err.max()),
             "bias_pct": float(100 * rel.mean()), "spearman": float(rho), "kendall": float(tau)}
 
 

@@ -25,21 +25,30 @@ Model (the argument for it: docs/device_tables.md). With library tables L_1..L_J
    the one-factor rescale (the data cannot tell that the library helps), and ``adaptation["fallback"]`` says so.
 5. Outliers. A network whose relative error under the combination fitted on all K is above 15% and 5 robust
    standard deviations (1.4826 MAD) from the median is left out (at most K // 5 of them; ``dropped``).
-6. Interval (split-conformal, scaled). Relative half-width h = z sigma. sigma, the device's scale: the RMS of the
-   leave-one-out relative errors of *every* candidate of step 3 (the chosen table's own are the lowest of ~25 on the
-   same 10 networks, biased low by the choice; on networks 0-3999 of HELP's devices, not the test set, the
-   all-candidate scale put 3 of 6 devices' coverage in 85-95% against 1 of 6 for the chosen table's). z: the 90%
-   quantile of the pooled scores |y - p| / p / sigma of the library's devices, each adapted by this procedure from
-   the *other* library devices and scored on its own held-out networks
+6. Interval (split-conformal, per network). The relative half-width at a network a is h(a) = z u(a), with u(a)^2
+   the sum of the variances of three independent errors:
+   - the fit's own uncertainty at a: the jackknife variance of the prediction over the K leave-one-out tables of
+     step 3 (stored in the table: ``interval["jackknife"]``), relative to p(a). It is small where a looks like the
+     measured networks and large where the model extrapolates (HELP's reference networks are chosen to be
+     diverse, so their leave-one-out errors overstate the error on typical networks: a constant scale from them
+     was twice too wide on four of HELP's six devices);
+   - the device's own residual: the RMS relative error of the table on every measured network, the dropped
+     outliers counted at ``OUTLIER_REL`` (15%) — a device whose measurements hold an outlier is noisy, and a
+     90% interval must say so even though the fit left it out;
+   - the floor: what no additive table removes on a device, the mean over the library's tables of their own
+     held-out RMS error (``validation["rms_error_pct"]``): a typical device's. (The RMS over the tables, which
+     weighs the noisiest device most, made the intervals of the least noisy device too wide on networks 0-3999,
+     not the test set: silver_4210r 96.9%.)
+   z: the 90% quantile of the pooled scores |y - p| / p / u(a) of the library's devices, each adapted by this
+   procedure from the *other* library devices (the library's model, also on a draw where step 4 used the rescale:
+   it is that model's interval being calibrated) and scored on its own held-out networks
    (``library.interval_factor``; the curves stored in the library tables, ``learning_curve``). When the target is
    itself a device the library's curves were built with (leave-one-device-out), only the curves built with the
    target left out are read (``learning_curve_without``): nothing of the target but its samples is in its prior.
    When the measured networks are exactly the ones a curve's ``reference`` block was calibrated on (HELP's 10
-   reference networks), that block is used (the calibration then matches the design: those 10 networks are more
-   diverse than a random 10, and their leave-one-out errors larger); else the random-draw scores at K networks.
-   Without curves: Student's t_{0.95, K-1} times that scale; for the fallback: Student's t times the RMS of the
-   rescale's own leave-one-out errors. The 90% interval of a network predicted p ms is
-   [p (1 - h), p (1 + h)] (``interval_ms``).
+   reference networks), that block is used; else the random-draw scores at K networks. Without curves: Student's
+   t_{0.95, K-1}. The fallback's interval is constant: Student's t times the RMS of the rescale's own leave-one-out
+   errors. The 90% interval of a network predicted p ms is [p (1 - h(a)), p (1 + h(a))] (``interval_ms``).
 
 Everything is a function of the sorted library and the measured networks: permuting the library changes nothing.
 """
@@ -62,6 +71,7 @@ STRUCTURES = ("launch",)
 LAMBDAS = (1e-3, 1e-2, 1e-1, 1.0, 10.0)
 COMBINATION = "combination"
 LEVEL = 0.9
+OUTLIER_REL = 0.15  # a measured network this far off the combination may be an outlier (docstring, 5)
 SCORE_LEVELS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 0.825, 0.85, 0.875, 0.9, 0.925, 0.95, 0.975, 0.99,
                 1.0)
 
@@ -158,7 +168,7 @@ def _drop_outliers(lib_pred, y) -> np.ndarray:
         return keep
     r = (lib_pred @ _combine(lib_pred, y) - y) / y
     mad = 1.4826 * np.median(np.abs(r - np.median(r)))
-    bad = np.flatnonzero((np.abs(r) > 0.15) & (np.abs(r - np.median(r)) > 5 * max(mad, 1e-12)))
+    bad = np.flatnonzero((np.abs(r) > OUTLIER_REL) & (np.abs(r - np.median(r)) > 5 * max(mad, 1e-12)))
     bad = bad[np.argsort(-np.abs(r[bad]))][: len(y) // 5]
     keep[bad] = False
     return keep
@@ -208,14 +218,15 @@ def _decide(chosen, one_loo, k: int) -> tuple:
     return bool(d.mean() + se < 0), why, r
 
 
-def _average(chosen, bases, a, yk, valid) -> tuple:
-    """(const, entry, thetas, weights): the average of the chosen candidates' tables fitted on all kept networks
-    (each with the combination of its own basis), and the average combination weights."""
+def _average(chosen, bases, a, yk, valid, rows=None) -> tuple:
+    """(const, entry, thetas, weights): the average of the chosen candidates' tables fitted on the kept networks
+    ``rows`` (default all; each with the combination of its own basis), and the average combination weights."""
+    rows = np.arange(len(yk)) if rows is None else rows
     entry, const, thetas, weights = 0.0, 0.0, [], {}
     for c in chosen:
         tabs, lp = bases[c["structure"]]
-        w = _combine(lp, yk)
-        _, th, m_const, m_entry = _model_predict(w, tabs, c["_g"], c["_lam"], a, yk, a[:1])
+        w = _combine(lp[rows], yk[rows])
+        _, th, m_const, m_entry = _model_predict(w, tabs, c["_g"], c["_lam"], a[rows], yk[rows], a[:1])
         entry = entry + m_entry * th[1 + c["_g"]] / len(chosen)
         const = const + th[0] * m_const / len(chosen)
         thetas.append([float(v) for v in th])
@@ -224,18 +235,74 @@ def _average(chosen, bases, a, yk, valid) -> tuple:
     return float(const), np.where(valid, entry, np.nan), thetas, weights
 
 
-def _interval(r, lib, k: int, use_lib: bool, target=None, archs=None, scores=()) -> dict | None:
-    """The 90% interval's relative half-width (module docstring, 6); the library's split-conformal calibration (none
-    of it from ``target``) only for its own model, Student's t for the fallback."""
+def _floor(lib) -> float:
+    """The error no additive table removes (module docstring, 6): the mean over the library's tables of their own
+    held-out RMS relative error (``validation["rms_error_pct"]``, ``layerfit``); 0 when a table has none."""
+    v = [t.validation.get("rms_error_pct") if isinstance(t.validation, dict) else None for t in lib]
+    if not v or any(not isinstance(x, (int, float)) for x in v):
+        return 0.0
+    return float(np.mean(v) / 100)
+
+
+def _interval(r, lib, k: int, use_lib: bool, target=None, archs=None, fit=None) -> dict | None:
+    """The 90% interval (module docstring, 6). ``fit`` (library model only): (pred, y, folds) with the table's
+    predictions of every measured network (dropped ones too), their measurements, and the leave-one-out tables
+    [(const, entry)] of the jackknife. The fallback: Student's t times the rescale's leave-one-out RMS."""
     if r is None or len(r) < 3:
         return None
     sigma = float(np.sqrt(np.mean(r ** 2)))
-    scale = float(np.sqrt(np.mean(np.concatenate([c["_r"] for c in scores]) ** 2))) if use_lib else sigma
-    factor, how = LB.interval_factor(lib, k, target, archs, LEVEL) if use_lib else (None, None)
+    if not use_lib:
+        factor = float(stats.t.ppf(0.5 + LEVEL / 2, len(r) - 1))
+        return {"level": LEVEL, "rel_halfwidth": factor * sigma, "loo_rms_rel": sigma, "factor": factor,
+                "factor_from": f"Student t, {len(r) - 1} degrees of freedom"}
+    pred, y, folds = fit
+    residual = float(np.sqrt(np.mean(np.minimum(np.abs(y - pred) / pred, OUTLIER_REL) ** 2)))
+    factor, how = LB.interval_factor(lib, k, target, archs, LEVEL)
     if factor is None:
         factor, how = float(stats.t.ppf(0.5 + LEVEL / 2, len(r) - 1)), f"Student t, {len(r) - 1} degrees of freedom"
-    return {"level": LEVEL, "rel_halfwidth": float(factor * scale), "loo_rms_rel": sigma, "scale": scale,
-            "factor": factor, "factor_from": how}
+    iv = {"level": LEVEL, "factor": factor, "factor_from": how, "loo_rms_rel": sigma, "residual_rel": residual,
+          "floor_rel": _floor(lib),
+          "jackknife": {"const_ms": [float(c) for c, _ in folds],
+                        "entry_ms": [[[None if not math.isfinite(v) else float(v) for v in row] for row in e.tolist()]
+                                     for _, e in folds]}}
+    h = factor * _relative_scale(iv, pred, archs)
+    iv["rel_halfwidth_measured"] = {"min": float(h.min()), "median": float(np.median(h)), "max": float(h.max())}
+    return iv
+
+
+def _relative_scale(iv: dict, pred: np.ndarray, archs: np.ndarray) -> np.ndarray:
+    """u(a) of every network (module docstring, 6) from an interval dict holding a jackknife."""
+    jk = iv["jackknife"]
+    const = np.asarray(jk["const_ms"], np.float64)
+    entry = np.array([[[np.nan if v is None else v for v in row] for row in e] for e in jk["entry_ms"]], np.float64)
+    folds = const[:, None] + entry[:, np.arange(archs.shape[1])[None], archs].sum(axis=2)     # [K folds, networks]
+    n = len(const)
+    jack = np.sqrt((n - 1) / n * ((folds - folds.mean(axis=0)) ** 2).sum(axis=0)) / pred
+    return np.sqrt(jack ** 2 + float(iv["residual_rel"]) ** 2 + float(iv["floor_rel"]) ** 2)
+
+
+def relative_scale(table: LT.LayerTable, archs) -> np.ndarray:
+    """float64[K]: the relative half-width of the table's interval at each network divided by its factor z: u(a)
+    (module docstring, 6) for a library adaptation, the constant leave-one-out RMS for the others; TableError when
+    the table carries no interval."""
+    iv = (table.adaptation or {}).get("interval") if isinstance(table.adaptation, dict) else None
+    if not isinstance(iv, dict) or not isinstance(iv.get("factor"), (int, float)):
+        raise LT.TableError(f"table {table.source!r} carries no prediction interval (jmsnas adapt's tables from 3 "
+                            f"measured networks on do)")
+    a = LT.check_archs(table, archs)
+    if isinstance(iv.get("jackknife"), dict):
+        return _relative_scale(iv, LT.predict_ms(table, a), a)
+    return np.full(len(a), float(iv["rel_halfwidth"]) / float(iv["factor"]))
+
+
+def describe_interval(iv: dict) -> str:
+    """The interval's relative half-width in words: constant, or its range over the measured networks."""
+    if "rel_halfwidth" in iv:
+        return f"prediction ±{100 * iv['rel_halfwidth']:.1f}%"
+    h = iv["rel_halfwidth_measured"]
+    return (f"prediction ±{100 * h['min']:.1f}-{100 * h['max']:.1f}% on the measured networks (median "
+            f"{100 * h['median']:.1f}%; wider the further a network is from them; residual "
+            f"{100 * iv['residual_rel']:.2f}%, floor {100 * iv['floor_rel']:.2f}%)")
 
 
 def _take(m: NW.Measured, idx) -> NW.Measured:
@@ -248,7 +315,7 @@ def learning_curve(base: LT.LayerTable, library, pool: NW.Measured, held: NW.Mea
     ``held``: networks to score on, both measured on it) from ``library`` (which must not hold it): at each K of
     ``ks``, ``draws`` random draws of K networks of ``pool``; the medians of the held-out MAPE, share within +-10%
     and RMS relative error, and the quantiles at ``SCORE_LEVELS`` of the pooled calibration scores
-    |y - p| / p / sigma (sigma: the adapted table's ``interval["scale"]``, module docstring 6; draws that fell back
+    |y - p| / p / u(a) (u: the adapted table's ``relative_scale``, module docstring 6; draws that fell back
     are left out of the scores, their interval is Student's; None at a K where every draw fell back). ``reference`` (a
     Measured of the same device, e.g. HELP's 10 reference networks): the same for that one sample, scored on
     ``held`` without those networks (``library.interval_factor`` uses it when a target measured exactly those
@@ -259,9 +326,12 @@ def learning_curve(base: LT.LayerTable, library, pool: NW.Measured, held: NW.Mea
         t = adapt_library(base, sample, library, stages=stages)
         p = LT.predict_ms(t, on.archs)
         e = np.abs(p - on.ms) / on.ms
-        iv = t.adaptation["interval"]
-        sc = (np.abs(p - on.ms) / p / iv["scale"]) if (iv and not t.adaptation["fallback"]
-                                                         and iv["scale"] > 0) else np.empty(0)
+        # the interval of the library's model is calibrated on every draw, also where the rescale was used
+        m = adapt_library(base, sample, library, stages=stages, fallback=False) if t.adaptation["fallback"] else t
+        sc = np.empty(0)
+        if m.adaptation["interval"] and not m.adaptation["fallback"]:
+            pm = LT.predict_ms(m, on.archs)
+            sc = np.abs(pm - on.ms) / pm / relative_scale(m, on.archs)
         return (float(100 * e.mean()), float(100 * np.mean(e <= 0.1)), float(np.sqrt(np.mean(e ** 2)))), sc
 
     def pct(sc):
@@ -290,9 +360,12 @@ def learning_curve(base: LT.LayerTable, library, pool: NW.Measured, held: NW.Mea
 
 
 def adapt_library(base: LT.LayerTable, measured: NW.Measured, library, *, stages=None, groupings=GROUPINGS,
-                  lambdas=LAMBDAS, structures=STRUCTURES, device: str | None = None) -> LT.LayerTable:
+                  lambdas=LAMBDAS, structures=STRUCTURES, device: str | None = None,
+                  fallback: bool = True) -> LT.LayerTable:
     """The target's table (module docstring) with ``adaptation`` holding the choice, the weights, the leave-one-out
-    errors of every candidate, the fallback decision, the interval and the expected error from the library."""
+    errors of every candidate, the fallback decision, the interval and the expected error from the library.
+    ``fallback=False`` keeps the library's model where step 4 would fall back (``learning_curve`` calibrates the
+    interval of that model on every draw that way)."""
     archs = NW.for_table(measured, base)
     y = measured.ms
     if len(y) == 0:
@@ -310,9 +383,15 @@ def adapt_library(base: LT.LayerTable, measured: NW.Measured, library, *, stages
     one_loo, scores = _score(base, bases, a, yk, stages, groupings, lambdas)
     chosen = _within_one_standard_error(scores)
     use_lib, why, r = _decide(chosen, one_loo, len(yk))
+    if not fallback and chosen and not use_lib:
+        use_lib, why = True, why + "; the library's model is used all the same (fallback=False)"
     w = thetas = None
     if use_lib:
         const, entry, thetas, w = _average(chosen, bases, a, yk, base.valid)
+        folds = [_average(chosen, bases, a, yk, base.valid, np.flatnonzero(np.arange(len(yk)) != i))[:2]
+                 for i in range(len(yk))]
+        pred = max(float(const), 0.0) + np.nan_to_num(np.maximum(entry, 0.0))[np.arange(base.num_layers)[None],
+                                                                                archs].sum(axis=1)
         model = [("" if c["structure"] == "none" else f"{c['structure']} + ") + c["grouping"]
                  + ("" if math.isinf(c["_lam"]) else f" lambda={c['_lam']:g}") for c in chosen]
     else:
@@ -326,7 +405,8 @@ def adapt_library(base: LT.LayerTable, measured: NW.Measured, library, *, stages
             "dropped": [int(i) for i in np.flatnonzero(~keep)],
             "loo_mape_pct": None if r is None else float(100 * np.abs(r).mean()),
             "single_factor_loo_mape_pct": None if one_loo is None else float(100 * np.abs(one_loo).mean()),
-            "interval": _interval(r, lib, len(yk), use_lib, target, archs, scores),
+            "interval": _interval(r, lib, len(yk), use_lib, target, archs,
+                                  None if not use_lib else (pred, y, folds)),
             "expected": LB.expected_error(lib, len(yk), target),
             "candidates": [{k: v for k, v in c.items() if not k.startswith("_")} for c in scores]}
     return LT.make(max(float(const), 0.0), np.where(np.isnan(entry), np.nan, np.maximum(entry, 0.0)), base.op_names,
@@ -336,12 +416,8 @@ def adapt_library(base: LT.LayerTable, measured: NW.Measured, library, *, stages
 
 
 def interval_ms(table: LT.LayerTable, archs) -> tuple:
-    """(low, high) float64[K]: the table's interval (``adaptation["interval"]``) around its predictions; TableError
-    when the table carries none."""
-    iv = (table.adaptation or {}).get("interval") if isinstance(table.adaptation, dict) else None
-    if not isinstance(iv, dict) or not isinstance(iv.get("rel_halfwidth"), (int, float)):
-        raise LT.TableError(f"table {table.source!r} carries no prediction interval (jmsnas adapt's tables from 3 "
-                            f"measured networks on do)")
+    """(low, high) float64[K]: the table's 90% interval (``adaptation["interval"]``) around its predictions,
+    [p (1 - z u(a)), p (1 + z u(a))] (``relative_scale``); TableError when the table carries none."""
+    h = relative_scale(table, archs) * float(table.adaptation["interval"]["factor"])
     p = LT.predict_ms(table, archs)
-    h = float(iv["rel_halfwidth"])
     return np.maximum(p * (1 - h), 0.0), p * (1 + h)

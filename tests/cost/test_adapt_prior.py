@@ -2,6 +2,7 @@
 (jmsnas.cost.library, jmsnas/fbnet/library) and adaptation with the library as prior (jmsnas.cost.adapt_prior)."""
 import itertools
 import json
+import math
 import os
 
 import numpy as np
@@ -322,3 +323,67 @@ def test_a_launch_bound_device_is_learned_from_a_library_that_has_none(shipped, 
     assert got.adaptation["weights"]["launch (ms per layer run)"] == pytest.approx(0.4)
     old = AP.adapt_library(pixel3, sample, lib, stages=STAGES, structures=("none",))
     assert np.max(np.abs(LT.predict_ms(old, archs[10:]) / truth(archs[10:]) - 1)) > 0.01
+
+
+def test_the_interval_is_per_network_from_the_jackknife_the_residual_and_the_floor(shipped, data, pixel3):
+    """The library model's interval: the fold tables it stores reproduce the leave-one-out errors its model choice
+    scored (computed by another path, ``_loo``), the floor is the mean of the library tables' held-out RMS errors,
+    and the half-width z u(a) varies with the network, u(a) >= the residual and the floor."""
+    sample = H.measured(data, "titan_rtx_32", data["reference"])
+    lib = [t for d, t in shipped.items() if d != "titan_rtx_32"]
+    got = AP.adapt_library(pixel3, sample, lib, stages=STAGES)
+    a, iv = got.adaptation, got.adaptation["interval"]
+    assert not a["fallback"] and a["dropped"] == []
+    jk = iv["jackknife"]
+    assert len(jk["const_ms"]) == len(jk["entry_ms"]) == 10
+    archs = NW.for_table(sample, pixel3)
+    fold = [LT.make(c, np.array([[np.nan if v is None else v for v in r] for r in e]), pixel3.op_names,
+                    space=pixel3.space, device="fold", source="fold") for c, e in zip(jk["const_ms"], jk["entry_ms"])]
+    loo = [abs(LT.predict_ms(f, archs[k:k + 1])[0] - sample.ms[k]) / sample.ms[k] for k, f in enumerate(fold)]
+    assert 100 * np.mean(loo) == pytest.approx(a["loo_mape_pct"], rel=1e-6)
+    assert iv["floor_rel"] == pytest.approx(np.mean([t.validation["rms_error_pct"] for t in lib]) / 100)
+    held = H.measured(data, "titan_rtx_32", range(4000, 4100))
+    u = AP.relative_scale(got, held.archs)
+    assert (u >= math.hypot(iv["residual_rel"], iv["floor_rel"]) - 1e-12).all() and u.std() > 0
+    lo, hi = AP.interval_ms(got, held.archs)
+    p = LT.predict_ms(got, held.archs)
+    np.testing.assert_allclose(hi / p - 1, iv["factor"] * u, rtol=1e-9)
+    np.testing.assert_allclose(1 - lo / p, iv["factor"] * u, rtol=1e-9)
+
+
+def test_a_dropped_outlier_widens_the_interval_it_did_not_bend():
+    """A measured network far off every other is left out of the fit but counted, at 15%, in the residual: the
+    residual is the RMS of the kept networks' errors and the 15% cap."""
+    rng = np.random.default_rng(11)
+    n, r = 6, 3
+    ops = ("k3_e1", "k5_e3", "skip")
+    lib = [LT.make(0.5, rng.uniform(0.5, 2, (n, r)), ops, space="toy", device=f"dev{i}", source="r")
+           for i in range(3)]
+    base = LT.make(0.5, rng.uniform(0.5, 2, (n, r)), ops, space="toy", device="base", source="r")
+    archs = rng.integers(0, r, (12, n))
+    truth = 0.7 * LT.predict_ms(lib[0], archs) + 0.4 * LT.predict_ms(lib[2], archs)
+    y = truth * (1 + rng.normal(0, 0.005, len(truth)))
+    y[3] *= 1.9
+    m = NW.make(archs, y, ops, space="toy", device="target")
+    got = AP.adapt_library(base, m, lib)
+    a = got.adaptation
+    assert a["dropped"] == [3] and not a["fallback"]
+    p = LT.predict_ms(got, archs)
+    e = np.minimum(np.abs(y - p) / p, AP.OUTLIER_REL)
+    assert e[3] == AP.OUTLIER_REL
+    assert a["interval"]["residual_rel"] == pytest.approx(np.sqrt(np.mean(e ** 2)))
+
+
+def test_fallback_off_keeps_the_library_model(pixel3):
+    """``fallback=False`` (how the library's curves calibrate the interval): where the rescale would be used, the
+    library's model is kept all the same, with its per-network interval, and says so."""
+    rng = np.random.default_rng(4)
+    n, r = pixel3.num_layers, len(pixel3.op_names)
+    lib = [LT.make(1.0, rng.uniform(0, 3, (n, r)), pixel3.op_names, space=pixel3.space, device=f"rand{i}",
+                   source="r") for i in range(2)]
+    archs = rng.integers(0, r, (10, n))
+    m = NW.make(archs, 1.7 * LT.predict_ms(pixel3, archs), pixel3.op_names, space=pixel3.space, device="target")
+    assert AP.adapt_library(pixel3, m, lib, stages=STAGES).adaptation["fallback"]
+    kept = AP.adapt_library(pixel3, m, lib, stages=STAGES, fallback=False)
+    assert not kept.adaptation["fallback"] and "fallback=False" in kept.adaptation["why"]
+    assert "jackknife" in kept.adaptation["interval"] and "±" in AP.describe_interval(kept.adaptation["interval"])
