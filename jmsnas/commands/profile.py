@@ -167,6 +167,7 @@ def run(args) -> int:
           f"{table.network['offset_ms']:+.4f} ms ({table.network['method']})")
     if table.deployed is not None:
         h = table.deployed["handoff"]
-        print(f"deployed: per part call {table.deployed['part_call'].median_ms:.4f} ms beyond its entries; "
+        print(f"deployed: per part call {table.deployed['part_call'].median_ms:.4f} ms + "
+              f"{table.deployed['part_scale']:.3f} x its entries; "
               f"hand-off {h['fixed_ms']:.4f} ms + {h['ms_per_byte'] * 1e6:.4f} ms per MB")
     return 0

@@ -4,13 +4,18 @@ A latency table (``jmsnas.cost.measured``) times every op inside one whole-netwo
 its part as a program of its own, called once per image between a receive and a send (``jmsnas.deploy.worker``),
 and every tensor between two parts is a frame over a socket (``jmsnas.deploy.links``). Two terms model that:
 
-* the part call cost (ms, per part): parts of whole networks cut at the space's own split (D^m, every device's
-  part as ``export.part_forward`` builds it, the weights passed as one flat tuple of NumPy arrays every call and
-  the output brought to NumPy, as ``runtime.Part`` calls it: the weights' transfer is part of what it pays) are
-  called right after their input arrives over a loopback TCP connection, the receiving thread idle until then (as
-  a worker waits for its input); the term is the mean over the parts of (the median of those calls) - (the
-  table's entries of what the part runs: its ops, the stem on the first part and the head on the last), i.e.
-  what being a program of its own between a receive and a send adds to the one-call model's entries;
+* the part call cost (ms, per part) and the part scale: parts of whole networks cut at the space's own split (D^m,
+  every device's part as ``export.part_forward`` builds it, the weights passed as one flat tuple of NumPy arrays
+  every call and the output brought to NumPy, as ``runtime.Part`` calls it: the weights' transfer is part of what
+  it pays), and one relay part (no layer: what a device that takes none runs), are called right after their input
+  arrives over a loopback TCP connection, the receiving thread idle until then (as a worker waits for its input);
+  ``median ms of a part ~ part_call + part_scale x (the table's entries of what it runs: its ops, the stem on the
+  first part and the head on the last)`` is fitted over the parts by non-negative least squares (``fit_part``).
+  ``part_call`` is what being a program of its own between a receive and a send adds once per image (the relay's
+  cost anchors it); ``part_scale`` how an op's time changes in a part of its own rather than inside the one
+  whole-network call the table timed it in (the first op after a receive starts on cold caches, a part's ops
+  cannot overlap a neighbour's, its weights cross the call boundary): measured on this machine about 1.2
+  (``docs/latency.md``);
 * the hand-off (ms) of a frame of n payload bytes: from the moment the sender hands its output to its sending
   thread (which then wakes and sends it, unpaced, as a worker's link thread does) to the moment the receiver,
   waiting in a selector as a worker does, has parsed the whole frame (``links.FrameBuffer``), at several sizes,
@@ -18,10 +23,10 @@ and every tensor between two parts is a frame over a socket (``jmsnas.deploy.lin
   bandwidth and latency are eps's own terms; the hand-off is what a frame costs on top of them (framing, the send
   and receive system calls, the threads' wake-ups).
 
-Both are measured in the same rounds (``reps``; every round times every item once, in a shuffled order) and all
+All are measured in the same rounds (``reps``; every round times every item once, in a shuffled order) and all
 times are CLOCK_MONOTONIC of this host. Measured on this host they describe this host; ``jmsnas.cost.build`` turns
-them into ``CostTable.call_ms`` (every device) and ``handoff_ms`` / ``handoff_ms_per_byte`` (every link, the mean
-of its two ends' tables).
+them into ``CostTable.call_ms`` (every device), the device's U times ``part_scale`` and ``handoff_ms`` /
+``handoff_ms_per_byte`` (every link, the mean of its two ends' tables).
 """
 from __future__ import annotations
 
@@ -132,6 +137,15 @@ def _parts(space: SearchSpace, ops: tuple, batch: int, dw_impl: str) -> list:
     return out
 
 
+def _relay(space: SearchSpace, shape) -> tuple:
+    """(device, call, input, entry key) of a part that runs no layer: it forwards its input (a relay device)."""
+    fwd = jax.jit(part_forward(space, [], [], stem=False, head=False))
+    x = np.zeros(shape, np.float32)
+    call = lambda x, fwd=fwd: np.asarray(fwd({}, {}, x))
+    call(x)  # compiles
+    return ("relay", call, (x,), ((), (), False, False))
+
+
 def _entries_ms(table: MeasuredTable, key: tuple) -> float:
     """The table's entries of what a part runs (ms): its ops, the stem and the head where it has them."""
     layers, ops, stem, head = key
@@ -150,12 +164,29 @@ def fit_handoff(nbytes, ms) -> tuple:
     return float(a), float(b / scale)
 
 
-def measure_deployed(space: SearchSpace, table: MeasuredTable, *, reps: int = 30, archs: int = 2, seed: int = 0,
+def fit_part(entries_ms, ms) -> tuple:
+    """(part_call ms, part_scale) of ``ms ~ part_call + part_scale * entries_ms`` over parts: non-negative least
+    squares. Parts that all have the same entries (nothing tells a scale), or a fit whose scale is 0 (the parts'
+    times do not grow with what they run: noise), give the scale 1 and the mean excess (>= 0) with a warning."""
+    from scipy.optimize import nnls
+    e, y = np.asarray(entries_ms, float), np.asarray(ms, float)
+    if e.shape != y.shape or e.ndim != 1 or e.size == 0:
+        raise ValueError(f"entries_ms and ms must be two equal 1-D lists of parts, got shapes {e.shape}, {y.shape}")
+    if np.ptp(e) > 0:
+        (call, scale), _ = nnls(np.stack([np.ones_like(e), e], 1), y)
+        if scale > 0:
+            return float(call), float(scale)
+    warnings.warn("the parts' times do not grow with their entries: part scale 1, part call = their mean excess "
+                  "(noisy timings); profile again on a quieter machine", RuntimeWarning, stacklevel=2)
+    return max(float(np.mean(y - e)), 0.0), 1.0
+
+
+def measure_deployed(space: SearchSpace, table: MeasuredTable, *, reps: int = 30, archs: int = 4, seed: int = 0,
                      sizes=HANDOFF_BYTES) -> dict:
     """The ``deployed`` entry of ``table`` (measured for ``space`` on this host, module docstring): {"part_call":
-    Timing (ms), "handoff": {"fixed_ms", "ms_per_byte", "bytes", "median_ms"}}. ``archs`` whole networks are cut
-    into parts: the table's base architecture (mbconv_k3_e3 everywhere by default) and random valid ones (numpy
-    seed [seed, 2])."""
+    Timing (ms), "part_scale", "handoff": {"fixed_ms", "ms_per_byte", "bytes", "median_ms"}}. ``archs`` whole
+    networks are cut into parts: the table's base architecture (mbconv_k3_e3 everywhere by default) and random
+    valid ones (numpy seed [seed, 2]), plus one relay part."""
     from jmsnas.cost.profile import sample_archs
     if isinstance(reps, bool) or not isinstance(reps, int) or reps < 3:
         raise ValueError(f"reps must be an integer >= 3, got {reps!r}")
@@ -163,6 +194,7 @@ def measure_deployed(space: SearchSpace, table: MeasuredTable, *, reps: int = 30
     base = tuple(int(i) for i in table.settings.get("base", [0] * space.num_layers))
     nets = [base] + sample_archs(space, max(archs - 1, 0), [seed, 2])
     parts = [p for ops in nets for p in _parts(space, ops, batch, dw_impl)]
+    parts.append(_relay(space, parts[0][1](*parts[0][2]).shape))  # relays the first part's output
     sizes = [int(n) for n in sizes]
     items = [("size", n) for n in sizes] + [("part", k) for k in range(len(parts))]
     hand = {n: [] for n in sizes}
@@ -195,15 +227,9 @@ def measure_deployed(space: SearchSpace, table: MeasuredTable, *, reps: int = 30
         pair.close()
     medians = [float(np.median(hand[n])) for n in sizes]
     a, b = fit_handoff(sizes, medians)
-    excess = [float(np.median(t)) - _entries_ms(table, p[3]) for t, p in zip(part_ms, parts)]
-    call = float(np.mean(excess))
-    if call < 0:
-        warnings.warn(f"part call cost {call:.4f} ms clamped to 0: the parts ran faster than the table's entries "
-                      "of what they run (noisy timings); profile again on a quieter machine", RuntimeWarning,
-                      stacklevel=2)
-        call = 0.0
+    call, scale = fit_part([_entries_ms(table, p[3]) for p in parts], [float(np.median(t)) for t in part_ms])
     spread = float(np.mean([np.subtract(*np.percentile(t, [75, 25])) for t in part_ms]))
-    return {"part_call": Timing(call, spread, reps),
+    return {"part_call": Timing(call, spread, reps), "part_scale": scale,
             "handoff": {"fixed_ms": a, "ms_per_byte": b, "bytes": sizes, "median_ms": medians}}
 
 
