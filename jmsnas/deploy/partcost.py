@@ -107,9 +107,10 @@ class _Sender(threading.Thread):
             L.send_frame(self.pair.send, L.ARRAY, len(self.started), value)
 
 
-def _parts(space: SearchSpace, ops: tuple, batch: int, dw_impl: str) -> list:
-    """[(device, call(*xs) -> NumPy output, input arrays, entry key)] of the parts of architecture ``ops`` at the
-    space's split, in execution order; entry key = (layers, ops, stem?, head?) for ``_entries_ms``."""
+def _part_specs(space: SearchSpace, ops: tuple, batch: int, dw_impl: str) -> list:
+    """[(device, fwd(params, state, *xs), {"params", "bn"} weights, input arrays, entry key)] of the parts of
+    architecture ``ops`` at the space's split, in execution order; entry key = (layers, ops, stem?, head?) for
+    ``_entries_ms``."""
     params, state = supernet.init(jax.random.PRNGKey(_WEIGHTS_KEY), space)
     cp, cs = supernet.extract(space, params, state, ops)
     pp, bp = supernet.device_parts(space, cp, ops), supernet.device_parts(space, cs, ops)
@@ -121,19 +122,30 @@ def _parts(space: SearchSpace, ops: tuple, batch: int, dw_impl: str) -> list:
         lops = [OP_NAMES.index(o) for o in pp[dev]["ops"]]
         stem, head = dev == order[0], dev == order[-1]
         fwd = part_forward(space, layers, lops, stem=stem, head=head, dw_impl=dw_impl)
-        flat = dict(directory.flat_arrays(pp[dev]["params"], "params"))
-        flat.update(directory.flat_arrays(bp[dev]["params"], "bn"))
+        weights = {"params": pp[dev]["params"], "bn": bp[dev]["params"]}
+        xs = tuple(np.zeros(shapes[s], np.float32) for s in srcs[dev])
+        shapes[dev] = jax.eval_shape(fwd, weights["params"], weights["bn"], *xs).shape
+        out.append((dev, fwd, weights, xs, (layers, lops, stem, head)))
+    return out
+
+
+def _parts(space: SearchSpace, ops: tuple, batch: int, dw_impl: str) -> list:
+    """[(device, call(*xs) -> NumPy output, input arrays, entry key)] of ``_part_specs``, each called as
+    ``runtime.Part`` calls a deployed part: its weights one flat tuple of NumPy arrays every call."""
+    out = []
+    for dev, fwd, weights, xs, key in _part_specs(space, ops, batch, dw_impl):
+        flat = dict(directory.flat_arrays(weights["params"], "params"))
+        flat.update(directory.flat_arrays(weights["bn"], "bn"))
         names = sorted(flat)
-        weights = tuple(np.asarray(flat[k]) for k in names)  # NumPy, as runtime.Part holds them
+        w = tuple(np.asarray(flat[k]) for k in names)  # NumPy, as runtime.Part holds them
 
         def call_flat(w, *xs, names=names, fwd=fwd):
             t = directory.unflatten(dict(zip(names, w)))
             return fwd(t.get("params", {}), t.get("bn", {}), *xs)
         fn = jax.jit(call_flat)
-        xs = tuple(np.zeros(shapes[s], np.float32) for s in srcs[dev])
-        call = lambda *x, fn=fn, weights=weights: np.asarray(fn(weights, *x))
-        shapes[dev] = call(*xs).shape  # compiles
-        out.append((dev, call, xs, (layers, lops, stem, head)))
+        call = lambda *x, fn=fn, w=w: np.asarray(fn(w, *x))
+        call(*xs)  # compiles
+        out.append((dev, call, xs, key))
     return out
 
 
@@ -233,7 +245,58 @@ def measure_deployed(space: SearchSpace, table: MeasuredTable, *, reps: int = 30
             "handoff": {"fixed_ms": a, "ms_per_byte": b, "bytes": sizes, "median_ms": medians}}
 
 
-def with_deployed(space: SearchSpace, table: MeasuredTable, **kwargs) -> MeasuredTable:
-    """``table`` with its ``deployed`` entry measured (``measure_deployed``)."""
+def measure_deployed_remote(space: SearchSpace, table: MeasuredTable, address: str, *, reps: int = 30,
+                            archs: int = 4, seed: int = 0, sizes=HANDOFF_BYTES, credentials=None,
+                            timeout_s: float = 60.0, platforms=("cpu",)) -> dict:
+    """The ``deployed`` entry of ``table`` (a table measured on the machine of the ``jmsnas worker`` at
+    ``address``) measured there (``jmsnas profile --remote``): the same parts and relay as ``measure_deployed``,
+    exported with their weights as arguments (``export.program_with_weights``, for ``platforms``), each called by
+    the worker right after its input frame arrives from here (``timer.probe_deployed``: the ``run`` probe, its time
+    on the worker's clock), fitted by ``fit_part``; the hand-off from round trips of frames of each of ``sizes``
+    bytes over the connection to the worker (its own network, TLS when the credentials have it): a round trip is
+    the frame's hand-off there plus a near-empty answer's back, so ``fixed_ms`` is half the fitted round trip's
+    intercept and ``ms_per_byte`` its slope (``median_ms``: each size's median round trip less that half). Over a
+    real network the slope holds that network's own bytes / bandwidth too, which eps charges from the topology's
+    link: profile over a connection much faster than the links the topology models. ValueError (one line naming
+    the address) for a worker that cannot be reached, does not authenticate or fails."""
+    from jmsnas.cost.profile import sample_archs
+    from jmsnas.deploy import timer
+    from jmsnas.deploy.export import program_with_weights
+    if isinstance(reps, bool) or not isinstance(reps, int) or reps < 3:
+        raise ValueError(f"reps must be an integer >= 3, got {reps!r}")
+    timer.parse_address(address)
+    batch, dw_impl = int(table.settings.get("batch", 1)), str(table.settings.get("dw_impl", "auto"))
+    if dw_impl not in ("xla", "shifted"):
+        raise ValueError(f"the table timed the {dw_impl!r} depthwise convolution; a part sent to a worker holds no "
+                         "custom call: profile the table there with --dw-impl xla (or shifted)")
+    base = tuple(int(i) for i in table.settings.get("base", [0] * space.num_layers))
+    nets = [base] + sample_archs(space, max(archs - 1, 0), [seed, 2])
+    specs = [p for ops in nets for p in _part_specs(space, ops, batch, dw_impl)]
+    first = specs[0]
+    relay_in = jax.eval_shape(first[1], first[2]["params"], first[2]["bn"], *first[3])
+    specs.append(("relay", part_forward(space, [], [], stem=False, head=False), {"params": {}, "bn": {}},
+                  (np.zeros(relay_in.shape, np.float32),), ((), (), False, False)))
+    probes = []
+    for _, fwd, weights, xs, _ in specs:
+        in_specs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in xs]
+        exported, flat = program_with_weights(fwd, weights, in_specs, tuple(platforms))
+        probes.append((timer.program_part(bytes(exported.serialize()), flat), xs[0]))
+    runs, rtt = timer.probe_deployed(address, probes, sizes, reps=reps, seed=seed, timeout_s=timeout_s,
+                                     credentials=credentials)
+    call, scale = fit_part([_entries_ms(table, p[4]) for p in specs], [float(np.median(t)) for t in runs])
+    sizes = [int(n) for n in sizes]
+    trips = [float(np.median(rtt[n])) for n in sizes]
+    a2, b = fit_handoff(sizes, trips)
+    medians = [max(t - a2 / 2, 0.0) for t in trips]
+    spread = float(np.mean([np.subtract(*np.percentile(t, [75, 25])) for t in runs]))
+    return {"part_call": Timing(call, spread, reps), "part_scale": scale,
+            "handoff": {"fixed_ms": a2 / 2, "ms_per_byte": b, "bytes": sizes, "median_ms": medians}}
+
+
+def with_deployed(space: SearchSpace, table: MeasuredTable, remote: str | None = None, **kwargs) -> MeasuredTable:
+    """``table`` with its ``deployed`` entry measured here (``measure_deployed``) or on the worker at ``remote``
+    (``measure_deployed_remote``)."""
+    if remote is not None:
+        return table._replace(deployed=measure_deployed_remote(space, table, remote, **kwargs))
     return table._replace(deployed=measure_deployed(space, table, **kwargs))
 

@@ -4,6 +4,7 @@ loaded into ``CostTable``, charged by eq. (1)/(2) and by the search's exact spli
 exactly as the paper's eq. (1)/(2). Structure and sign only: no timing is asserted beyond being > 0.
 """
 import itertools
+import os
 import warnings
 
 import jax
@@ -350,3 +351,72 @@ def test_profile_cli_loopback_failure_is_one_line_and_writes_nothing(tmp_path, m
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "loopback connection" in err and "--no-deployed" in err, err
     assert not (tmp_path / "t.yaml").exists()
+
+
+def test_profile_remote_measures_the_terms_through_an_authenticated_worker(tmp_path, capsys):
+    """`jmsnas profile --remote` at a `jmsnas worker` on 127.0.0.1 that requires a shared secret: with the secret the
+    parts run there right after their input arrives and frames make round trips, and the table written holds the
+    terms (call >= 0, scale > 0, hand-offs > 0, the sizes timed), which the cost table then charges; without the
+    secret, or with a table of kernels a sent part cannot hold, one line and nothing written."""
+    import json
+    import subprocess
+    import sys
+
+    from jmsnas import cli
+    from jmsnas.deploy import links as LK
+    from paths import REPO
+    space = _tiny_space()
+    sf = {"topology": "chain", "layers_per_device": [1, 1, 1, 1], "image_size": 4, "in_channels": 1,
+          "num_classes": 3, "device_channels": [8, 8, 8, 8], "device_strides": [1, 1, 1, 1], "stem_channels": 8,
+          "head_channels": 16}
+    (tmp_path / "s.json").write_text(json.dumps(sf))
+    rng = np.random.default_rng(2)
+    t = _fake_table(space, 0.01)
+    t = t._replace(slots=tuple(dict(sl, ops={k: P.Timing(float(rng.uniform(0.005, 0.05)), 0.0, 5) for k in sl["ops"]})
+                               for sl in t.slots))
+    P.write_table(t, tmp_path / "there.yaml")  # dw_impl xla (_fake_table's settings)
+    P.write_table(t._replace(settings={"reps": 5, "batch": 1, "dw_impl": "auto"}), tmp_path / "auto.yaml")
+    (tmp_path / "secret").write_bytes(b"correct-horse-battery-staple-0123456789\n")
+    s = LK.listen(0)
+    port = s.getsockname()[1]
+    s.close()
+    env = {k: v for k, v in os.environ.items() if k != "JMSNAS_SECRET"}
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.Popen([sys.executable, "-m", "jmsnas.cli", "worker", "--listen", f"127.0.0.1:{port}",
+                             "--secret-file", str(tmp_path / "secret")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, text=True)
+    argv = ["profile", "--space", str(tmp_path / "s.json"), "--remote", f"127.0.0.1:{port}", "--reps", "3"]
+    try:
+        assert "listening on" in proc.stdout.readline()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a fallback under load is allowed: the test is the structure
+            assert cli.main(argv + ["--table", str(tmp_path / "there.yaml"), "--out", str(tmp_path / "o.yaml"),
+                                    "--secret-file", str(tmp_path / "secret")]) == 0
+        assert "on the worker at 127.0.0.1" in capsys.readouterr().out
+        capsys.readouterr()
+        old_env = os.environ.pop("JMSNAS_SECRET", None)
+        try:
+            assert cli.main(argv + ["--table", str(tmp_path / "there.yaml"), "--out", str(tmp_path / "x.yaml")]) == 2
+        finally:
+            if old_env is not None:
+                os.environ["JMSNAS_SECRET"] = old_env
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "requires a shared secret" in err, err
+        assert cli.main(argv + ["--table", str(tmp_path / "auto.yaml"), "--out", str(tmp_path / "x.yaml"),
+                                "--secret-file", str(tmp_path / "secret")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "'auto' depthwise convolution" in err, err
+    finally:
+        proc.terminate()
+        proc.wait(20)
+    assert not (tmp_path / "x.yaml").exists()
+    got = P.load_table(tmp_path / "o.yaml", space)
+    dep = got.deployed
+    assert dep["part_call"].median_ms >= 0 and dep["part_call"].reps == 3 and dep["part_scale"] > 0
+    h = dep["handoff"]
+    assert h["bytes"] == list(partcost.HANDOFF_BYTES) and h["fixed_ms"] > 0 and h["ms_per_byte"] >= 0
+    assert got.slots == t.slots  # the table's own entries, unchanged
+    table = build_table(space, {d: {"kind": "measured", "path": str(tmp_path / "o.yaml")}
+                                for d in space.topology.device_names})
+    np.testing.assert_allclose(np.asarray(table.call_ms), dep["part_call"].median_ms, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(table.handoff_ms), h["fixed_ms"], rtol=1e-6)
