@@ -91,6 +91,7 @@ def _open(address: str, credentials: auth.Credentials | None):
     creds = credentials if credentials is not None else auth.Credentials(auth.read_secret())
     try:
         conn = socket.create_connection((host, port), timeout=CONNECT_S)
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a probe's two frames leave at once
     except OSError as e:
         raise ValueError(f"cannot reach the worker at {address}: {e.strerror or e} (start one there with: jmsnas "
                          f"worker --listen {host}:{port})") from None

@@ -451,6 +451,8 @@ def main(argv=None) -> int:
     except OSError as e:
         print(f"jmsnas.deploy.worker: --fd {args.fd} is no connected socket: {e}", file=sys.stderr)
         return 2
+    if sock.family in (socket.AF_INET, socket.AF_INET6):  # a small answer leaves at once, not after a delayed ACK
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:  # the control connection was authenticated by the jmsnas worker (or is a local pipeline's socket pair)
         ctl = _Control(sock if args.plain_control else auth.secure_server(sock, creds, authenticated=True))
     except (auth.AuthError, ssl.SSLError, OSError) as e:
