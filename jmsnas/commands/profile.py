@@ -187,6 +187,9 @@ def _print_deployed(table, where: str) -> None:
     print(f"deployed ({where}): per part call {table.deployed['part_call'].median_ms:.4f} ms + "
           f"{table.deployed['part_scale']:.3f} x its entries; hand-off {h['fixed_ms']:.4f} ms + "
           f"{h['ms_per_byte'] * 1e6:.4f} ms per MB")
+    if "load_ratio" in table.deployed:
+        print(f"  (whole networks timed with the parts ran {table.deployed['load_ratio']:.3f} x the table's "
+              "prediction of them; the parts' times were divided by it)")
 
 
 def run(args) -> int:

@@ -10,7 +10,10 @@ and every tensor between two parts is a frame over a socket (``jmsnas.deploy.lin
   it pays), and one relay part (no layer: what a device that takes none runs), are called right after their input
   arrives over a loopback TCP connection, the receiving thread idle until then (as a worker waits for its input);
   ``median ms of a part ~ part_call + part_scale x (the table's entries of what it runs: its ops, the stem on the
-  first part and the head on the last)`` is fitted over the parts by non-negative least squares (``fit_part``).
+  first part and the head on the last)`` is fitted over the parts by non-negative least squares (``fit_part``),
+  their times first divided by ``load_ratio``: the same networks timed whole (one call, as the table times them)
+  in the same rounds, at the table's quantile, over the table's prediction of them, so the terms are on the
+  table's footing however busy the machine is now.
   ``part_call`` is what being a program of its own between a receive and a send adds once per image (the relay's
   cost anchors it); ``part_scale`` how an op's time changes in a part of its own rather than inside the one
   whole-network call the table timed it in (the first op after a receive starts on cold caches, a part's ops
@@ -198,8 +201,12 @@ def measure_deployed(space: SearchSpace, table: MeasuredTable, *, reps: int = 30
     """The ``deployed`` entry of ``table`` (measured for ``space`` on this host, module docstring): {"part_call":
     Timing (ms), "part_scale", "handoff": {"fixed_ms", "ms_per_byte", "bytes", "median_ms"}}. ``archs`` whole
     networks are cut into parts: the table's base architecture (mbconv_k3_e3 everywhere by default) and random
-    valid ones (numpy seed [seed, 2]), plus one relay part."""
-    from jmsnas.cost.profile import sample_archs
+    valid ones (numpy seed [seed, 2]), plus one relay part. The same networks are also timed whole, as one call, in
+    the same rounds: ``load_ratio`` (returned, not stored) is the median over them of (their time at the table's
+    quantile) / (the table's prediction of it), and the parts' times are divided by it before the fit, so a
+    machine busier (or quieter) now than when the table was made moves neither the call cost nor the scale."""
+    from jmsnas.cost.measured import predict_arch_ms
+    from jmsnas.cost.profile import _arch_calls, sample_archs
     if isinstance(reps, bool) or not isinstance(reps, int) or reps < 3:
         raise ValueError(f"reps must be an integer >= 3, got {reps!r}")
     batch, dw_impl = int(table.settings.get("batch", 1)), str(table.settings.get("dw_impl", "auto"))
@@ -207,8 +214,11 @@ def measure_deployed(space: SearchSpace, table: MeasuredTable, *, reps: int = 30
     nets = [base] + sample_archs(space, max(archs - 1, 0), [seed, 2])
     parts = [p for ops in nets for p in _parts(space, ops, batch, dw_impl)]
     parts.append(_relay(space, parts[0][1](*parts[0][2]).shape))  # relays the first part's output
+    wholes = _arch_calls(space, nets, batch, dw_impl)
     sizes = [int(n) for n in sizes]
-    items = [("size", n) for n in sizes] + [("part", k) for k in range(len(parts))]
+    items = [("size", n) for n in sizes] + [("part", k) for k in range(len(parts))] + \
+        [("net", k) for k in range(len(nets))]
+    net_ms = [[] for _ in nets]
     hand = {n: [] for n in sizes}
     part_ms = [[] for _ in parts]
     pair = _Pair()
@@ -224,6 +234,13 @@ def measure_deployed(space: SearchSpace, table: MeasuredTable, *, reps: int = 30
                     _, t1 = pair.receive()
                     if r:
                         hand[k].append((t1 - sender.started[-1]) * 1e3)
+                elif what == "net":  # as the table's rounds time a network: right after an untimed call
+                    fn, args = wholes[k]
+                    jax.block_until_ready(fn(*args))
+                    t0 = L.now()
+                    jax.block_until_ready(fn(*args))
+                    if r:
+                        net_ms[k].append((L.now() - t0) * 1e3)
                 else:
                     _, call, xs, _ = parts[k]
                     sender.submit(xs[0])
@@ -239,9 +256,15 @@ def measure_deployed(space: SearchSpace, table: MeasuredTable, *, reps: int = 30
         pair.close()
     medians = [float(np.median(hand[n])) for n in sizes]
     a, b = fit_handoff(sizes, medians)
-    call, scale = fit_part([_entries_ms(table, p[3]) for p in parts], [float(np.median(t)) for t in part_ms])
-    spread = float(np.mean([np.subtract(*np.percentile(t, [75, 25])) for t in part_ms]))
-    return {"part_call": Timing(call, spread, reps), "part_scale": scale,
+    q = float(table.settings.get("quantile", 0.5))
+    ratio = float(np.median([np.quantile(t, q) / predict_arch_ms(table, ops) for t, ops in zip(net_ms, nets)]))
+    if not np.isfinite(ratio) or ratio <= 0:
+        raise ValueError(f"the table predicts whole networks of {predict_arch_ms(table, nets[0])!r} ms: no "
+                         "reference for the parts' times")
+    call, scale = fit_part([_entries_ms(table, p[3]) for p in parts],
+                           [float(np.median(t)) / ratio for t in part_ms])
+    spread = float(np.mean([np.subtract(*np.percentile(t, [75, 25])) for t in part_ms])) / ratio
+    return {"part_call": Timing(call, spread, reps), "part_scale": scale, "load_ratio": ratio,
             "handoff": {"fixed_ms": a, "ms_per_byte": b, "bytes": sizes, "median_ms": medians}}
 
 

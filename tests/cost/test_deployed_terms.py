@@ -287,6 +287,7 @@ def test_the_terms_are_measured_over_a_loopback_socket():
         warnings.simplefilter("ignore", RuntimeWarning)  # a fallback under load is allowed: the test is the structure
         dep = partcost.measure_deployed(space, _fake_table(space, 0.01), reps=3, archs=2, sizes=sizes)
     assert dep["part_call"].median_ms >= 0 and dep["part_call"].reps == 3 and dep["part_scale"] > 0
+    assert dep["load_ratio"] > 0  # the whole networks timed in the same rounds, against the table's prediction
     h = dep["handoff"]
     assert h["bytes"] == list(sizes) and len(h["median_ms"]) == 3 and min(h["median_ms"]) > 0
     assert h["fixed_ms"] >= 0 and h["ms_per_byte"] >= 0 and h["fixed_ms"] + h["ms_per_byte"] * 65536 > 0
