@@ -17,8 +17,8 @@ and every tensor between two parts is a frame over a socket (``jmsnas.deploy.lin
   ``part_call`` is what being a program of its own between a receive and a send adds once per image (the relay's
   cost anchors it); ``part_scale`` how an op's time changes in a part of its own rather than inside the one
   whole-network call the table timed it in (the first op after a receive starts on cold caches, a part's ops
-  cannot overlap a neighbour's, its weights cross the call boundary): measured on this machine about 1.2
-  (``docs/latency.md``);
+  cannot overlap a neighbour's, its weights cross the call boundary): measured on this machine 1.2 for XLA's
+  kernels, 2.2-3.2 for the native CPU kernels (``docs/latency.md``);
 * the hand-off (ms) of a frame of n payload bytes: from the moment the sender hands its output to its sending
   thread (which then wakes and sends it, unpaced, as a worker's link thread does) to the moment the receiver,
   waiting in a selector as a worker does, has parsed the whole frame (``links.FrameBuffer``), at several sizes,
