@@ -206,7 +206,7 @@ def measure_deployed(space: SearchSpace, table: MeasuredTable, *, reps: int = 30
     quantile) / (the table's prediction of it), and the parts' times are divided by it before the fit, so a
     machine busier (or quieter) now than when the table was made moves neither the call cost nor the scale."""
     from jmsnas.cost.measured import predict_arch_ms
-    from jmsnas.cost.profile import _arch_calls, sample_archs
+    from jmsnas.cost.profile import arch_calls, sample_archs
     if isinstance(reps, bool) or not isinstance(reps, int) or reps < 3:
         raise ValueError(f"reps must be an integer >= 3, got {reps!r}")
     batch, dw_impl = int(table.settings.get("batch", 1)), str(table.settings.get("dw_impl", "auto"))
@@ -214,7 +214,7 @@ def measure_deployed(space: SearchSpace, table: MeasuredTable, *, reps: int = 30
     nets = [base] + sample_archs(space, max(archs - 1, 0), [seed, 2])
     parts = [p for ops in nets for p in _parts(space, ops, batch, dw_impl)]
     parts.append(_relay(space, parts[0][1](*parts[0][2]).shape))  # relays the first part's output
-    wholes = _arch_calls(space, nets, batch, dw_impl)
+    wholes = arch_calls(space, nets, batch, dw_impl)
     sizes = [int(n) for n in sizes]
     items = [("size", n) for n in sizes] + [("part", k) for k in range(len(parts))] + \
         [("net", k) for k in range(len(nets))]
