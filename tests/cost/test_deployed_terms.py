@@ -415,7 +415,8 @@ def test_profile_remote_measures_the_terms_through_an_authenticated_worker(tmp_p
     dep = got.deployed
     assert dep["part_call"].median_ms >= 0 and dep["part_call"].reps == 3 and dep["part_scale"] > 0
     h = dep["handoff"]
-    assert h["bytes"] == list(partcost.HANDOFF_BYTES) and h["fixed_ms"] > 0 and h["ms_per_byte"] >= 0
+    assert h["bytes"] == list(partcost.HANDOFF_BYTES) and h["fixed_ms"] >= 0 and h["ms_per_byte"] >= 0
+    assert h["fixed_ms"] + h["ms_per_byte"] * max(h["bytes"]) > 0
     assert got.slots == t.slots  # the table's own entries, unchanged
     table = build_table(space, {d: {"kind": "measured", "path": str(tmp_path / "o.yaml")}
                                 for d in space.topology.device_names})
