@@ -205,7 +205,6 @@ def measure_deployed(space: SearchSpace, table: MeasuredTable, *, reps: int = 30
     the same rounds: ``load_ratio`` (returned, not stored) is the median over them of (their time at the table's
     quantile) / (the table's prediction of it), and the parts' times are divided by it before the fit, so a
     machine busier (or quieter) now than when the table was made moves neither the call cost nor the scale."""
-    from jmsnas.cost.measured import predict_arch_ms
     from jmsnas.cost.profile import arch_calls, sample_archs
     if isinstance(reps, bool) or not isinstance(reps, int) or reps < 3:
         raise ValueError(f"reps must be an integer >= 3, got {reps!r}")
@@ -256,11 +255,7 @@ def measure_deployed(space: SearchSpace, table: MeasuredTable, *, reps: int = 30
         pair.close()
     medians = [float(np.median(hand[n])) for n in sizes]
     a, b = fit_handoff(sizes, medians)
-    q = float(table.settings.get("quantile", 0.5))
-    ratio = float(np.median([np.quantile(t, q) / predict_arch_ms(table, ops) for t, ops in zip(net_ms, nets)]))
-    if not np.isfinite(ratio) or ratio <= 0:
-        raise ValueError(f"the table predicts whole networks of {predict_arch_ms(table, nets[0])!r} ms: no "
-                         "reference for the parts' times")
+    ratio = _load_ratio(table, nets, net_ms)
     call, scale = fit_part([_entries_ms(table, p[3]) for p in parts],
                            [float(np.median(t)) / ratio for t in part_ms])
     spread = float(np.mean([np.subtract(*np.percentile(t, [75, 25])) for t in part_ms])) / ratio
@@ -281,10 +276,11 @@ def measure_deployed_remote(space: SearchSpace, table: MeasuredTable, address: s
     intercept and ``ms_per_byte`` its slope (``median_ms``: each size's median round trip less that half). Over a
     real network the slope holds that network's own bytes / bandwidth too, which eps charges from the topology's
     link: profile over a connection much faster than the links the topology models. ValueError (one line naming
-    the address) for a worker that cannot be reached, does not authenticate or fails."""
+    the address) for a worker that cannot be reached, does not authenticate or fails. The same whole networks, sent
+    too, are timed there by back-to-back calls (``calibrate``, as the table's rounds time them): ``load_ratio`` as in
+    ``measure_deployed``."""
     from jmsnas.cost.profile import sample_archs
     from jmsnas.deploy import timer
-    from jmsnas.deploy.export import program_with_weights
     if isinstance(reps, bool) or not isinstance(reps, int) or reps < 3:
         raise ValueError(f"reps must be an integer >= 3, got {reps!r}")
     timer.parse_address(address)
@@ -299,21 +295,59 @@ def measure_deployed_remote(space: SearchSpace, table: MeasuredTable, address: s
     relay_in = jax.eval_shape(first[1], first[2]["params"], first[2]["bn"], *first[3])
     specs.append(("relay", part_forward(space, [], [], stem=False, head=False), {"params": {}, "bn": {}},
                   (np.zeros(relay_in.shape, np.float32),), ((), (), False, False)))
-    probes = []
-    for _, fwd, weights, xs, _ in specs:
-        in_specs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in xs]
-        exported, flat = program_with_weights(fwd, weights, in_specs, tuple(platforms))
-        probes.append((timer.program_part(bytes(exported.serialize()), flat), xs[0]))
-    runs, rtt = timer.probe_deployed(address, probes, sizes, reps=reps, seed=seed, timeout_s=timeout_s,
-                                     credentials=credentials)
-    call, scale = fit_part([_entries_ms(table, p[4]) for p in specs], [float(np.median(t)) for t in runs])
+    program = lambda fwd, weights, xs: timer.program_part(*_exported(fwd, weights, xs, platforms))
+    probes = [(program(fwd, weights, xs), xs[0]) for _, fwd, weights, xs, _ in specs]
+    image = np.zeros((batch, space.image_size, space.image_size, space.in_channels), np.float32)
+    wholes = [program(_whole_forward(space, ops, dw_impl), _whole_weights(space, ops), (image,)) for ops in nets]
+    runs, rtt, net_ms = timer.probe_deployed(address, probes, sizes, reps=reps, seed=seed, timeout_s=timeout_s,
+                                             credentials=credentials, wholes=wholes)
+    ratio = _load_ratio(table, nets, net_ms)
+    call, scale = fit_part([_entries_ms(table, p[4]) for p in specs], [float(np.median(t)) / ratio for t in runs])
     sizes = [int(n) for n in sizes]
     trips = [float(np.median(rtt[n])) for n in sizes]
     a2, b = fit_handoff(sizes, trips)
     medians = [max(t - a2 / 2, 0.0) for t in trips]
-    spread = float(np.mean([np.subtract(*np.percentile(t, [75, 25])) for t in runs]))
-    return {"part_call": Timing(call, spread, reps), "part_scale": scale,
+    spread = float(np.mean([np.subtract(*np.percentile(t, [75, 25])) for t in runs])) / ratio
+    return {"part_call": Timing(call, spread, reps), "part_scale": scale, "load_ratio": ratio,
             "handoff": {"fixed_ms": a2 / 2, "ms_per_byte": b, "bytes": sizes, "median_ms": medians}}
+
+
+def _exported(fwd, weights: dict, xs, platforms) -> tuple:
+    """(serialised program, flat weights) of ``fwd(params, state, *xs)`` with its weights as arguments."""
+    from jmsnas.deploy.export import program_with_weights
+    exported, flat = program_with_weights(fwd, weights, [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in xs],
+                                          tuple(platforms))
+    return bytes(exported.serialize()), flat
+
+
+def _whole_weights(space: SearchSpace, ops: tuple) -> dict:
+    """{"params", "bn"}: the weights of architecture ``ops`` run whole (``supernet.extract``, the parts' weights)."""
+    params, state = supernet.init(jax.random.PRNGKey(_WEIGHTS_KEY), space)
+    cp, cs = supernet.extract(space, params, state, ops)
+    return {"params": cp, "bn": cs}
+
+
+def _whole_forward(space: SearchSpace, ops: tuple, dw_impl: str):
+    """f(params, state, image) -> logits: architecture ``ops`` as one call (what the table's rounds time); its
+    weights as ``export.program_with_weights`` rebuilds them (the layers' tuple as {"0": ...}, an empty one absent)."""
+    def layers_tuple(tree):
+        layers = tree.get("layers", {})
+        if isinstance(layers, dict):
+            layers = tuple(layers.get(str(n), {}) for n in range(space.num_layers))
+        return dict(tree, layers=layers)
+    return lambda p, s, x: supernet.compact_apply(space, tuple(ops), layers_tuple(p), layers_tuple(s), x,
+                                                  train=False, dw_impl=dw_impl)[0]
+
+
+def _load_ratio(table: MeasuredTable, nets, net_ms) -> float:
+    """Median over whole networks of (their times at the table's quantile) / (the table's prediction of them)."""
+    from jmsnas.cost.measured import predict_arch_ms
+    q = float(table.settings.get("quantile", 0.5))
+    ratio = float(np.median([np.quantile(t, q) / predict_arch_ms(table, ops) for t, ops in zip(net_ms, nets)]))
+    if not np.isfinite(ratio) or ratio <= 0:
+        raise ValueError(f"the table predicts whole networks of {predict_arch_ms(table, nets[0])!r} ms: no "
+                         "reference for the parts' times")
+    return ratio
 
 
 def with_deployed(space: SearchSpace, table: MeasuredTable, remote: str | None = None, **kwargs) -> MeasuredTable:

@@ -153,13 +153,14 @@ def time_programs(address: str, programs, *, reps: int = 20, warmup: int = 2, ti
 
 
 def probe_deployed(address: str, parts, sizes, *, reps: int = 30, seed: int = 0, timeout_s: float = 60.0,
-                   credentials: auth.Credentials | None = None) -> tuple:
+                   credentials: auth.Credentials | None = None, wholes=()) -> tuple:
     """The deployed terms' raw timings on the ``jmsnas worker`` at ``address`` (one session; the worker's
     ``run`` and ``echo`` probes): ``parts`` [(program_part tuple, its first input array)], each loaded in turn and
     called ``reps`` times right after its input arrives there (after one untimed call); then frames of each of
-    ``sizes`` bytes sent to it and answered, in ``reps`` shuffled rounds after a warm-up round. Returns
-    (run ms [parts][reps] on the worker's clock, round-trip ms {bytes: [reps]} on this one). Errors as
-    ``time_programs``."""
+    ``sizes`` bytes sent to it and answered, in ``reps`` shuffled rounds after a warm-up round; then every
+    program_part of ``wholes`` timed by ``reps`` back-to-back calls (``calibrate``, after one untimed). Returns
+    (run ms [parts][reps] on the worker's clock, round-trip ms {bytes: [reps]} on this one, whole ms
+    [wholes][reps]). Errors as ``time_programs``."""
     parse_address(address)
     if not 1 <= reps <= 10000:
         raise ValueError(f"reps must be 1-10000, got {reps}")
@@ -192,5 +193,10 @@ def probe_deployed(address: str, parts, sizes, *, reps: int = 30, seed: int = 0,
                     raise ValueError(f"the worker at {address} echoed {got!r} bytes of a {n}-byte frame")
                 if r:
                     rtt[n].append((t1 - t0) * 1e3)
-        return runs, rtt
+        whole = []
+        for part in wholes:
+            _load(conn, address, part, timeout_s)
+            L.send_frame(conn, L.JSON, -1, {"calibrate": reps, "warmup": 1})
+            whole.append([float(t) for t in _reply(conn, address, "times_ms", timeout_s)["times_ms"]])
+        return runs, rtt, whole
     return _session(address, credentials, timeout_s, work)

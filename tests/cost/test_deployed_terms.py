@@ -393,7 +393,8 @@ def test_profile_remote_measures_the_terms_through_an_authenticated_worker(tmp_p
             warnings.simplefilter("ignore", RuntimeWarning)  # a fallback under load is allowed: the test is the structure
             assert cli.main(argv + ["--table", str(tmp_path / "there.yaml"), "--out", str(tmp_path / "o.yaml"),
                                     "--secret-file", str(tmp_path / "secret")]) == 0
-        assert "on the worker at 127.0.0.1" in capsys.readouterr().out
+        out = capsys.readouterr().out
+        assert "on the worker at 127.0.0.1" in out and "whole networks timed with the parts ran" in out
         capsys.readouterr()
         old_env = os.environ.pop("JMSNAS_SECRET", None)
         try:
