@@ -10,7 +10,7 @@ isolation on this machine (``--compute-scale host``). Prints one markdown row pe
 average, and writes the per-term analyses as JSON (``--out``) and one plot per run (RUN/deploy/bench.png).
 
 The honest mode, ``--predict-table TABLE`` (a ``jmsnas profile`` table of the run's space measured on this
-machine): the compute terms come from the table through the cost model (``predict.table_compute_ms``) and the
+machine): the compute terms come from the table through the cost model (``predict.table_prediction``) and the
 parts run at host speed, nothing calibrated or slowed; then a row also gives every device's predicted / measured
 compute (ms), the latency model's own error. A table with deployed terms (``jmsnas profile`` without
 ``--no-deployed``) charges every part its call cost and every link its hand-off, as the search does.
@@ -37,7 +37,7 @@ from jmsnas.deploy import auth, reference, report  # noqa: E402
 from jmsnas.deploy.export import export_run  # noqa: E402
 from jmsnas.deploy.analysis import analyze  # noqa: E402
 from jmsnas.deploy.pipeline import run_pipeline  # noqa: E402
-from jmsnas.deploy.predict import table_compute_ms, table_handoffs  # noqa: E402
+from jmsnas.deploy.predict import table_prediction  # noqa: E402
 from jmsnas.deploy.runtime import load_manifest  # noqa: E402
 
 
@@ -75,8 +75,7 @@ def main(argv=None) -> int:
         manifest = load_manifest(export_dir)
         images, _ = reference.test_images(run, args.images)
         analyses = []
-        table = table_compute_ms(run, args.predict_table) if args.predict_table else None
-        handoff = table_handoffs(run, args.predict_table) if args.predict_table else None
+        table, handoff = table_prediction(run, args.predict_table) if args.predict_table else (None, None)
         for s, _, mode in [(s, r, m) for s in args.scales for r in range(args.reps) for m in modes]:
             raw = run_pipeline(export_dir, images, bandwidth_scale=s, phase="both", timeout_s=60.0,
                                predicted_compute_ms=table, credentials=modes[mode])

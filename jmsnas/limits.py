@@ -28,6 +28,7 @@ import numpy as np
 
 from jmsnas.cost import energy as E
 from jmsnas.cost import memory as M
+from jmsnas.cost.latency import eps_ms
 
 
 class LimitsError(ValueError):
@@ -359,8 +360,8 @@ def _segment_split(space, table, limits: DeviceLimits, ops, devices, lo, hi, bou
     for p in range(1, P):
         li = topo.link_index(devices[p - 1], devices[p])
         link = topo.links[li]
-        eps = boundary * 8.0 / (link.bandwidth_mbps * 1e3) + link.latency_ms
-        eps = eps + _handoff(table.handoff_ms, li) + _handoff(table.handoff_ms_per_byte, li) * boundary  # 0: none
+        eps = eps_ms(boundary, link.bandwidth_mbps, link.latency_ms, _handoff(table.handoff_ms, li),
+                     _handoff(table.handoff_ms_per_byte, li))  # cost.latency's link term (hand-off 0: none)
         cand = (f + eps)[:, None] + cost[p]  # [j, k]
         back.append(np.argmin(cand, axis=0))
         f = cand.min(axis=0)

@@ -196,9 +196,8 @@ def _pipeline(args) -> int:
         if groups:
             raise DeployError(f"--predict-table {args.predict_table}: a latency table times the JMSNAS search space; "
                               "a separable run is predicted by its own cost model (separable.cost), without it")
-        from jmsnas.deploy.predict import table_compute_ms, table_handoffs
-        predicted = table_compute_ms(args.workdir, args.predict_table)
-        handoff = table_handoffs(args.workdir, args.predict_table)
+        from jmsnas.deploy.predict import table_prediction
+        predicted, handoff = table_prediction(args.workdir, args.predict_table)
     if not args.connect_timeout > 0:
         raise DeployError(f"--connect-timeout must be > 0 seconds, got {args.connect_timeout!r}")
     export_dir = args.export_dir or os.path.join(args.workdir, "export")

@@ -2,6 +2,8 @@
 
     jmsnas profile --space default --out ue.yaml [--method in-network|standalone] [--reps 50] [--batch 1]
                    [--warmup 3] [--quantile 0.5] [--calibrate 8] [--seed 0] [--dw-impl auto] [--no-deployed]
+    jmsnas profile --space default --remote HOST:PORT --table THERE.yaml --out OUT.yaml [--reps 30]
+                   [--secret-file FILE] [--tls-ca CA.pem] [--timeout 60]
 
 ``--space`` is ``default`` (the main job's chain space on the embedded digits: 8x8x1 input, 10 classes),
 ``mesh`` (its mesh variant), a JSON/YAML file {"topology": "chain"|"mesh"|a topology file, "layers_per_device": [...],
@@ -10,8 +12,11 @@
 experiments/configs/; its dataset gives the input size). ``--method`` is explained in jmsnas/cost/profile.py.
 The table (YAML, format and latency model in jmsnas/cost/measured.py) feeds
 ``jmsnas.cost.build.build_table`` as {"kind": "measured", "path": ...}. Unless ``--no-deployed``, the table also
-holds what a deployed part pays (``jmsnas.deploy.partcost``: the part call cost and the hand-off of a frame as a
-function of its bytes, ``--reps`` rounds), which eq. (1)/(2) then charge every device and link. Errors print one
+holds what a deployed part pays (``jmsnas.deploy.partcost``: the part call cost, the part scale of its ops and
+the hand-off of a frame as a function of its bytes, ``--reps`` rounds), which eq. (1)/(2) then charge every device
+and link. ``--remote`` measures those terms on the machine of a ``jmsnas worker`` (authenticated as every
+connection to one: ``--secret-file`` or $JMSNAS_SECRET, ``--tls-ca``) for ``--table``, a table profiled on that
+machine with ``--dw-impl xla``, and writes it with them to ``--out``. Errors print one
 ``jmsnas profile: error: ...`` line to stderr and exit with 2; nothing is written then.
 """
 from __future__ import annotations
@@ -50,8 +55,17 @@ def add_parser(sub) -> None:
                    help="depthwise-convolution kernels to time (default auto: the ones the search runs; xla: what "
                         "exported parts run, for jmsnas pipeline --predict-table)")
     p.add_argument("--no-deployed", action="store_true",
-                   help="do not measure the deployed terms (part call cost, hand-off per link); the table then "
-                        "models a network run as one call only")
+                   help="do not measure the deployed terms (part call cost, part scale, hand-off per link); the "
+                        "table then models a network run as one call only")
+    p.add_argument("--remote", default=None, metavar="HOST:PORT",
+                   help="measure the deployed terms on the machine of the jmsnas worker there, for --table (a "
+                        "table profiled on that machine with --dw-impl xla); writes --out")
+    p.add_argument("--table", default=None, help="with --remote: the worker machine's latency table")
+    from jmsnas.deploy.daemon import add_secret_arguments
+    add_secret_arguments(p)
+    p.add_argument("--timeout", type=number_flag(float, 0, 86400, low_open=True), default=60.0,
+                   help="with --remote: seconds the worker may take for a reply (a part's compilation included; "
+                        "default 60)")
 
 
 class _SpaceError(ValueError):
@@ -135,6 +149,49 @@ def space_from_arg(arg: str):
                        device_channels=channels, device_strides=strides, **kw)
 
 
+def _remote_args(args):
+    """The credentials of --remote (None without it), after checking the flags that go with it (one line)."""
+    from jmsnas.deploy.daemon import client_credentials
+    from jmsnas.deploy.timer import parse_address
+    if not args.remote:
+        if args.table or args.secret_file or args.tls_ca:
+            raise ValueError("--table, --secret-file and --tls-ca are for --remote HOST:PORT")
+        return None
+    parse_address(args.remote)
+    if args.table is None:
+        raise ValueError(f"--remote {args.remote} needs --table TABLE: a latency table profiled on that machine "
+                         "(jmsnas profile --dw-impl xla there), whose deployed terms it measures")
+    if args.no_deployed:
+        raise ValueError("--remote measures the deployed terms; --no-deployed would measure nothing")
+    return client_credentials(args)
+
+
+def _remote(args, space, creds) -> int:
+    """--remote: the deployed terms of --table measured through the worker, written with the table to --out."""
+    from jmsnas.cost import profile as P
+    from jmsnas.deploy import partcost
+    try:
+        table = P.load_table(args.table, space)
+        table = partcost.with_deployed(space, table, args.remote, reps=args.reps, seed=args.seed,
+                                       credentials=creds, timeout_s=args.timeout)
+        P.write_table(table, args.out)
+    except (ValueError, OSError) as e:
+        return fail("profile", f"--remote {args.remote}: {' '.join(str(e).split())}")
+    _print_deployed(table, f"on the worker at {args.remote}")
+    print(f"wrote {args.out}: {args.table} with its deployed terms")
+    return 0
+
+
+def _print_deployed(table, where: str) -> None:
+    h = table.deployed["handoff"]
+    print(f"deployed ({where}): per part call {table.deployed['part_call'].median_ms:.4f} ms + "
+          f"{table.deployed['part_scale']:.3f} x its entries; hand-off {h['fixed_ms']:.4f} ms + "
+          f"{h['ms_per_byte'] * 1e6:.4f} ms per MB")
+    if "load_ratio" in table.deployed:
+        print(f"  (whole networks timed with the parts ran {table.deployed['load_ratio']:.3f} x the table's "
+              "prediction of them; the parts' times were divided by it)")
+
+
 def run(args) -> int:
     from jmsnas.cost import profile as P
 
@@ -142,11 +199,14 @@ def run(args) -> int:
         P._check_settings(args.batch, args.reps, args.warmup, args.quantile, args.calibrate)
         space = space_from_arg(args.space)
         runcheck.check_memory(space, args.batch, 1, f"--space {args.space!r}")
+        creds = _remote_args(args)
     except (ValueError, OSError) as e:
         return fail("profile", e)
     out_dir = os.path.dirname(os.path.abspath(args.out))
     if not os.path.isdir(out_dir) or not os.access(out_dir, os.W_OK):
         return fail("profile", f"cannot write --out {args.out!r}: directory {out_dir!r} does not exist or is not writable")
+    if args.remote:
+        return _remote(args, space, creds)
     table = P.measure_table(space, method=args.method, batch=args.batch, reps=args.reps, warmup=args.warmup,
                             quantile=args.quantile, calibrate=args.calibrate, seed=args.seed, dw_impl=args.dw_impl)
     if not args.no_deployed:
@@ -166,7 +226,5 @@ def run(args) -> int:
           f"stem {table.stem.median_ms:.4f} ms + head {table.head.median_ms:.4f} ms + offset "
           f"{table.network['offset_ms']:+.4f} ms ({table.network['method']})")
     if table.deployed is not None:
-        h = table.deployed["handoff"]
-        print(f"deployed: per part call {table.deployed['part_call'].median_ms:.4f} ms beyond its entries; "
-              f"hand-off {h['fixed_ms']:.4f} ms + {h['ms_per_byte'] * 1e6:.4f} ms per MB")
+        _print_deployed(table, "here")
     return 0

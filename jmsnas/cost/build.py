@@ -17,9 +17,12 @@ A row holds every slot of the space (a searched split may place any layer on any
 Identity costs 0 everywhere (nothing executes). A measured row's stem term carries the call overhead and the
 network offset of its file: a network run as one call on that device pays them once. A measured file with
 ``deployed`` terms (``jmsnas profile``; ``jmsnas.cost.measured``) models the network deployed as parts instead:
-its row's stem is the stem alone, every device pays its file's ``part_call`` (``CostTable.call_ms``), and a link
-pays the hand-off fitted by its two ends' files (the mean of the ends that have one; 0 when neither has: the
-paper's eps). A scaled row scales the call cost with the rest and keeps the hand-off of its source.
+its row's stem is the stem alone, every device pays its file's ``part_call`` (``CostTable.call_ms``), its ops,
+stem and head cost ``part_scale`` x their entries (what an op costs in a part of its own rather than inside the
+whole-network call; the row's compute, stem and head are scaled here, once, so every reader of the CostTable,
+eq. (1)/(2), the split DP, limits, compose, the deployed prediction, charges the same U), and a link pays the
+hand-off fitted by its two ends' files (the mean of the ends that have one; 0 when neither has: the paper's eps).
+A scaled row scales the call cost with the rest and keeps the hand-off of its source.
 
 Lookup-table keys of a slot (``slot_key``): ``expanded_conv-input:HxWxCin-output:H'xW'xCout-expand:E-kernel:K-
 stride:S-idskip:I`` with E the expansion ratio (ProxylessNAS) or the middle channels plus ``-se:0-hs:0`` (OFA),
@@ -63,6 +66,7 @@ class Row(NamedTuple):
     estimated: tuple = ()
     call_ms: float = 0.0  # the deployed part's call cost (ms), 0 without one
     handoff: tuple | None = None  # (fixed ms, ms per byte) of a hand-off, None without one
+    part_scale: float = 1.0  # an op's time in a deployed part / in the whole network; already in compute/stem/head
 
 
 # ------------------------------------------------------------------------------------------ spec checking
@@ -154,9 +158,11 @@ def measured_row(space: SearchSpace, path) -> Row:
     t = P.load_table(path, space)
     comp, src = P.op_ms_matrix(t) * space.mask(), f"measured {os.fspath(path)}"
     if t.deployed is not None:  # parts: every device pays the part's call cost, a hand-off every link
-        h = t.deployed["handoff"]
-        return Row(comp, t.stem.median_ms, t.head.median_ms, src, (), t.deployed["part_call"].median_ms,
-                   (h["fixed_ms"], h["ms_per_byte"]))
+        h, s = t.deployed["handoff"], float(t.deployed.get("part_scale", 1.0))
+        if s != 1.0:
+            src += f" (deployed part scale {s:g})"
+        return Row(comp * s, t.stem.median_ms * s, t.head.median_ms * s, src, (), t.deployed["part_call"].median_ms,
+                   (h["fixed_ms"], h["ms_per_byte"]), s)
     stem = t.call.median_ms + t.network["offset_ms"] + t.stem.median_ms
     return Row(comp, stem, t.head.median_ms, src)
 
@@ -276,7 +282,7 @@ def build_rows(space: SearchSpace, spec=None) -> dict:
         if src["kind"] == "scaled":
             base, f = rows[src["of"]], float(src["factor"])
             rows[dev] = Row(base.compute_ms * f, base.stem_ms * f, base.head_ms * f,
-                            f"{base.source} x {f:g}", base.estimated, base.call_ms * f, base.handoff)
+                            f"{base.source} x {f:g}", base.estimated, base.call_ms * f, base.handoff, base.part_scale)
     return {dev: rows[dev] for dev in spec}
 
 

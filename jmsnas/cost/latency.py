@@ -26,6 +26,7 @@ import numpy as np
 from jmsnas.cost.tables import CostTable
 from jmsnas.gates import probabilities
 from jmsnas.space import SearchSpace
+from jmsnas.topology import transfer_ms
 
 
 class Latency(NamedTuple):
@@ -46,12 +47,19 @@ def _at(x, i):
     return x if jnp.ndim(x) == 0 else x[i]
 
 
+def eps_ms(nbytes, bandwidth_mbps, latency_ms, handoff_ms=0.0, handoff_ms_per_byte=0.0):
+    """A link's term carrying ``nbytes`` bytes, ms: the paper's eps = nbytes * 8 / bandwidth (Mbit/s) + latency
+    (``topology.transfer_ms``), plus the deployed hand-off handoff_ms + handoff_ms_per_byte * nbytes (0: none).
+    The one formula of a link's cost: ``link_ms`` (the search) and ``deploy.predict.predicted_links`` (the
+    deployed pipeline's prediction) both call it."""
+    return transfer_ms(nbytes, bandwidth_mbps, latency_ms) + handoff_ms + handoff_ms_per_byte * nbytes
+
+
 def link_ms(table: CostTable, link: int, nbytes):
-    """eps of link ``link`` carrying ``nbytes`` bytes (any shape), ms: nbytes * 8 / bandwidth (Mbit/s) + the link's
-    latency, plus its hand-off handoff_ms + handoff_ms_per_byte * nbytes (0 in a table without one: exactly the
-    paper's eps)."""
-    eps = nbytes * 8.0 / (table.bandwidth_mbps[link] * 1e3) + table.link_latency_ms[link]
-    return eps + _at(table.handoff_ms, link) + _at(table.handoff_ms_per_byte, link) * nbytes
+    """eps of link ``link`` carrying ``nbytes`` bytes (any shape), ms: ``eps_ms`` with the table's bandwidth,
+    latency and hand-off of that link (0 in a table without one: exactly the paper's eps)."""
+    return eps_ms(nbytes, table.bandwidth_mbps[link], table.link_latency_ms[link], _at(table.handoff_ms, link),
+                  _at(table.handoff_ms_per_byte, link))
 
 
 def device_fixed_ms(space: SearchSpace, table: CostTable, per_device):

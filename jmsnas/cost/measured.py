@@ -23,7 +23,8 @@ File format (YAML; ``write_table`` writes it, ``load_table`` validates it)::
     head: {...}
     network: {method: in-network, networks: 65, offset_ms: 0.21}
     deployed:                          # optional (jmsnas.deploy.partcost): what a deployed part pays
-      part_call: {median_ms: 0.25, spread_ms: 0.05, reps: 50}   # per part, beyond its entries
+      part_call: {median_ms: 0.25, spread_ms: 0.05, reps: 50}   # per part, beyond part_scale x its entries
+      part_scale: 1.2                  # optional (absent: 1): an op's time in a part of its own / in the network
       handoff: {fixed_ms: 0.08, ms_per_byte: 2.0e-06, bytes: [0, 4096, ...], median_ms: [...]}
     validation: {n: 50, within_10pct: 92.0, mape_pct: ..., against: ...}   # optional: jmsnas.cost.accuracy.report
     slots:
@@ -36,10 +37,11 @@ interquartile range of the underlying calls. Latencies are finite and >= 0; ``ne
 negative as long as call + stem + head + offset is not.
 
 ``deployed`` (absent in a table made without it) models the same network deployed as parts, one program per
-device between a receive and a send: a part costs its entries (ops; the stem and head where it has them) plus
-``part_call``, instead of the whole network's call + offset, and every hand-off of n bytes between two parts
+device between a receive and a send: a part costs ``part_scale`` x its entries (ops; the stem and head where it
+has them) plus ``part_call``, instead of the whole network's call + offset (a file without ``part_scale``: 1), and every hand-off of n bytes between two parts
 costs ``fixed_ms + ms_per_byte * n`` (fitted on the measured ``bytes`` / ``median_ms``). ``jmsnas.cost.build``
-turns them into ``CostTable.call_ms`` / ``handoff_ms`` / ``handoff_ms_per_byte``. ``validation`` (optional) is
+turns them into ``CostTable.call_ms`` / ``handoff_ms`` / ``handoff_ms_per_byte`` and a device's
+``compute_ms`` / ``stem_ms`` / ``head_ms`` times ``part_scale``. ``validation`` (optional) is
 the report of ``jmsnas.cost.accuracy.report`` (what ``jmsnas validate`` reports) of the table against networks
 measured end to end, with ``against`` saying which (``benchmarks/predict_vs_measured.py`` stores it).
 """
@@ -86,7 +88,8 @@ class MeasuredTable(NamedTuple):
     stem: Timing
     head: Timing
     network: dict  # {"method": str, "networks": int, "offset_ms": float}
-    deployed: dict | None = None  # {"part_call": Timing, "handoff": {"fixed_ms", "ms_per_byte", "bytes", "median_ms"}}
+    deployed: dict | None = None  # {"part_call": Timing, "part_scale": float, "handoff": {"fixed_ms", "ms_per_byte",
+    #                                "bytes", "median_ms"}}
     validation: dict | None = None  # jmsnas.cost.accuracy.report + "against"
 
     @property
@@ -166,7 +169,7 @@ def _deployed_dict(dep) -> dict:
     if dep is None:
         return {}
     h = dep["handoff"]
-    return {"deployed": {"part_call": _timing_dict(dep["part_call"]),
+    return {"deployed": {"part_call": _timing_dict(dep["part_call"]), "part_scale": float(dep.get("part_scale", 1.0)),
                          "handoff": {"fixed_ms": float(h["fixed_ms"]), "ms_per_byte": float(h["ms_per_byte"]),
                                      "bytes": [int(b) for b in h["bytes"]],
                                      "median_ms": [float(v) for v in h["median_ms"]]}}}
@@ -226,6 +229,9 @@ def _read_deployed(d):
         return None
     dep = _field(d, "deployed", "deployed")
     part_call = _read_timing(_field(dep, "part_call", "deployed"), "deployed.part_call")
+    scale = float(_number("deployed.part_scale", dep.get("part_scale", 1.0)))
+    if scale <= 0:
+        raise ProfileError(f"latency table entry deployed.part_scale: {scale!r} is not a finite number > 0")
     h = _field(dep, "handoff", "deployed")
     out = {"fixed_ms": float(_number("deployed.handoff.fixed_ms", _field(h, "fixed_ms", "deployed.handoff"))),
            "ms_per_byte": float(_number("deployed.handoff.ms_per_byte",
@@ -239,7 +245,7 @@ def _read_deployed(d):
     if len(out["bytes"]) != len(out["median_ms"]):
         raise ProfileError(f"latency table entry deployed.handoff: {len(out['bytes'])} sizes in bytes, "
                            f"{len(out['median_ms'])} in median_ms; expected one median per size")
-    return {"part_call": part_call, "handoff": out}
+    return {"part_call": part_call, "part_scale": scale, "handoff": out}
 
 
 def _read_validation(d):

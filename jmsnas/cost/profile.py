@@ -166,7 +166,9 @@ def _paired(call) -> list:
     return [call, (_reference(out.shape), args)]
 
 
-def _arch_calls(space: SearchSpace, archs: Sequence, batch: int, dw_impl: str) -> list:
+def arch_calls(space: SearchSpace, archs: Sequence, batch: int, dw_impl: str) -> list:
+    """[(jitted fn, args)] of every architecture run whole as one call (the weights as arguments), as the profile
+    times networks (``time_rounds``) and ``jmsnas.deploy.partcost`` its load reference."""
     params, state = supernet.init(jax.random.PRNGKey(_WEIGHTS_KEY), space)
     x = jnp.ones((batch, space.image_size, space.image_size, space.in_channels), jnp.float32)
     calls = []
@@ -195,7 +197,7 @@ def measure_archs_ms(space: SearchSpace, archs: Sequence, *, batch: int = 1, rep
     _check_settings(batch, reps, warmup, quantile)
     for ops in archs:
         space.validate_arch(ops)
-    raw = time_rounds([[c] for c in _arch_calls(space, archs, batch, dw_impl)], reps, warmup, seed)
+    raw = time_rounds([[c] for c in arch_calls(space, archs, batch, dw_impl)], reps, warmup, seed)
     return [_timing(r[0], quantile) for r in raw]
 
 
@@ -249,7 +251,7 @@ def _in_network_plan(plan: _Plan, space: SearchSpace, base: tuple, reps_slots: l
     """
     variants = [(n, i, base[:n] + (i,) + base[n + 1:]) for n in reps_slots for i in _valid_ops(space, n)
                 if i != base[n]]
-    calls = _arch_calls(space, [base] * _BASE_COPIES + [a for _, _, a in variants], batch, dw_impl)
+    calls = arch_calls(space, [base] * _BASE_COPIES + [a for _, _, a in variants], batch, dw_impl)
     base_groups = [plan.add([c]) for c in calls[:_BASE_COPIES]]
     return base_groups, {(n, i): plan.add([c]) for (n, i, _), c in zip(variants, calls[_BASE_COPIES:])}
 
@@ -296,13 +298,13 @@ def measure_table_and_archs(space: SearchSpace, archs: Sequence, *, method: str 
     calib = sample_archs(space, calibrate, [seed, 1])
     if method == "standalone":
         pairs = [(n, i) for n in reps_slots for i in _valid_ops(space, n) if i != IDENTITY]
-        nets = (calib, [plan.add([c]) for c in _arch_calls(space, calib, batch, dw_impl)])
+        nets = (calib, [plan.add([c]) for c in arch_calls(space, calib, batch, dw_impl)])
     else:
         pairs = [(n, base[n]) for n in reps_slots if not space.layers[n].keeps_shape]
         nets = _in_network_plan(plan, space, base, reps_slots, batch, dw_impl)
-        calib_groups = [plan.add([c]) for c in _arch_calls(space, calib, batch, dw_impl)]
+        calib_groups = [plan.add([c]) for c in arch_calls(space, calib, batch, dw_impl)]
     op_groups = _standalone_ops(plan, space, pairs, batch, dw_impl)
-    extra = [plan.add([c]) for c in _arch_calls(space, archs, batch, dw_impl)]
+    extra = [plan.add([c]) for c in arch_calls(space, archs, batch, dw_impl)]
 
     raw = time_rounds(plan.groups, reps, warmup, seed)
     q = lambda a: float(np.quantile(a, quantile))

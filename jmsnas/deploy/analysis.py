@@ -60,7 +60,7 @@ def wire_manifest(manifest: dict, framing: dict) -> dict:
 
 def analyze(manifest: dict, raw: dict, handoff: dict | None = None) -> dict:
     """Predicted vs measured: eq. (1)/(2) with the settings' terms beside the medians of the measured terms.
-    ``handoff`` {"a->b": (fixed ms, ms per byte)} (``predict.table_handoffs``): every link's predicted term also
+    ``handoff`` {"a->b": (fixed ms, ms per byte)} (``predict.table_prediction``): every link's predicted term also
     carries its hand-off, as the cost model charges it (None: eps alone).
 
     measured: "total" (median end-to-end ms, first device's compute start to last device's compute end, latency

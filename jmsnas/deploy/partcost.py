@@ -4,13 +4,21 @@ A latency table (``jmsnas.cost.measured``) times every op inside one whole-netwo
 its part as a program of its own, called once per image between a receive and a send (``jmsnas.deploy.worker``),
 and every tensor between two parts is a frame over a socket (``jmsnas.deploy.links``). Two terms model that:
 
-* the part call cost (ms, per part): parts of whole networks cut at the space's own split (D^m, every device's
-  part as ``export.part_forward`` builds it, the weights passed as one flat tuple of NumPy arrays every call and
-  the output brought to NumPy, as ``runtime.Part`` calls it: the weights' transfer is part of what it pays) are
-  called right after their input arrives over a loopback TCP connection, the receiving thread idle until then (as
-  a worker waits for its input); the term is the mean over the parts of (the median of those calls) - (the
-  table's entries of what the part runs: its ops, the stem on the first part and the head on the last), i.e.
-  what being a program of its own between a receive and a send adds to the one-call model's entries;
+* the part call cost (ms, per part) and the part scale: parts of whole networks cut at the space's own split (D^m,
+  every device's part as ``export.part_forward`` builds it, the weights passed as one flat tuple of NumPy arrays
+  every call and the output brought to NumPy, as ``runtime.Part`` calls it: the weights' transfer is part of what
+  it pays), and one relay part (no layer: what a device that takes none runs), are called right after their input
+  arrives over a loopback TCP connection, the receiving thread idle until then (as a worker waits for its input);
+  ``median ms of a part ~ part_call + part_scale x (the table's entries of what it runs: its ops, the stem on the
+  first part and the head on the last)`` is fitted over the parts by non-negative least squares (``fit_part``),
+  their times first divided by ``load_ratio``: the same networks timed whole (one call, as the table times them)
+  in the same rounds, at the table's quantile, over the table's prediction of them, so the terms are on the
+  table's footing however busy the machine is now.
+  ``part_call`` is what being a program of its own between a receive and a send adds once per image (the relay's
+  cost anchors it); ``part_scale`` how an op's time changes in a part of its own rather than inside the one
+  whole-network call the table timed it in (the first op after a receive starts on cold caches, a part's ops
+  cannot overlap a neighbour's, its weights cross the call boundary): measured on this machine 1.2 for XLA's
+  kernels, 2.2-3.2 for the native CPU kernels (``docs/latency.md``);
 * the hand-off (ms) of a frame of n payload bytes: from the moment the sender hands its output to its sending
   thread (which then wakes and sends it, unpaced, as a worker's link thread does) to the moment the receiver,
   waiting in a selector as a worker does, has parsed the whole frame (``links.FrameBuffer``), at several sizes,
@@ -18,10 +26,10 @@ and every tensor between two parts is a frame over a socket (``jmsnas.deploy.lin
   bandwidth and latency are eps's own terms; the hand-off is what a frame costs on top of them (framing, the send
   and receive system calls, the threads' wake-ups).
 
-Both are measured in the same rounds (``reps``; every round times every item once, in a shuffled order) and all
+All are measured in the same rounds (``reps``; every round times every item once, in a shuffled order) and all
 times are CLOCK_MONOTONIC of this host. Measured on this host they describe this host; ``jmsnas.cost.build`` turns
-them into ``CostTable.call_ms`` (every device) and ``handoff_ms`` / ``handoff_ms_per_byte`` (every link, the mean
-of its two ends' tables).
+them into ``CostTable.call_ms`` (every device), the device's U times ``part_scale`` and ``handoff_ms`` /
+``handoff_ms_per_byte`` (every link, the mean of its two ends' tables).
 """
 from __future__ import annotations
 
@@ -102,9 +110,10 @@ class _Sender(threading.Thread):
             L.send_frame(self.pair.send, L.ARRAY, len(self.started), value)
 
 
-def _parts(space: SearchSpace, ops: tuple, batch: int, dw_impl: str) -> list:
-    """[(device, call(*xs) -> NumPy output, input arrays, entry key)] of the parts of architecture ``ops`` at the
-    space's split, in execution order; entry key = (layers, ops, stem?, head?) for ``_entries_ms``."""
+def _part_specs(space: SearchSpace, ops: tuple, batch: int, dw_impl: str) -> list:
+    """[(device, fwd(params, state, *xs), {"params", "bn"} weights, input arrays, entry key)] of the parts of
+    architecture ``ops`` at the space's split, in execution order; entry key = (layers, ops, stem?, head?) for
+    ``_entries_ms``."""
     params, state = supernet.init(jax.random.PRNGKey(_WEIGHTS_KEY), space)
     cp, cs = supernet.extract(space, params, state, ops)
     pp, bp = supernet.device_parts(space, cp, ops), supernet.device_parts(space, cs, ops)
@@ -116,20 +125,40 @@ def _parts(space: SearchSpace, ops: tuple, batch: int, dw_impl: str) -> list:
         lops = [OP_NAMES.index(o) for o in pp[dev]["ops"]]
         stem, head = dev == order[0], dev == order[-1]
         fwd = part_forward(space, layers, lops, stem=stem, head=head, dw_impl=dw_impl)
-        flat = dict(directory.flat_arrays(pp[dev]["params"], "params"))
-        flat.update(directory.flat_arrays(bp[dev]["params"], "bn"))
+        weights = {"params": pp[dev]["params"], "bn": bp[dev]["params"]}
+        xs = tuple(np.zeros(shapes[s], np.float32) for s in srcs[dev])
+        shapes[dev] = jax.eval_shape(fwd, weights["params"], weights["bn"], *xs).shape
+        out.append((dev, fwd, weights, xs, (layers, lops, stem, head)))
+    return out
+
+
+def _parts(space: SearchSpace, ops: tuple, batch: int, dw_impl: str) -> list:
+    """[(device, call(*xs) -> NumPy output, input arrays, entry key)] of ``_part_specs``, each called as
+    ``runtime.Part`` calls a deployed part: its weights one flat tuple of NumPy arrays every call."""
+    out = []
+    for dev, fwd, weights, xs, key in _part_specs(space, ops, batch, dw_impl):
+        flat = dict(directory.flat_arrays(weights["params"], "params"))
+        flat.update(directory.flat_arrays(weights["bn"], "bn"))
         names = sorted(flat)
-        weights = tuple(np.asarray(flat[k]) for k in names)  # NumPy, as runtime.Part holds them
+        w = tuple(np.asarray(flat[k]) for k in names)  # NumPy, as runtime.Part holds them
 
         def call_flat(w, *xs, names=names, fwd=fwd):
             t = directory.unflatten(dict(zip(names, w)))
             return fwd(t.get("params", {}), t.get("bn", {}), *xs)
         fn = jax.jit(call_flat)
-        xs = tuple(np.zeros(shapes[s], np.float32) for s in srcs[dev])
-        call = lambda *x, fn=fn, weights=weights: np.asarray(fn(weights, *x))
-        shapes[dev] = call(*xs).shape  # compiles
-        out.append((dev, call, xs, (layers, lops, stem, head)))
+        call = lambda *x, fn=fn, w=w: np.asarray(fn(w, *x))
+        call(*xs)  # compiles
+        out.append((dev, call, xs, key))
     return out
+
+
+def _relay(space: SearchSpace, shape) -> tuple:
+    """(device, call, input, entry key) of a part that runs no layer: it forwards its input (a relay device)."""
+    fwd = jax.jit(part_forward(space, [], [], stem=False, head=False))
+    x = np.zeros(shape, np.float32)
+    call = lambda x, fwd=fwd: np.asarray(fwd({}, {}, x))
+    call(x)  # compiles
+    return ("relay", call, (x,), ((), (), False, False))
 
 
 def _entries_ms(table: MeasuredTable, key: tuple) -> float:
@@ -150,21 +179,45 @@ def fit_handoff(nbytes, ms) -> tuple:
     return float(a), float(b / scale)
 
 
-def measure_deployed(space: SearchSpace, table: MeasuredTable, *, reps: int = 30, archs: int = 2, seed: int = 0,
+def fit_part(entries_ms, ms) -> tuple:
+    """(part_call ms, part_scale) of ``ms ~ part_call + part_scale * entries_ms`` over parts: non-negative least
+    squares. Parts that all have the same entries (nothing tells a scale), or a fit whose scale is 0 (the parts'
+    times do not grow with what they run: noise), give the scale 1 and the mean excess (>= 0) with a warning."""
+    from scipy.optimize import nnls
+    e, y = np.asarray(entries_ms, float), np.asarray(ms, float)
+    if e.shape != y.shape or e.ndim != 1 or e.size == 0:
+        raise ValueError(f"entries_ms and ms must be two equal 1-D lists of parts, got shapes {e.shape}, {y.shape}")
+    if np.ptp(e) > 0:
+        (call, scale), _ = nnls(np.stack([np.ones_like(e), e], 1), y)
+        if scale > 0:
+            return float(call), float(scale)
+    warnings.warn("the parts' times do not grow with their entries: part scale 1, part call = their mean excess "
+                  "(noisy timings); profile again on a quieter machine", RuntimeWarning, stacklevel=2)
+    return max(float(np.mean(y - e)), 0.0), 1.0
+
+
+def measure_deployed(space: SearchSpace, table: MeasuredTable, *, reps: int = 30, archs: int = 4, seed: int = 0,
                      sizes=HANDOFF_BYTES) -> dict:
     """The ``deployed`` entry of ``table`` (measured for ``space`` on this host, module docstring): {"part_call":
-    Timing (ms), "handoff": {"fixed_ms", "ms_per_byte", "bytes", "median_ms"}}. ``archs`` whole networks are cut
-    into parts: the table's base architecture (mbconv_k3_e3 everywhere by default) and random valid ones (numpy
-    seed [seed, 2])."""
-    from jmsnas.cost.profile import sample_archs
+    Timing (ms), "part_scale", "handoff": {"fixed_ms", "ms_per_byte", "bytes", "median_ms"}}. ``archs`` whole
+    networks are cut into parts: the table's base architecture (mbconv_k3_e3 everywhere by default) and random
+    valid ones (numpy seed [seed, 2]), plus one relay part. The same networks are also timed whole, as one call, in
+    the same rounds: ``load_ratio`` (returned, not stored) is the median over them of (their time at the table's
+    quantile) / (the table's prediction of it), and the parts' times are divided by it before the fit, so a
+    machine busier (or quieter) now than when the table was made moves neither the call cost nor the scale."""
+    from jmsnas.cost.profile import arch_calls, sample_archs
     if isinstance(reps, bool) or not isinstance(reps, int) or reps < 3:
         raise ValueError(f"reps must be an integer >= 3, got {reps!r}")
     batch, dw_impl = int(table.settings.get("batch", 1)), str(table.settings.get("dw_impl", "auto"))
     base = tuple(int(i) for i in table.settings.get("base", [0] * space.num_layers))
     nets = [base] + sample_archs(space, max(archs - 1, 0), [seed, 2])
     parts = [p for ops in nets for p in _parts(space, ops, batch, dw_impl)]
+    parts.append(_relay(space, parts[0][1](*parts[0][2]).shape))  # relays the first part's output
+    wholes = arch_calls(space, nets, batch, dw_impl)
     sizes = [int(n) for n in sizes]
-    items = [("size", n) for n in sizes] + [("part", k) for k in range(len(parts))]
+    items = [("size", n) for n in sizes] + [("part", k) for k in range(len(parts))] + \
+        [("net", k) for k in range(len(nets))]
+    net_ms = [[] for _ in nets]
     hand = {n: [] for n in sizes}
     part_ms = [[] for _ in parts]
     pair = _Pair()
@@ -180,6 +233,13 @@ def measure_deployed(space: SearchSpace, table: MeasuredTable, *, reps: int = 30
                     _, t1 = pair.receive()
                     if r:
                         hand[k].append((t1 - sender.started[-1]) * 1e3)
+                elif what == "net":  # as the table's rounds time a network: right after an untimed call
+                    fn, args = wholes[k]
+                    jax.block_until_ready(fn(*args))
+                    t0 = L.now()
+                    jax.block_until_ready(fn(*args))
+                    if r:
+                        net_ms[k].append((L.now() - t0) * 1e3)
                 else:
                     _, call, xs, _ = parts[k]
                     sender.submit(xs[0])
@@ -195,19 +255,105 @@ def measure_deployed(space: SearchSpace, table: MeasuredTable, *, reps: int = 30
         pair.close()
     medians = [float(np.median(hand[n])) for n in sizes]
     a, b = fit_handoff(sizes, medians)
-    excess = [float(np.median(t)) - _entries_ms(table, p[3]) for t, p in zip(part_ms, parts)]
-    call = float(np.mean(excess))
-    if call < 0:
-        warnings.warn(f"part call cost {call:.4f} ms clamped to 0: the parts ran faster than the table's entries "
-                      "of what they run (noisy timings); profile again on a quieter machine", RuntimeWarning,
-                      stacklevel=2)
-        call = 0.0
-    spread = float(np.mean([np.subtract(*np.percentile(t, [75, 25])) for t in part_ms]))
-    return {"part_call": Timing(call, spread, reps),
+    ratio = _load_ratio(table, nets, net_ms)
+    call, scale = fit_part([_entries_ms(table, p[3]) for p in parts],
+                           [float(np.median(t)) / ratio for t in part_ms])
+    spread = float(np.mean([np.subtract(*np.percentile(t, [75, 25])) for t in part_ms])) / ratio
+    return {"part_call": Timing(call, spread, reps), "part_scale": scale, "load_ratio": ratio,
             "handoff": {"fixed_ms": a, "ms_per_byte": b, "bytes": sizes, "median_ms": medians}}
 
 
-def with_deployed(space: SearchSpace, table: MeasuredTable, **kwargs) -> MeasuredTable:
-    """``table`` with its ``deployed`` entry measured (``measure_deployed``)."""
+def measure_deployed_remote(space: SearchSpace, table: MeasuredTable, address: str, *, reps: int = 30,
+                            archs: int = 4, seed: int = 0, sizes=HANDOFF_BYTES, credentials=None,
+                            timeout_s: float = 60.0, platforms=("cpu",)) -> dict:
+    """The ``deployed`` entry of ``table`` (a table measured on the machine of the ``jmsnas worker`` at
+    ``address``) measured there (``jmsnas profile --remote``): the same parts and relay as ``measure_deployed``,
+    exported with their weights as arguments (``export.program_with_weights``, for ``platforms``), each called by
+    the worker right after its input frame arrives from here (``timer.probe_deployed``: the ``run`` probe, its time
+    on the worker's clock), fitted by ``fit_part``; the hand-off from round trips of frames of each of ``sizes``
+    bytes over the connection to the worker (its own network, TLS when the credentials have it): a round trip is
+    the frame's hand-off there plus a near-empty answer's back, so ``fixed_ms`` is half the fitted round trip's
+    intercept and ``ms_per_byte`` its slope (``median_ms``: each size's median round trip less that half). Over a
+    real network the slope holds that network's own bytes / bandwidth too, which eps charges from the topology's
+    link: profile over a connection much faster than the links the topology models. ValueError (one line naming
+    the address) for a worker that cannot be reached, does not authenticate or fails. The same whole networks, sent
+    too, are timed there by back-to-back calls (``calibrate``, as the table's rounds time them): ``load_ratio`` as in
+    ``measure_deployed``."""
+    from jmsnas.cost.profile import sample_archs
+    from jmsnas.deploy import timer
+    if isinstance(reps, bool) or not isinstance(reps, int) or reps < 3:
+        raise ValueError(f"reps must be an integer >= 3, got {reps!r}")
+    timer.parse_address(address)
+    batch, dw_impl = int(table.settings.get("batch", 1)), str(table.settings.get("dw_impl", "auto"))
+    if dw_impl not in ("xla", "shifted"):
+        raise ValueError(f"the table timed the {dw_impl!r} depthwise convolution; a part sent to a worker holds no "
+                         "custom call: profile the table there with --dw-impl xla (or shifted)")
+    base = tuple(int(i) for i in table.settings.get("base", [0] * space.num_layers))
+    nets = [base] + sample_archs(space, max(archs - 1, 0), [seed, 2])
+    specs = [p for ops in nets for p in _part_specs(space, ops, batch, dw_impl)]
+    first = specs[0]
+    relay_in = jax.eval_shape(first[1], first[2]["params"], first[2]["bn"], *first[3])
+    specs.append(("relay", part_forward(space, [], [], stem=False, head=False), {"params": {}, "bn": {}},
+                  (np.zeros(relay_in.shape, np.float32),), ((), (), False, False)))
+    program = lambda fwd, weights, xs: timer.program_part(*_exported(fwd, weights, xs, platforms))
+    probes = [(program(fwd, weights, xs), xs[0]) for _, fwd, weights, xs, _ in specs]
+    image = np.zeros((batch, space.image_size, space.image_size, space.in_channels), np.float32)
+    wholes = [program(_whole_forward(space, ops, dw_impl), _whole_weights(space, ops), (image,)) for ops in nets]
+    runs, rtt, net_ms = timer.probe_deployed(address, probes, sizes, reps=reps, seed=seed, timeout_s=timeout_s,
+                                             credentials=credentials, wholes=wholes)
+    ratio = _load_ratio(table, nets, net_ms)
+    call, scale = fit_part([_entries_ms(table, p[4]) for p in specs], [float(np.median(t)) / ratio for t in runs])
+    sizes = [int(n) for n in sizes]
+    trips = [float(np.median(rtt[n])) for n in sizes]
+    a2, b = fit_handoff(sizes, trips)
+    medians = [max(t - a2 / 2, 0.0) for t in trips]
+    spread = float(np.mean([np.subtract(*np.percentile(t, [75, 25])) for t in runs])) / ratio
+    return {"part_call": Timing(call, spread, reps), "part_scale": scale, "load_ratio": ratio,
+            "handoff": {"fixed_ms": a2 / 2, "ms_per_byte": b, "bytes": sizes, "median_ms": medians}}
+
+
+def _exported(fwd, weights: dict, xs, platforms) -> tuple:
+    """(serialised program, flat weights) of ``fwd(params, state, *xs)`` with its weights as arguments."""
+    from jmsnas.deploy.export import program_with_weights
+    exported, flat = program_with_weights(fwd, weights, [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in xs],
+                                          tuple(platforms))
+    return bytes(exported.serialize()), flat
+
+
+def _whole_weights(space: SearchSpace, ops: tuple) -> dict:
+    """{"params", "bn"}: the weights of architecture ``ops`` run whole (``supernet.extract``, the parts' weights)."""
+    params, state = supernet.init(jax.random.PRNGKey(_WEIGHTS_KEY), space)
+    cp, cs = supernet.extract(space, params, state, ops)
+    return {"params": cp, "bn": cs}
+
+
+def _whole_forward(space: SearchSpace, ops: tuple, dw_impl: str):
+    """f(params, state, image) -> logits: architecture ``ops`` as one call (what the table's rounds time); its
+    weights as ``export.program_with_weights`` rebuilds them (the layers' tuple as {"0": ...}, an empty one absent)."""
+    def layers_tuple(tree):
+        layers = tree.get("layers", {})
+        if isinstance(layers, dict):
+            layers = tuple(layers.get(str(n), {}) for n in range(space.num_layers))
+        return dict(tree, layers=layers)
+    return lambda p, s, x: supernet.compact_apply(space, tuple(ops), layers_tuple(p), layers_tuple(s), x,
+                                                  train=False, dw_impl=dw_impl)[0]
+
+
+def _load_ratio(table: MeasuredTable, nets, net_ms) -> float:
+    """Median over whole networks of (their times at the table's quantile) / (the table's prediction of them)."""
+    from jmsnas.cost.measured import predict_arch_ms
+    q = float(table.settings.get("quantile", 0.5))
+    ratio = float(np.median([np.quantile(t, q) / predict_arch_ms(table, ops) for t, ops in zip(net_ms, nets)]))
+    if not np.isfinite(ratio) or ratio <= 0:
+        raise ValueError(f"the table predicts whole networks of {predict_arch_ms(table, nets[0])!r} ms: no "
+                         "reference for the parts' times")
+    return ratio
+
+
+def with_deployed(space: SearchSpace, table: MeasuredTable, remote: str | None = None, **kwargs) -> MeasuredTable:
+    """``table`` with its ``deployed`` entry measured here (``measure_deployed``) or on the worker at ``remote``
+    (``measure_deployed_remote``)."""
+    if remote is not None:
+        return table._replace(deployed=measure_deployed_remote(space, table, remote, **kwargs))
     return table._replace(deployed=measure_deployed(space, table, **kwargs))
 

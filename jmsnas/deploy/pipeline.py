@@ -375,7 +375,7 @@ def run_pipeline(export_dir: str, images: np.ndarray, *, bandwidth_scale: float 
     ``hosts``: {device: "HOST:PORT"} of ``jmsnas worker --listen`` processes (None: local processes on
     127.0.0.1); ``pacing``: "user" (the senders pace every link to bandwidth_scale x its bandwidth and latency) or
     "network" (nothing is paced in user space; the network, e.g. ``tc``, shapes the links);
-    ``predicted_compute_ms`` {device: ms per image} (e.g. ``predict.table_compute_ms``): the prediction's compute
+    ``predicted_compute_ms`` {device: ms per image} (e.g. ``predict.table_prediction``): the prediction's compute
     terms, with every device at host speed (``compute`` must be "host"): the honest mode, nothing calibrated.
 
     Returns {"outputs": float32[N, ...] (latency phase, else stream), "records": {phase: {device: {image: rec}}}

@@ -9,6 +9,8 @@ aggregator path, max_b (tau^r + eps_{r,b} + tau^b + eps_{b,agg}); as in ``jmsnas
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from jmsnas.topology import transfer_ms
 
 
@@ -49,16 +51,12 @@ def total_ms(manifest: dict, device_ms: dict, link_terms: dict) -> float:
 def predicted_links(manifest: dict, bandwidth_scale: float = 1.0, handoff: dict | None = None) -> dict:
     """{"a->b": eps ms} for every link at ``bandwidth_scale`` x its bandwidth (bytes of float32 activations), plus
     its hand-off fixed_ms + ms_per_byte x bytes where ``handoff`` {"a->b": (fixed ms, ms per byte)} has one
-    (``table_handoffs``; as ``cost.latency.link_ms`` charges it)."""
+    (``table_prediction``): ``cost.latency.eps_ms``, the formula eq. (1)/(2) charge in the search."""
+    from jmsnas.cost.latency import eps_ms
     handoff = handoff or {}
-    out = {}
-    for l in manifest["links"]:
-        name = link_name(l["src"], l["dst"])
-        eps = link_ms(l["bytes"], l["bandwidth_mbps"] * bandwidth_scale, l["latency_ms"])
-        if name in handoff:
-            eps = eps + handoff[name][0] + handoff[name][1] * l["bytes"]
-        out[name] = eps
-    return out
+    return {link_name(l["src"], l["dst"]): eps_ms(l["bytes"], l["bandwidth_mbps"] * bandwidth_scale, l["latency_ms"],
+                                                  *handoff.get(link_name(l["src"], l["dst"]), (0.0, 0.0)))
+            for l in manifest["links"]}
 
 
 def predict(manifest: dict, compute_ms: dict, bandwidth_scale: float = 1.0, handoff: dict | None = None) -> dict:
@@ -106,39 +104,40 @@ def _run_table(run: str, table_path: str) -> tuple:
     return space, table, measured, np.asarray(ops, np.int32), np.asarray(where, np.int32)
 
 
-def table_compute_ms(run: str, table_path: str) -> dict:
-    """{device: ms per image} of the run's architecture from a latency table measured on this machine
-    (``jmsnas profile``, one table for every device: all parts run on this host), through the cost model's own
-    eq. (1)/(2) terms (``cost.latency.arch_latency`` with the run's split).
+class TablePrediction(NamedTuple):
+    """What a latency table predicts of a run's deployment: ``compute_ms`` {device: ms per image} and ``handoff``
+    {"a->b": (fixed ms, ms per byte)} ({} for a table without hand-off terms: eps alone, as before)."""
+
+    compute_ms: dict
+    handoff: dict
+
+
+def table_prediction(run: str, table_path: str) -> TablePrediction:
+    """The run's architecture priced by a latency table measured on this machine (``jmsnas profile``, one table for
+    every device: all parts run on this host), through the cost model's own eq. (1)/(2) terms, the table built once
+    (``cost.latency.arch_latency`` with the run's split; the links' hand-offs as ``CostTable.handoff_ms`` /
+    ``handoff_ms_per_byte``, which eq. (1)/(2) charge in the search).
 
     A table with ``deployed`` terms (``jmsnas.deploy.partcost``) models the parts: the cost model already charges
-    every device its part's call cost (``CostTable.call_ms``), and that is the prediction. A table without them
-    models a network run as ONE call: its per-call terms (``call`` + ``network.offset_ms``) ride on the stem, so the
-    cost model charges them once, to the first device; deployed, every device's part is a call of its own program
-    and pays them (measured: ``benchmarks/README.md``, "Deployed pipeline, honest prediction"), so every other
-    device is charged them too (``per_call_ms``). The table must time the depthwise convolution the parts run
-    (``jmsnas profile --dw-impl xla``); one that timed another is refused. The honest prediction: nothing in the
-    pipeline is slowed or calibrated to it."""
+    every device its part's call cost (``CostTable.call_ms``) and its ops, stem and head at the part scale, and that
+    is the prediction. A table without them models a network run as ONE call: its per-call terms (``call`` +
+    ``network.offset_ms``) ride on the stem, so the cost model charges them once, to the first device; deployed,
+    every device's part is a call of its own program and pays them (measured: ``benchmarks/README.md``, "Deployed
+    pipeline, honest prediction"), so every other device is charged them too (``per_call_ms``). The table must
+    time the depthwise convolution the parts run (``jmsnas profile --dw-impl xla``); one that timed another is
+    refused. The honest prediction: nothing in the pipeline is slowed or calibrated to it."""
+    import numpy as np
+
     from jmsnas.cost.latency import arch_latency, breakdown_dict
     space, table, measured, ops, where = _run_table(run, table_path)
     per_device = breakdown_dict(space, arch_latency(space, table, ops, where))["per_device"]
-    if measured.deployed is not None:
-        return per_device
-    call = per_call_ms(measured)
-    first = space.topology.device_names[space.topology.path_order()[0]]  # its stem term already holds the call
-    return {d: ms + (call if d != first else 0.0) for d, ms in per_device.items()}
-
-
-def table_handoffs(run: str, table_path: str) -> dict:
-    """{"a->b": (fixed ms, ms per byte)} of every link of the run from the table's hand-off terms (the CostTable's
-    ``handoff_ms`` / ``handoff_ms_per_byte``, which eq. (1)/(2) charge in the search); {} for a table without
-    them (eps alone, as before)."""
-    space, table, measured, _, _ = _run_table(run, table_path)
     if measured.deployed is None:
-        return {}
-    import numpy as np
+        call = per_call_ms(measured)
+        first = space.topology.device_names[space.topology.path_order()[0]]  # its stem term already holds the call
+        return TablePrediction({d: ms + (call if d != first else 0.0) for d, ms in per_device.items()}, {})
     a, b = np.asarray(table.handoff_ms, float), np.asarray(table.handoff_ms_per_byte, float)
-    return {link_name(l.src, l.dst): (float(a[i]), float(b[i])) for i, l in enumerate(space.topology.links)}
+    return TablePrediction(per_device, {link_name(l.src, l.dst): (float(a[i]), float(b[i]))
+                                        for i, l in enumerate(space.topology.links)})
 
 
 def per_call_ms(table) -> float:

@@ -19,8 +19,11 @@ The control protocol (frames of ``links``; JSON unless said; the worker's times 
    timestamp exchange of ``clock``); ``{"calibrate": n[, "warmup": w]}`` -> ``{"calib_ms": median, "times_ms": [n
    call times]}`` (host time of the part on zeros, after 1 + w untimed calls; this is how a remote machine times an
    exported program: ``jmsnas.deploy.timer``); another ``{"part": ...}`` with its two files, which replaces the part
-   and is answered with a new hello (a client timing several programs in one session); ``{"end": true}`` -> the
-   worker exits 0 (a session that only timed parts).
+   and is answered with a new hello (a client timing several programs in one session); ``{"echo": true}`` + an
+   ARRAY frame -> ``{"echo": its bytes}`` and ``{"run": true}`` + an ARRAY frame (the part's first input) ->
+   ``{"run_ms": ms from the frame's arrival to the end of the part's call}`` (``jmsnas profile --remote``: the
+   deployed terms on this machine, ``_probe``); ``{"end": true}`` -> the worker exits 0 (a session that only
+   timed parts).
 3. ``{"peers": {device: [host, port]}, "to": [...], "stretch": S, "out": {dst: [Mbit/s or null, latency ms]},
    "in": {src: [latency ms, receiver - sender clock s]}}``: the worker connects to the devices its output goes to
    (sending ``{"from": device, "framing": [MSS, header bytes]}``), accepts one connection per input and answers
@@ -111,6 +114,26 @@ def _calibrate(part, calls: int, warmup: int = 0) -> list:
             p(*x)
         times.append((L.now() - t0) * 1e3)
     return times
+
+
+def _probe(part, msg: dict, fr) -> dict:
+    """The answer to a probe (step 2): ``{"echo": true}`` + an ARRAY frame -> ``{"echo": its payload bytes}`` at
+    once (the client times the round trip: the hand-off of a frame there and back); ``{"run": true}`` + an ARRAY
+    frame, the part's first input -> ``{"run_ms": ms}`` from the moment the frame was whole to the end of the
+    part's call on it (its other inputs zeros): the part called right after a receive, as in a pipeline."""
+    if fr.kind != L.ARRAY:
+        raise DeployError(f"a {'run' if 'run' in msg else 'echo'} probe must be followed by an ARRAY frame, got "
+                          f"frame kind {fr.kind!r}")
+    x = np.asarray(fr.value)
+    if "echo" in msg:
+        return {"echo": int(x.nbytes)}
+    p = part.stages[0][0]
+    want = p.inputs[0]
+    if list(x.shape) != list(want["shape"]) or str(x.dtype) != str(want["dtype"]):
+        raise DeployError(f"a run probe's input is {x.dtype}{list(x.shape)}, the part takes "
+                          f"{want['dtype']}{list(want['shape'])}")
+    p(x, *[np.zeros(i["shape"], i["dtype"]) for i in p.inputs[1:]])
+    return {"run_ms": (L.now() - fr.arrival) * 1e3}
 
 
 class _Link:
@@ -261,6 +284,8 @@ def _setup(args, ctl: _Control, creds: auth.Credentials = auth.NONE):
             device, part = _receive_part(ctl, msg)
             _calibrate(part, 0)
             ctl.send(L.JSON, value=hello())
+        elif "echo" in msg or "run" in msg:  # a probe of the deployed terms (jmsnas profile --remote)
+            ctl.send(L.JSON, value=_probe(part, msg, L.recv_frame(ctl.sock)))
         elif msg.get("end"):
             raise SystemExit(0)
         else:
@@ -426,6 +451,8 @@ def main(argv=None) -> int:
     except OSError as e:
         print(f"jmsnas.deploy.worker: --fd {args.fd} is no connected socket: {e}", file=sys.stderr)
         return 2
+    if sock.family in (socket.AF_INET, socket.AF_INET6):  # a small answer leaves at once, not after a delayed ACK
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:  # the control connection was authenticated by the jmsnas worker (or is a local pipeline's socket pair)
         ctl = _Control(sock if args.plain_control else auth.secure_server(sock, creds, authenticated=True))
     except (auth.AuthError, ssl.SSLError, OSError) as e:

@@ -1,9 +1,10 @@
-"""The deployed terms of the cost model (issue 39): a part's call cost per device and a link's hand-off as a
-function of its bytes. Measured by ``jmsnas profile`` (``jmsnas.deploy.partcost``), stored in the table file,
+"""The deployed terms of the cost model: a part's call cost per device, how an op's time changes in a part of its
+own (the part scale), and a link's hand-off as a function of its bytes. Measured by ``jmsnas profile`` (``jmsnas.deploy.partcost``), stored in the table file,
 loaded into ``CostTable``, charged by eq. (1)/(2) and by the search's exact split; a table without them behaves
 exactly as the paper's eq. (1)/(2). Structure and sign only: no timing is asserted beyond being > 0.
 """
 import itertools
+import os
 import warnings
 
 import jax
@@ -129,7 +130,7 @@ def _fake_table(space, op_ms=0.0, deployed=None):
                            {"method": "in-network", "networks": 3, "offset_ms": 0.25}, deployed)
 
 
-DEPLOYED = {"part_call": P.Timing(0.4, 0.01, 5),
+DEPLOYED = {"part_call": P.Timing(0.4, 0.01, 5), "part_scale": 1.0,
             "handoff": {"fixed_ms": 0.08, "ms_per_byte": 1e-6, "bytes": [0, 4096], "median_ms": [0.08, 0.084]}}
 
 
@@ -157,6 +158,72 @@ def test_terms_are_stored_loaded_and_built_into_the_cost_table(tmp_path):
     assert build_rows(space, {})[names[0]].handoff is None  # a roofline row has none
 
 
+def test_the_part_scale_is_stored_loaded_and_priced_by_eq_1_2_the_split_and_compose(tmp_path):
+    """A file's part_scale round-trips; built into the cost table it multiplies the device's ops, stem and head
+    (its call cost and hand-off unchanged), so eq. (1), the exact split DP, limits.best_split and the composed
+    search all price the same grown compute; a file without the key (made before it) loads as scale 1 and builds
+    bit-identical numbers to one with scale 1."""
+    from jmsnas import limits
+    from jmsnas.compose import choices as C
+    from jmsnas.compose import cost as K
+    from jmsnas.compose import terms as TT
+    space = _chain_space()
+    rng = np.random.default_rng(7)
+    t = _fake_table(space, 0.1, dict(DEPLOYED, part_scale=1.25))
+    t = t._replace(slots=tuple(dict(sl, ops={k: P.Timing(float(rng.uniform(0.05, 0.5)), 0.0, 5) for k in sl["ops"]})
+                               for sl in t.slots))
+    P.write_table(t, tmp_path / "s.yaml")
+    P.write_table(t._replace(deployed=DEPLOYED), tmp_path / "one.yaml")
+    d = yaml.safe_load((tmp_path / "one.yaml").read_text())
+    del d["deployed"]["part_scale"]  # a file written before the part scale existed
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump(d))
+    assert P.load_table(tmp_path / "s.yaml", space).deployed["part_scale"] == 1.25
+    assert P.load_table(tmp_path / "old.yaml", space).deployed["part_scale"] == 1.0
+    spec = lambda f: {n: {"kind": "measured", "path": str(tmp_path / f)} for n in space.topology.device_names}
+    scaled, one, old = build_table(space, spec("s.yaml")), build_table(space, spec("one.yaml")), \
+        build_table(space, spec("old.yaml"))
+    for x, y in zip(one, old):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    for f in ("compute_ms", "stem_ms", "head_ms"):
+        np.testing.assert_allclose(np.asarray(getattr(scaled, f)), 1.25 * np.asarray(getattr(one, f)), rtol=1e-6)
+    for f in ("call_ms", "handoff_ms", "handoff_ms_per_byte"):
+        np.testing.assert_array_equal(np.asarray(getattr(scaled, f)), np.asarray(getattr(one, f)))
+    ops = _arch(space, 4)
+    lat1, lat0 = L.arch_latency(space, scaled, ops), L.arch_latency(space, one, ops)
+    call = np.asarray(one.call_ms)
+    np.testing.assert_allclose(np.asarray(lat1.per_device) - call, 1.25 * (np.asarray(lat0.per_device) - call),
+                               rtol=1e-5)
+    assert float(lat1.total) > float(lat0.total)
+    np.testing.assert_array_equal(np.asarray(lat1.per_link), np.asarray(lat0.per_link))
+    probs = jax.nn.one_hot(ops, NUM_OPS)
+    splits = [np.array(a, np.int32) for a in itertools.product(range(3), repeat=space.num_layers)
+              if all(x <= y for x, y in zip(a, a[1:]))]
+    best = min(float(L.arch_latency(space, scaled, ops, a).total) for a in splits)
+    dp = L.best_chain_assignment(space, scaled, probs)
+    assert float(L.arch_latency(space, scaled, ops, dp).total) == pytest.approx(best, rel=1e-5)
+    within = limits.best_split(space, scaled, limits.device_limits(space), ops)
+    assert float(L.arch_latency(space, scaled, ops, within).total) == pytest.approx(best, rel=1e-5)
+    ch = C.make_choices(space.topology)
+    cfg = C.Config(ops, np.zeros(space.num_layers, np.int64), np.zeros(len(space.topology.links), np.int64),
+                   np.zeros(len(space.topology.links), np.int64))
+    composed = K.latency(space, scaled, TT.build_terms(space, scaled, ch), C.onehot(space, ch, cfg), dp)
+    assert float(composed.total) == pytest.approx(float(L.arch_latency(space, scaled, ops, dp).total), rel=1e-6)
+
+
+def test_fit_part_by_hand():
+    """call + scale x entries recovered exactly; the relay (entries 0) anchors the call; parts whose times do not
+    grow with their entries (or all of one size) give scale 1 and their mean excess, with a warning."""
+    e = [0.0, 0.2, 0.5, 1.0]
+    assert partcost.fit_part(e, [0.3 + 1.2 * x for x in e]) == pytest.approx((0.3, 1.2))
+    with pytest.warns(RuntimeWarning, match="do not grow with their entries"):
+        assert partcost.fit_part(e, [1.0, 0.8, 0.6, 0.4]) == pytest.approx((max(np.mean(
+            np.subtract([1.0, 0.8, 0.6, 0.4], e)), 0.0), 1.0))
+    with pytest.warns(RuntimeWarning, match="do not grow"):
+        assert partcost.fit_part([0.5, 0.5], [0.7, 0.9]) == pytest.approx((0.3, 1.0))
+    with pytest.raises(ValueError, match="two equal 1-D lists"):
+        partcost.fit_part([0.1], [0.1, 0.2])
+
+
 def test_a_validation_report_is_stored_in_the_table(tmp_path):
     """predict_vs_measured stores jmsnas validate's report (accuracy.report) in the table; it loads back as written
     and a malformed one is refused naming the entry."""
@@ -176,6 +243,8 @@ def test_a_validation_report_is_stored_in_the_table(tmp_path):
     (("handoff", "bytes"), [0], "1 sizes in bytes, 2 in median_ms"),
     (("part_call", "median_ms"), float("nan"), "deployed.part_call.median_ms"),
     (("handoff",), "x", "latency table entry deployed.handoff: expected a mapping"),
+    (("part_scale",), 0.0, "deployed.part_scale: 0.0 is not a finite number > 0"),
+    (("part_scale",), float("inf"), "deployed.part_scale: inf is not a finite number >= 0"),
 ])
 def test_bad_terms_are_refused_naming_the_entry(tmp_path, path, value, needle):
     space = _chain_space()
@@ -208,19 +277,23 @@ def _tiny_space():
 
 
 def test_the_terms_are_measured_over_a_loopback_socket():
-    """Parts called between a receive and a send, and frames over a real loopback connection: with entries of 0 ms
-    the call cost is the parts' whole time (> 0); every hand-off takes time (> 0) and its fit is >= 0; entries far
-    above what the parts take clamp the call cost to 0 with a warning (never a negative latency)."""
+    """Parts (and a relay) called between a receive and a send, and frames over a real loopback connection: with
+    entries growing with the parts the fit gives a call >= 0 and a scale > 0; with entries of 0 ms nothing tells a
+    scale (1, with a warning) and the call cost is the parts' whole time (> 0); every hand-off takes time (> 0) and
+    its fit is >= 0."""
     space = _tiny_space()
     sizes = (0, 8192, 65536)
-    dep = partcost.measure_deployed(space, _fake_table(space, 0.0), reps=3, archs=1, sizes=sizes)
-    assert dep["part_call"].median_ms > 0 and dep["part_call"].reps == 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a fallback under load is allowed: the test is the structure
+        dep = partcost.measure_deployed(space, _fake_table(space, 0.01), reps=3, archs=2, sizes=sizes)
+    assert dep["part_call"].median_ms >= 0 and dep["part_call"].reps == 3 and dep["part_scale"] > 0
+    assert dep["load_ratio"] > 0  # the whole networks timed in the same rounds, against the table's prediction
     h = dep["handoff"]
     assert h["bytes"] == list(sizes) and len(h["median_ms"]) == 3 and min(h["median_ms"]) > 0
     assert h["fixed_ms"] >= 0 and h["ms_per_byte"] >= 0 and h["fixed_ms"] + h["ms_per_byte"] * 65536 > 0
-    with pytest.warns(RuntimeWarning, match="part call cost .* clamped to 0"):
-        big = partcost.measure_deployed(space, _fake_table(space, 1e4), reps=3, archs=1, sizes=(0,))
-    assert big["part_call"].median_ms == 0.0
+    with pytest.warns(RuntimeWarning, match="do not grow with their entries"):
+        flat = partcost.measure_deployed(space, _fake_table(space, 0.0), reps=3, archs=1, sizes=(0,))
+    assert flat["part_scale"] == 1.0 and flat["part_call"].median_ms > 0
 
 
 def test_fit_handoff_by_hand():
@@ -247,7 +320,7 @@ def test_profile_cli_stores_the_terms_and_search_uses_them(tmp_path):
         assert cli.main(["profile", "--space", str(tmp_path / "s.json"), "--out", str(tmp_path / "t.yaml"),
                          "--reps", "3", "--warmup", "0", "--calibrate", "0", "--method", "standalone"]) == 0
     t = P.load_table(tmp_path / "t.yaml", space)
-    assert t.deployed is not None and t.deployed["part_call"].median_ms >= 0
+    assert t.deployed is not None and t.deployed["part_call"].median_ms >= 0 and t.deployed["part_scale"] > 0
     assert t.deployed["handoff"]["bytes"] == list(partcost.HANDOFF_BYTES)
     assert min(t.deployed["handoff"]["median_ms"]) > 0
     table = build_table(space, {d: {"kind": "measured", "path": str(tmp_path / "t.yaml")}
@@ -279,3 +352,74 @@ def test_profile_cli_loopback_failure_is_one_line_and_writes_nothing(tmp_path, m
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "loopback connection" in err and "--no-deployed" in err, err
     assert not (tmp_path / "t.yaml").exists()
+
+
+def test_profile_remote_measures_the_terms_through_an_authenticated_worker(tmp_path, capsys):
+    """`jmsnas profile --remote` at a `jmsnas worker` on 127.0.0.1 that requires a shared secret: with the secret the
+    parts run there right after their input arrives and frames make round trips, and the table written holds the
+    terms (call >= 0, scale > 0, hand-offs > 0, the sizes timed), which the cost table then charges; without the
+    secret, or with a table of kernels a sent part cannot hold, one line and nothing written."""
+    import json
+    import subprocess
+    import sys
+
+    from jmsnas import cli
+    from jmsnas.deploy import links as LK
+    from paths import REPO
+    space = _tiny_space()
+    sf = {"topology": "chain", "layers_per_device": [1, 1, 1, 1], "image_size": 4, "in_channels": 1,
+          "num_classes": 3, "device_channels": [8, 8, 8, 8], "device_strides": [1, 1, 1, 1], "stem_channels": 8,
+          "head_channels": 16}
+    (tmp_path / "s.json").write_text(json.dumps(sf))
+    rng = np.random.default_rng(2)
+    t = _fake_table(space, 0.01)
+    t = t._replace(slots=tuple(dict(sl, ops={k: P.Timing(float(rng.uniform(0.005, 0.05)), 0.0, 5) for k in sl["ops"]})
+                               for sl in t.slots))
+    P.write_table(t, tmp_path / "there.yaml")  # dw_impl xla (_fake_table's settings)
+    P.write_table(t._replace(settings={"reps": 5, "batch": 1, "dw_impl": "auto"}), tmp_path / "auto.yaml")
+    (tmp_path / "secret").write_bytes(b"correct-horse-battery-staple-0123456789\n")
+    s = LK.listen(0)
+    port = s.getsockname()[1]
+    s.close()
+    env = {k: v for k, v in os.environ.items() if k != "JMSNAS_SECRET"}
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.Popen([sys.executable, "-m", "jmsnas.cli", "worker", "--listen", f"127.0.0.1:{port}",
+                             "--secret-file", str(tmp_path / "secret")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, text=True)
+    argv = ["profile", "--space", str(tmp_path / "s.json"), "--remote", f"127.0.0.1:{port}", "--reps", "3"]
+    try:
+        assert "listening on" in proc.stdout.readline()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a fallback under load is allowed: the test is the structure
+            assert cli.main(argv + ["--table", str(tmp_path / "there.yaml"), "--out", str(tmp_path / "o.yaml"),
+                                    "--secret-file", str(tmp_path / "secret")]) == 0
+        out = capsys.readouterr().out
+        assert "on the worker at 127.0.0.1" in out and "whole networks timed with the parts ran" in out
+        capsys.readouterr()
+        old_env = os.environ.pop("JMSNAS_SECRET", None)
+        try:
+            assert cli.main(argv + ["--table", str(tmp_path / "there.yaml"), "--out", str(tmp_path / "x.yaml")]) == 2
+        finally:
+            if old_env is not None:
+                os.environ["JMSNAS_SECRET"] = old_env
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "requires a shared secret" in err, err
+        assert cli.main(argv + ["--table", str(tmp_path / "auto.yaml"), "--out", str(tmp_path / "x.yaml"),
+                                "--secret-file", str(tmp_path / "secret")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "'auto' depthwise convolution" in err, err
+    finally:
+        proc.terminate()
+        proc.wait(20)
+    assert not (tmp_path / "x.yaml").exists()
+    got = P.load_table(tmp_path / "o.yaml", space)
+    dep = got.deployed
+    assert dep["part_call"].median_ms >= 0 and dep["part_call"].reps == 3 and dep["part_scale"] > 0
+    h = dep["handoff"]
+    assert h["bytes"] == list(partcost.HANDOFF_BYTES) and h["fixed_ms"] >= 0 and h["ms_per_byte"] >= 0
+    assert h["fixed_ms"] + h["ms_per_byte"] * max(h["bytes"]) > 0
+    assert got.slots == t.slots  # the table's own entries, unchanged
+    table = build_table(space, {d: {"kind": "measured", "path": str(tmp_path / "o.yaml")}
+                                for d in space.topology.device_names})
+    np.testing.assert_allclose(np.asarray(table.call_ms), dep["part_call"].median_ms, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(table.handoff_ms), h["fixed_ms"], rtol=1e-6)

@@ -136,7 +136,8 @@ def test_table_prediction_charges_the_per_call_cost_on_every_part(runs, tmp_path
                         P.Timing(0.02, 0.0, 5), P.Timing(0.03, 0.0, 5),
                         {"method": "in-network", "networks": 3, "offset_ms": 0.25})
     P.write_table(t, tmp_path / "t.yaml")
-    got = predict.table_compute_ms(r["dir"], str(tmp_path / "t.yaml"))
+    got, handoff = predict.table_prediction(r["dir"], str(tmp_path / "t.yaml"))
+    assert handoff == {}  # no hand-off terms: eps alone
     names = space.topology.device_names
     order = [names[m] for m in space.topology.path_order()]
     want = {d: 0.05 + 0.25 for d in order}  # every part is one call
@@ -150,16 +151,16 @@ def test_table_prediction_charges_the_per_call_cost_on_every_part(runs, tmp_path
     # a table of jmsnas' CPU depthwise kernels does not time what the exported parts run: refused, one line
     P.write_table(t._replace(settings={"reps": 5, "dw_impl": "auto"}), tmp_path / "auto.yaml")
     with pytest.raises(DeployError, match="timed the native or shifted depthwise.*--dw-impl xla"):
-        predict.table_compute_ms(r["dir"], str(tmp_path / "auto.yaml"))
+        predict.table_prediction(r["dir"], str(tmp_path / "auto.yaml"))
     P.write_table(t._replace(settings={"reps": 5, "dw_impl": "xla"}), tmp_path / "xla.yaml")
-    assert predict.table_compute_ms(r["dir"], str(tmp_path / "xla.yaml")) == pytest.approx(want, rel=1e-5)
+    assert predict.table_prediction(r["dir"], str(tmp_path / "xla.yaml")).compute_ms == pytest.approx(want, rel=1e-5)
 
 
 
 @pytest.mark.parametrize("kind", ["chain", "mesh"])
 def test_table_prediction_with_deployed_terms_is_the_cost_models(runs, tmp_path, kind):
-    """A table with deployed terms (issue 39): every part is charged its entries and the part call cost (the stem
-    without the one-call terms), every link its hand-off a + b * bytes, exactly what eq. (1)/(2) charge in the
+    """A table with deployed terms: every part is charged its entries times the part scale plus the part call cost
+    (the stem without the one-call terms), every link its hand-off a + b * bytes, exactly what eq. (1)/(2) charge in the
     search (cost.latency on the table built from the file); a table without them predicts links by eps alone."""
     from jmsnas.cost import profile as P
     from jmsnas.cost.build import build_table
@@ -169,7 +170,7 @@ def test_table_prediction_with_deployed_terms_is_the_cost_models(runs, tmp_path,
     slots = tuple({"index": s.index, "shape": P.slot_shape(s),
                    "ops": {OP_NAMES[i]: P.Timing(float(rng.uniform(0.01, 0.1)), 0.001, 5)
                            for i in np.flatnonzero(space.mask()[s.index]) if i != IDENTITY}} for s in space.layers)
-    dep = {"part_call": P.Timing(0.4, 0.0, 5),
+    dep = {"part_call": P.Timing(0.4, 0.0, 5), "part_scale": 1.5,
            "handoff": {"fixed_ms": 0.08, "ms_per_byte": 1e-5, "bytes": [0, 1024], "median_ms": [0.08, 0.09]}}
     t = P.MeasuredTable({"backend": "cpu"}, {"reps": 5}, P.space_summary(space), slots, P.Timing(0.05, 0.0, 5), 0.0,
                         P.Timing(0.02, 0.0, 5), P.Timing(0.03, 0.0, 5),
@@ -178,15 +179,15 @@ def test_table_prediction_with_deployed_terms_is_the_cost_models(runs, tmp_path,
     P.write_table(t, path)
     names = space.topology.device_names
     order = [names[m] for m in space.topology.path_order()]
-    want = {d: 0.4 for d in order}  # every part: its call cost, no call + offset
+    want = {d: 0.0 for d in order}  # every part: 1.5 x its entries + its call cost, no call + offset
     want[order[0]] += 0.02
     want[order[-1]] += 0.03
     for s, i in zip(space.layers, r["ops"]):
         if i != IDENTITY:
             want[names[s.device]] += t.slots[s.index]["ops"][OP_NAMES[i]].median_ms
-    got = predict.table_compute_ms(r["dir"], path)
+    want = {d: 0.4 + 1.5 * v for d, v in want.items()}
+    got, handoff = predict.table_prediction(r["dir"], path)
     assert got == pytest.approx(want, rel=1e-5)
-    handoff = predict.table_handoffs(r["dir"], path)
     assert handoff == {f"{l.src}->{l.dst}": pytest.approx((0.08, 1e-5)) for l in space.topology.links}
     m = load_manifest(r["export"])
     pred = predict.predict(m, got, 1.0, handoff)
@@ -197,8 +198,13 @@ def test_table_prediction_with_deployed_terms_is_the_cost_models(runs, tmp_path,
     for l in m["links"]:
         k = f"{l['src']}->{l['dst']}"
         assert pred["per_link"][k] == pytest.approx(bare[k] + 0.08 + 1e-5 * l["bytes"], rel=1e-6)
+    unscaled = dict(dep, part_scale=1.0)
+    P.write_table(t._replace(deployed=unscaled), tmp_path / "s1.yaml")
+    got1 = predict.table_prediction(r["dir"], str(tmp_path / "s1.yaml")).compute_ms
+    assert all(got[d] > got1[d] for d in order)  # the scale > 1 grows every compute term, and only them
+    assert predict.predict(m, got1, 1.0, handoff)["per_link"] == pred["per_link"]
     P.write_table(t._replace(deployed=None), tmp_path / "one.yaml")
-    assert predict.table_handoffs(r["dir"], str(tmp_path / "one.yaml")) == {}
+    assert predict.table_prediction(r["dir"], str(tmp_path / "one.yaml")).handoff == {}
     assert predict.predict(m, got, 1.0, {})["per_link"] == bare
 
 def test_mesh_equation_hand_computed():
