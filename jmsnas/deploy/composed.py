@@ -13,7 +13,7 @@ device:
 * inputs: the image (first device) or, per incoming link, its wire bytes uint8[n], which the program decodes and
   recovers (several: averaged, the mesh aggregator); then the device's layers (and the head on the last);
 * output: the logits (last device) or, per outgoing link in ``to`` order, the Conv-Reduce of the tensor at the
-  link's boundary encoded at its bits, concatenated into one uint8 vector; the manifest's ``send_bytes`` {device:
+  link's boundary encoded at its bits, concatenated into one uint8 vector; the manifest's ``send_slices`` {device:
   [start, stop]} sends each destination its slice. A link's wire format (``links[i]["wire"]``): at 1..8 bits the
   range (lo, hi: float32, ``packing.RANGE_BYTES``) then one row of packed codes per image (``packing.pack`` of
   ``quantizers.act_codes`` over the range of the whole batch); at 16/32 bits the float16/float32 values. Its
@@ -236,7 +236,7 @@ def export_composed(run: str, out: str | None = None, *, platforms=("cpu",), bat
                       "stem": k == 0, "head": k == len(order) - 1, "weight_names": sorted(flat),
                       "inputs": [{"from": s, "shape": shp, "dtype": in_dtype} for s, shp in zip(srcs[dev], in_shapes)],
                       "output": {"shape": shape, "dtype": str(exp.out_avals[0].dtype)}, "to": dsts[dev],
-                      "send_bytes": send, "predicted_compute_ms": predicted.get("per_device", {}).get(dev)}
+                      "send_slices": send, "predicted_compute_ms": predicted.get("per_device", {}).get(dev)}
     links = []
     for c in plan:
         l = topo.links[c.link]

@@ -346,9 +346,9 @@ def _payload(f) -> int:
 
 def _outgoing(y, s: dict):
     """What a ``send`` entry sends of the output y: all of it, its first ``channels`` channels in ``dtype``, or the
-    ``bytes`` [start, stop) of a flat output (a composed part's wire format per link)."""
-    if s.get("bytes") is not None:
-        return np.ascontiguousarray(y[s["bytes"][0]:s["bytes"][1]])
+    ``slice`` [start, stop) of a flat output (a composed part's wire format per link)."""
+    if s.get("slice") is not None:
+        return np.ascontiguousarray(y[s["slice"][0]:s["slice"][1]])
     if s["channels"] is None:
         return y
     return np.ascontiguousarray(y[..., :s["channels"]].astype(s["dtype"]))

@@ -159,7 +159,7 @@ def test_mesh_parts_compute_composed_apply(tmp_path):
     d = write_run(str(tmp_path / "mesh"), space, ch, cfg, a, cp, cs, mp)
     m = D.export_composed(d)
     root = m["parts"]["root"]
-    assert root["send_bytes"] == {"b0": [0, m["links"][0]["bytes"]],
+    assert root["send_slices"] == {"b0": [0, m["links"][0]["bytes"]],
                                   "b1": [m["links"][0]["bytes"], m["links"][0]["bytes"] + m["links"][1]["bytes"]]}
     ex = os.path.join(d, "export")
     parts = {dev: load_part(ex, dev) for dev in m["order"]}
@@ -167,7 +167,7 @@ def test_mesh_parts_compute_composed_apply(tmp_path):
     got = []
     for i in range(3):
         y = parts["root"](x[i:i + 1])
-        sl = root["send_bytes"]
+        sl = root["send_slices"]
         zs = [parts[b](y[sl[b][0]:sl[b][1]]) for b in ("b0", "b1")]
         got.append(parts["agg"](*zs))
     assert np.max(np.abs(np.concatenate(got) - D.whole_network(d, 1)(x))) <= 1e-5
