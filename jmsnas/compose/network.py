@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jmsnas import ops as O
+from jmsnas import space as S
 from jmsnas.compose.choices import ACT_BITS, FLOAT_BITS, WEIGHT_BITS, Choices, Config, make_choices
 from jmsnas.compose.cost import link_boundaries
 from jmsnas.compose.terms import boundary_shapes, module_channels
@@ -282,11 +283,9 @@ def device_parts(space, config: Config, assignment, params, state, module_params
         part["ops"].append(OP_NAMES[int(i)])
         part["params"]["layers"][str(s.index)] = params["layers"][s.index]
         part["bn"]["layers"][str(s.index)] = state["layers"][s.index]
-    order = topo.path_order()
-    for tree, key in (("params", "stem"), ("bn", "stem")):
-        parts[topo.device_names[order[0]]][tree][key] = (params if tree == "params" else state)["stem"]
-    for tree, key in (("params", "head"), ("bn", "head")):
-        parts[topo.device_names[order[-1]]][tree][key] = (params if tree == "params" else state)["head"]
+    for key, m in (("stem", topo.path_order()[0]), ("head", topo.path_order()[-1])):
+        part = parts[topo.device_names[m]]
+        part["params"][key], part["bn"][key] = params[key], state[key]
     for l, link in enumerate(topo.links):
         if int(config.module[l]) == 0:
             continue
@@ -300,6 +299,5 @@ def write_parts(workdir: str, space, config: Config, assignment, params, state, 
     """``parts/`` of a composed run (``run.directory.write_parts``): ``device_parts`` with the space recorded, as
     ``jmsnas.pipeline.write_parts`` writes a search's; the run's result.json adds ``compose`` (``to_result``) and
     the ``architecture`` (op and device per layer). Returns the parts manifest."""
-    from jmsnas import space as S
     parts = device_parts(space, config, assignment, params, state, module_params)
     return directory.write_parts(workdir, parts, {"op_names": list(OP_NAMES), "space": S.to_dict(space)})

@@ -92,10 +92,8 @@ def _module(weights: dict, dev: str, j: int, side: str, c: int, d: int, link: st
         raise DeployError(f"{run}/parts/{dev}.npz lacks the {what} of boundary {j} (params/modules/{j}/{side}) that "
                           f"link {link} uses")
     shape = tuple(np.shape(w))
-    want = (1, 1, c) if side == "reduce" else (1, 1)
-    ok = len(shape) == 4 and shape[:3 if side == "reduce" else 2] == want and (
-        shape[3] if side == "reduce" else shape[2]) >= d and (side == "reduce" or shape[3] == c)
-    if not ok:
+    if len(shape) != 4 or shape[:2] != (1, 1) or not (
+            shape[2] == c and shape[3] >= d if side == "reduce" else shape[2] >= d and shape[3] == c):
         raise DeployError(f"{run}/parts/{dev}.npz: params/modules/{j}/{side} has shape {list(shape)}; link {link} "
                           f"needs a 1x1 {what} between {c} channels and at least {d}")
     return np.asarray(w, np.float32)

@@ -213,6 +213,13 @@ def test_broken_runs_and_parts_end_with_one_line(tmp_path, capsys):
     z = {k: v for k, v in np.load(sbs).items() if "reduce" not in k}
     np.savez(sbs, **z)
     _one_line(capsys, ["export", "--workdir", lacking], "lacks the Conv-Reduce of boundary 2")
+    narrow = str(tmp_path / "narrow")  # the receiver's Conv-Recover of another width than the boundary's
+    shutil.copytree(d, narrow)
+    mbs = os.path.join(narrow, "parts", "mbs.npz")
+    z = dict(np.load(mbs))
+    z["params/modules/2/recover"] = z["params/modules/2/recover"][..., :5]
+    np.savez(mbs, **z)
+    _one_line(capsys, ["export", "--workdir", narrow], "params/modules/2/recover has shape [1, 1, 6, 5]")
     with pytest.raises(DeployError, match="holds a composed configuration"):
         from jmsnas.deploy.export import export_run
         export_run(d)
