@@ -3,7 +3,7 @@
 Tiny spaces (8x8 images, 8-12 channels) with random weights and non-trivial batch-norm statistics: all off is the
 compact network bit for bit; weights on a device that does not quantize are untouched; the exported parts (packed
 kernels, split modules, packed transmitted tensors) compute composed_apply within 1e-5, in one process (chain with
-a relay device, mesh) and through ``jmsnas pipeline --check`` (real processes and sockets); every link carries
+a relay device, mesh) and through ``jmsnas pipeline --check`` (real processes and sockets, chain and mesh); every link carries
 exactly the bytes compose.terms predicts; broken run directories and part files end with one line."""
 import json
 import os
@@ -149,14 +149,20 @@ def test_chain_parts_with_a_relay_compute_composed_apply(tmp_path):
     assert np.max(np.abs(D.whole_network(d, 4)(x) - want)) > 0  # the range is the batch's: another batch, another net
 
 
-def test_mesh_parts_compute_composed_apply(tmp_path):
+def _mesh_run(tmp):
+    """The tiny mesh: root -> b0 (r 2, 4 bits), root -> b1 (no module, 8 bits), b0 -> agg (r 4, float32), b1 -> agg
+    (r 2, 4 bits); root and branches quantize at 5 bits."""
     space = mesh_space()
     ops, cp, cs = compact(space, seed=3)
-    ch = C.make_choices(space.topology, modules=(2, 4), weight_bits=(5, 32), act_bits=(3, 8, 32))
+    ch = C.make_choices(space.topology, modules=(2, 4), weight_bits=(5, 32), act_bits=(4, 8, 32))
     mp = N.init_modules(jax.random.PRNGKey(5), space, ch)
     a = space.layer_devices()
     cfg = C.Config(np.array(ops), np.zeros(4, int), np.array([1, 0, 2, 1]), np.array([0, 1, 2, 0]))
-    d = write_run(str(tmp_path / "mesh"), space, ch, cfg, a, cp, cs, mp)
+    return write_run(str(tmp), space, ch, cfg, a, cp, cs, mp), space, ch, cfg, a
+
+
+def test_mesh_parts_compute_composed_apply(tmp_path):
+    d, space, ch, cfg, a = _mesh_run(tmp_path / "mesh")
     m = D.export_composed(d)
     root = m["parts"]["root"]
     assert root["send_slices"] == {"b0": [0, m["links"][0]["bytes"]],
@@ -174,19 +180,23 @@ def test_mesh_parts_compute_composed_apply(tmp_path):
 
 
 @pytest.mark.slow
-def test_pipeline_check_runs_the_parts_and_every_link_carries_the_predicted_bytes(tmp_path, capsys):
-    d, space, ch, cfg, a = _chain_run(tmp_path / "run", bits=(4, 4))
+@pytest.mark.parametrize("kind", ["chain", "mesh"])
+def test_pipeline_check_runs_the_parts_and_every_link_carries_the_predicted_bytes(tmp_path, capsys, kind):
+    d, space, ch, cfg, a = (_chain_run(tmp_path / "run", bits=(4, 4)) if kind == "chain" else
+                            _mesh_run(tmp_path / "run"))
     assert cli.main(["pipeline", "--workdir", d, "--images", "4", "--phase", "latency", "--bandwidth-scale", "100",
                      "--check", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)[0]
     assert out["max_abs_diff"] <= 1e-5
     terms = TT.build_terms(space, analytic_table(space), ch)
-    for c, name in zip(N.cuts(space, ch, cfg, a), ("ue->sbs", "sbs->mbs")):
-        want = int(terms.wire_bytes[c.boundary, 1 + ch.modules.index(c.r), ch.act_bits.index(c.bits)])
-        assert out["link_bytes"][name] == {"predicted": want, "measured": [want]}, name
-    assert cli.main(["pipeline", "--workdir", d, "--images", "4", "--phase", "latency", "--bandwidth-scale",
-                     "100", "--check"]) == 0
-    assert "every link carried the predicted bytes" in capsys.readouterr().out
+    for c, link in zip(N.cuts(space, ch, cfg, a), space.topology.links):
+        want = int(terms.wire_bytes[c.boundary, 0 if c.r == 0 else 1 + ch.modules.index(c.r),
+                                    ch.act_bits.index(c.bits)])
+        assert out["link_bytes"][f"{link.src}->{link.dst}"] == {"predicted": want, "measured": [want]}, link
+    if kind == "chain":
+        assert cli.main(["pipeline", "--workdir", d, "--images", "4", "--phase", "latency", "--bandwidth-scale",
+                         "100", "--check"]) == 0
+        assert "every link carried the predicted bytes" in capsys.readouterr().out
 
 
 def _one_line(capsys, argv, needle):
