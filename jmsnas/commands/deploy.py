@@ -202,6 +202,10 @@ def _pipeline(args) -> int:
         if groups:
             raise DeployError(f"--predict-table {args.predict_table}: a latency table times the JMSNAS search space; "
                               "a separable run is predicted by its own cost model (separable.cost), without it")
+        from jmsnas.deploy.composed import is_composed
+        if is_composed(args.workdir):
+            raise DeployError(f"--predict-table {args.predict_table}: a latency table has no bit dimension and no "
+                              "split modules; a composed run's parts are not predicted by it")
         from jmsnas.deploy.predict import table_compute_ms, table_handoffs
         predicted = table_compute_ms(args.workdir, args.predict_table)
         handoff = table_handoffs(args.workdir, args.predict_table)

@@ -230,6 +230,7 @@ def test_broken_runs_and_parts_end_with_one_line(tmp_path, capsys):
     z["params/modules/2/recover"] = z["params/modules/2/recover"][..., :5]
     np.savez(mbs, **z)
     _one_line(capsys, ["export", "--workdir", narrow], "params/modules/2/recover has shape [1, 1, 6, 5]")
+    _one_line(capsys, ["pipeline", "--workdir", d, "--predict-table", "t.json"], "no bit dimension")
     with pytest.raises(DeployError, match="holds a composed configuration"):
         from jmsnas.deploy.export import export_run
         export_run(d)
