@@ -14,9 +14,9 @@ real pipeline, on this machine or across machines.
 directory of ``jmsnas autosplit --write-parts``: the quantized edge part and the packed activations, see
 ``jmsnas.deploy.autosplit``, whose pipeline streams the test images of the run the parts were cut from; or a
 ``jmsnas evolve`` run with a ``splitnets`` block: V sensor parts, one view each, on a shared bus into the
-aggregator, see ``jmsnas.deploy.splitnets``; or a composed run, whose result.json records every link's split module and bit width
-and every layer's weight bits: the parts hold the packed weights, Conv-Reduce/Recover and packed transmitted
-tensors, see ``jmsnas.deploy.composed``). ``pipeline``
+aggregator, see ``jmsnas.deploy.splitnets``; or a composed run, whose result.json records every link's split
+module and bit width and every layer's weight bits: the parts hold the packed weights, Conv-Reduce/Recover and
+packed transmitted tensors, see ``jmsnas.deploy.composed``). ``pipeline``
 exports first when RUN/export/manifest.json is missing, then, for every bandwidth scale, starts one process per
 device connected over 127.0.0.1 in the topology's shape with every link paced to its (scaled) bandwidth and
 latency, streams the run's test images through, prints eq. (1)/(2)'s prediction (a separable run: its search's

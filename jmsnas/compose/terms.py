@@ -19,8 +19,8 @@ device runs no layer), j = n + 1 is layer n's output. The tensor at boundary j h
 * Wire: ``wire_bytes[j, k, a]`` = ``jmsnas.quant.packing.frame_bytes(hw * hw * d_k, act_bits[a])``, exactly
   what the deployed link carries per image (``jmsnas.compose.network``: 1..8 bits are the codes packed,
   ``transmitted_bytes``, plus the tensor's range, 8 bytes; 16 bits float16; 32 bits float32). A frame of B images
-  carries B x the codes and one range. Link terms are functions of these bytes (``jmsnas.cost.latency.link_ms``: eps plus a measured hand-off),
-  not precomputed constants, so other per-link costs of the bytes add to them.
+  carries B x the codes and one range. Link terms are functions of these bytes (``jmsnas.cost.latency.link_ms``:
+  eps plus a measured hand-off), not precomputed constants, so other per-link costs of the bytes add to them.
 """
 from __future__ import annotations
 

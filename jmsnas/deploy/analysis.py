@@ -77,9 +77,10 @@ def analyze(manifest: dict, raw: dict, handoff: dict | None = None) -> dict:
 
     measured: "total" (median end-to-end ms, first device's compute start to last device's compute end, latency
     phase), "per_device" (compute ms), "per_link" (release at the receiver - start of transmission, ms),
-    "link_mbps" (bytes*8 / transmission time), "link_bytes" (``link_bytes``: the payload sizes received), "link_queue_ms" (compute end -> start of transmission),
-    "eq_of_measured" (eq. (1)/(2) of the measured terms per image, median) and "overhead_ms" (total - that: the
-    hand-offs the model has no term for); "throughput_per_s" (stream phase: images / span).
+    "link_mbps" (bytes*8 / transmission time), "link_bytes" (``link_bytes``: the payload sizes received),
+    "link_queue_ms" (compute end -> start of transmission), "eq_of_measured" (eq. (1)/(2) of the measured terms per
+    image, median) and "overhead_ms" (total - that: the hand-offs the model has no term for); "throughput_per_s"
+    (stream phase: images / span).
     """
     s = raw["settings"]
     network = s.get("pacing") == "network"

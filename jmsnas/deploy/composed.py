@@ -177,8 +177,9 @@ def _part_weights(space, dev_name, m, plan, entry_layers, ops, bits, weights, ru
     for what in ends:  # "stem" on the first device, "head" on the last
         p, st = weights[dev_name].get("params", {}).get(what), weights[dev_name].get("bn", {}).get(what)
         if p is None or st is None:
-            raise DeployError(f"{run}/parts/{dev_name}.npz lacks the {what} (the {'first' if what == 'stem' else 'last'}"
-                              " device in execution order runs it)")
+            which = "first" if what == "stem" else "last"
+            raise DeployError(f"{run}/parts/{dev_name}.npz lacks the {what} (the {which} device in execution order "
+                              "runs it)")
         params[what], state[what] = p, st
     for n, i, b in zip(entry_layers, ops, bits):
         p, st = _layer_weights(weights, dev_name, n, OPS[i].name, run)
