@@ -10,7 +10,8 @@
   the stem's output, j = n + 1 layer n's output): the chosen split module's Conv-Reduce c -> d (d =
   ``terms.module_channels(c, r)``, ``splitnets.module.reduce`` on the first d channels of the boundary's weights),
   the transmitted tensor at its bits (``wire_values``: 1..8 bits asymmetric over the [min, max] of the whole batch
-  and back, ``quantizers.act_codes``/``act_dequant``; 16 float16; 32 unchanged), then the Conv-Recover d -> c.
+  of the d channels sent, not of zero padding, and back, ``quantizers.act_codes``/``act_dequant``; 16 float16; 32
+  unchanged), then the Conv-Recover d -> c.
 
 A tensor that crosses several links (a device without layers relays it) takes every link's transform in path
 order. With no module, 32-bit transmitted tensors and float weights it computes exactly what ``compact_apply``
