@@ -22,7 +22,7 @@ from jmsnas.compose import terms as TT
 from jmsnas.cost.tables import analytic_table
 from jmsnas.deploy import composed as D
 from jmsnas.deploy.runtime import DeployError, load_part
-from jmsnas.quant.packing import packed_bytes
+from jmsnas.quant.packing import frame_bytes, packed_bytes
 from jmsnas.quant.quantizers import fake_quant_weight
 from jmsnas.space import OP_NAMES, build_space
 from jmsnas.topology import DeviceProfile, LinkProfile, make_topology
@@ -110,6 +110,23 @@ def test_modules_and_bits_have_straight_through_gradients():
     assert float(jnp.abs(gm["2"]["reduce"]).sum()) > 0 and float(jnp.abs(gm["2"]["recover"]).sum()) > 0
     assert float(jnp.abs(gm["1"]["reduce"]).sum()) == 0  # boundary 1 is crossed by no link
     assert float(jnp.abs(gp["layers"][0]["expand"]).sum()) > 0  # through the 4-bit kernels and the 4-bit wire
+
+
+@pytest.mark.parametrize("bits", [1, 3, 4, 8, 16, 32])
+def test_the_wire_format_decodes_to_what_composed_apply_computes(bits):
+    """encode -> bytes -> decode is wire_values bit for bit, in frame_bytes bytes: at 1..8 bits the range and
+    2^bits levels between the batch's min and max."""
+    z = jnp.asarray(np.random.default_rng(bits).normal(0.5, 2.0, (3, 4, 4, 5)).astype(np.float32))
+    wire = D.encode(z, bits)
+    assert wire.dtype == jnp.uint8 and wire.shape == (frame_bytes(4 * 4 * 5, bits, 3),)
+    got, want = D.decode(wire, bits, 3, (4, 4, 5)), N.wire_values(z, bits)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    if bits <= 8:
+        assert len(np.unique(np.asarray(got))) <= 2 ** bits
+        assert float(got.min()) == float(z.min()) and abs(float(got.max()) - float(z.max())) <= 1e-5
+    else:
+        err = np.abs(np.asarray(got) - np.asarray(z))  # float16: half an ulp, 2^-11 of the value
+        assert np.all(err <= (2.0 ** -11 * np.abs(np.asarray(z)) if bits == 16 else 0.0))
 
 
 def _chain_run(tmp, bits=(4, 16)):
