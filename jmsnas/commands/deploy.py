@@ -14,13 +14,16 @@ real pipeline, on this machine or across machines.
 directory of ``jmsnas autosplit --write-parts``: the quantized edge part and the packed activations, see
 ``jmsnas.deploy.autosplit``, whose pipeline streams the test images of the run the parts were cut from; or a
 ``jmsnas evolve`` run with a ``splitnets`` block: V sensor parts, one view each, on a shared bus into the
-aggregator, see ``jmsnas.deploy.splitnets``). ``pipeline``
+aggregator, see ``jmsnas.deploy.splitnets``; or a composed run, whose result.json records every link's split
+module and bit width and every layer's weight bits: the parts hold the packed weights, Conv-Reduce/Recover and
+packed transmitted tensors, see ``jmsnas.deploy.composed``). ``pipeline``
 exports first when RUN/export/manifest.json is missing, then, for every bandwidth scale, starts one process per
 device connected over 127.0.0.1 in the topology's shape with every link paced to its (scaled) bandwidth and
 latency, streams the run's test images through, prints eq. (1)/(2)'s prediction (a separable run: its search's
 cost model, ``separable.cost``) beside the measurement (per device, per link, total, throughput) and writes
 RUN/deploy/pipeline.json and pipeline.png. ``--check`` also
-compares the outputs with the whole compact network's (max abs difference). With ``--model`` (your own JAX
+compares the outputs with the whole compact network's (max abs difference) and every link's measured payload bytes
+with the export's prediction. With ``--model`` (your own JAX
 model, docs/your_model.md) ``export`` traces it, splits it with ``--method`` and writes DIR/export/ in the same
 format plus DIR/reference/ (the model's own apply, what ``pipeline --check`` compares with) and DIR/traced.json
 (``jmsnas.deploy.traced``); ``pipeline --workdir DIR`` then streams the ``--data`` images (else standard normal
@@ -144,8 +147,9 @@ def system(workdir: str) -> tuple:
     model: no export from the workdir, its evaluation data and its own apply), ``jmsnas autosplit --write-parts``
     (its run's test images, its fake-quantized network), ``jmsnas evolve`` with a ``splitnets`` block (V views per
     image, the sensor and aggregator parts composed in one process), ``jmsnas separable`` (G staged parts,
-    ``network.apply`` on the stored params) or a search run (its compact network)."""
-    from jmsnas.deploy import autosplit, export, reference, separable, splitnets, traced
+    ``network.apply`` on the stored params), a composed run (result.json ``compose``: ``composed_apply`` over the
+    parts' batches, ``jmsnas.deploy.composed``) or a search run (its compact network)."""
+    from jmsnas.deploy import autosplit, composed, export, reference, separable, splitnets, traced
     if traced.is_traced(workdir):
         return None, traced.eval_images, traced.whole_model
     if autosplit.is_autosplit(workdir):
@@ -154,6 +158,8 @@ def system(workdir: str) -> tuple:
         return splitnets.export_splitnets, splitnets.test_images, splitnets.whole_network
     if separable.is_separable(workdir):
         return separable.export_separable, separable.test_images, separable.whole_network
+    if composed.is_composed(workdir):
+        return composed.export_composed, reference.test_images, composed.whole_network
     return export.export_run, reference.test_images, reference.whole_network
 
 
@@ -196,6 +202,10 @@ def _pipeline(args) -> int:
         if groups:
             raise DeployError(f"--predict-table {args.predict_table}: a latency table times the JMSNAS search space; "
                               "a separable run is predicted by its own cost model (separable.cost), without it")
+        from jmsnas.deploy.composed import is_composed
+        if is_composed(args.workdir):
+            raise DeployError(f"--predict-table {args.predict_table}: a latency table has no bit dimension and no "
+                              "split modules; a composed run's parts are not predicted by it")
         from jmsnas.deploy.predict import table_prediction
         predicted, handoff = table_prediction(args.workdir, args.predict_table)
     if not args.connect_timeout > 0:
@@ -213,6 +223,8 @@ def _pipeline(args) -> int:
                               f"... --workdir {args.workdir})")
         export(args.workdir, export_dir)
     manifest = load_manifest(export_dir)
+    if manifest.get("system") == "composed":  # a transmitted tensor's range is its batch's: the parts' batches
+        whole = lambda: whole_of(args.workdir, manifest["batch"])
     analyses, outputs = [], None
     for s in args.bandwidth_scale:
         raw = run_pipeline(export_dir, images, bandwidth_scale=s, compute=compute, phase=args.phase,
@@ -226,6 +238,10 @@ def _pipeline(args) -> int:
         outputs = raw["outputs"]
         if args.check:
             a["max_abs_diff"] = float(np.max(np.abs(outputs - whole()(images))))
+            if not any("stages" in p for p in manifest["parts"].values()):  # one frame per link and image batch
+                a["link_bytes"] = {name: {"predicted": want, "measured": a["measured"]["link_bytes"][name]}
+                                   for name, want in ((f"{l['src']}->{l['dst']}", l["bytes"])
+                                                      for l in manifest["links"])}
         analyses.append(a)
     out = os.path.join(args.workdir, "deploy")
     from jmsnas import safeio
@@ -240,6 +256,11 @@ def _pipeline(args) -> int:
     print(report.format_table(analyses, manifest), end="")
     for a in analyses:
         extra = f", max |pipeline - whole network| = {a['max_abs_diff']:.2e}" if "max_abs_diff" in a else ""
+        if "link_bytes" in a:
+            off = {k: v for k, v in a["link_bytes"].items() if v["measured"] != [v["predicted"]]}
+            extra += (", every link carried the predicted bytes" if not off else
+                      ", links whose bytes differ from the prediction: " + ", ".join(
+                          f"{k} {v['measured']} (predicted {v['predicted']})" for k, v in off.items()))
         acc = f"accuracy {a['accuracy']:.3f}" if "accuracy" in a else "no labels"
         print(f"bandwidth x{a['settings']['bandwidth_scale']:g}: {acc} on {args.images} test images{extra}")
     print(f"wrote {os.path.join(out, 'pipeline.json')} and pipeline.png")

@@ -8,7 +8,7 @@ Four independent choices (each a softmax over its own logits, like the ops):
 * ``module`` per link l: no split module (index 0) or a SplitNets Conv-Reduce/Conv-Recover pair that sends
   max(1, c // r) of the c channels at the cut (index k >= 1: r = ``Choices.modules[k - 1]``), float[L, K];
 * ``act_bits`` per link l: the bit width of the transmitted tensor, float[L, Ba] (32: float32, 16: float16,
-  1..8: packed integers, ``jmsnas.quant.packing.transmitted_bytes``).
+  1..8: packed integers and their range, ``jmsnas.quant.packing.frame_bytes``).
 
 A choice indexed by link (not by cut position) stays well defined when the split is searched: whichever layer
 boundary a link crosses, that link's module and bits apply to it.

@@ -16,9 +16,11 @@ device runs no layer), j = n + 1 is layer n's output. The tensor at boundary j h
   [M, J, K], ms), storing c * d float32 weights (``send_weight``/``recv_weight`` [J, K], bytes) and holding its
   input and output while it runs (``send_act``/``recv_act`` [J, K], bytes at the memory table's activation bits).
   Module 0 is "none": zero everywhere and the whole tensor is sent.
-* Wire: ``wire_bytes[j, k, a]`` = ``jmsnas.quant.packing.transmitted_bytes(hw * hw * d_k, act_bits[a])``, exactly
-  what the packed wire carries (32 bits: float32). Link terms are functions of these bytes (``jmsnas.cost.latency.link_ms``: eps plus a measured hand-off),
-  not precomputed constants, so other per-link costs of the bytes add to them.
+* Wire: ``wire_bytes[j, k, a]`` = ``jmsnas.quant.packing.frame_bytes(hw * hw * d_k, act_bits[a])``, exactly
+  what the deployed link carries per image (``jmsnas.compose.network``: 1..8 bits are the codes packed,
+  ``transmitted_bytes``, plus the tensor's range, 8 bytes; 16 bits float16; 32 bits float32). A frame of B images
+  carries B x the codes and one range. Link terms are functions of these bytes (``jmsnas.cost.latency.link_ms``:
+  eps plus a measured hand-off), not precomputed constants, so other per-link costs of the bytes add to them.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ import numpy as np
 from jmsnas.compose.choices import FLOAT_BITS, Choices
 from jmsnas.cost.memory import op_stored_params
 from jmsnas.cost.tables import CostTable, roofline_ms
-from jmsnas.quant.packing import transmitted_bytes
+from jmsnas.quant.packing import frame_bytes
 from jmsnas.space import OPS, op_flops, op_params
 
 
@@ -106,7 +108,7 @@ def _module_terms(space, choices: Choices, activation_bits: int):
         for kk in range(k):
             d = c if kk == 0 else module_channels(c, choices.modules[kk - 1])
             for a, bits in enumerate(choices.act_bits):
-                wire[jj, kk, a] = transmitted_bytes(hw * hw * d, bits)
+                wire[jj, kk, a] = frame_bytes(hw * hw * d, bits)
             if kk == 0:
                 continue
             flops, traffic = 2.0 * hw * hw * c * d, 4.0 * (hw * hw * (c + d) + c * d)

@@ -48,6 +48,18 @@ def _link_mbps(manifest: dict, records: dict) -> dict:
     return out
 
 
+def link_bytes(manifest: dict, records: dict) -> dict:
+    """{"a->b": the distinct payload sizes (bytes) of every frame the receiver took from the sender, sorted}, over
+    every phase: one value when every transfer carried the same bytes (records from before the receivers counted
+    bytes: an empty list)."""
+    out = {}
+    for l in manifest["links"]:
+        seen = {int(f[5]) for recs in records.values() for rec in recs[l["dst"]].values()
+                for f in rec.get("frames", {}).get(l["src"], [rec["in"][l["src"]]]) if len(f) > 5}
+        out[link_name(l["src"], l["dst"])] = sorted(seen)
+    return out
+
+
 def wire_manifest(manifest: dict, framing: dict) -> dict:
     """The manifest with every link's bytes replaced by its bytes on the wire (``links.wire_bytes`` with the
     connection's [MSS, header bytes] from ``framing``; a link without framing keeps its payload bytes)."""
@@ -65,9 +77,10 @@ def analyze(manifest: dict, raw: dict, handoff: dict | None = None) -> dict:
 
     measured: "total" (median end-to-end ms, first device's compute start to last device's compute end, latency
     phase), "per_device" (compute ms), "per_link" (release at the receiver - start of transmission, ms),
-    "link_mbps" (bytes*8 / transmission time), "link_queue_ms" (compute end -> start of transmission),
-    "eq_of_measured" (eq. (1)/(2) of the measured terms per image, median) and "overhead_ms" (total - that: the
-    hand-offs the model has no term for); "throughput_per_s" (stream phase: images / span).
+    "link_mbps" (bytes*8 / transmission time), "link_bytes" (``link_bytes``: the payload sizes received),
+    "link_queue_ms" (compute end -> start of transmission), "eq_of_measured" (eq. (1)/(2) of the measured terms per
+    image, median) and "overhead_ms" (total - that: the hand-offs the model has no term for); "throughput_per_s"
+    (stream phase: images / span).
     """
     s = raw["settings"]
     network = s.get("pacing") == "network"
@@ -104,6 +117,7 @@ def analyze(manifest: dict, raw: dict, handoff: dict | None = None) -> dict:
         out["error_pct"] = 100.0 * (out["measured"]["total"] / pred["total"] - 1.0)
     rates = _link_mbps(manifest, raw["records"])
     out.setdefault("measured", {})["link_mbps"] = rates
+    out["measured"]["link_bytes"] = link_bytes(manifest, raw["records"])
     if network:
         payload = {link_name(l["src"], l["dst"]): l["bytes"] for l in manifest["links"]}
         wire = {link_name(l["src"], l["dst"]): l["bytes"] for l in pm["links"]}

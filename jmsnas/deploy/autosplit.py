@@ -48,7 +48,7 @@ def is_autosplit(directory: str) -> bool:
     return isinstance(m, dict) and all(k in m for k in KEYS)
 
 
-def _encode(y, lo, hi, bits: int):
+def encode_rows(y, lo, hi, bits: int):
     """uint8[B, bytes]: tensor y float32[B, ...] as sent at ``bits`` (1..8 packed codes, 16 float16, else float32)."""
     flat = y.reshape(y.shape[0], -1)
     if 1 <= bits <= 8:
@@ -57,8 +57,8 @@ def _encode(y, lo, hi, bits: int):
     return jax.lax.bitcast_convert_type(flat.astype(dt), jnp.uint8).reshape(flat.shape[0], -1)
 
 
-def _decode(row, lo, hi, bits: int, shape: tuple):
-    """The receiver's float32[B, *shape] from ``_encode``'s bytes (dequantized codes, or the float values)."""
+def decode_rows(row, lo, hi, bits: int, shape: tuple):
+    """The receiver's float32[B, *shape] from ``encode_rows``'s bytes (dequantized codes, or the float values)."""
     n = int(np.prod(shape))
     if 1 <= bits <= 8:
         y = act_dequant(unpack(row, bits, n), lo, hi, bits)
@@ -85,7 +85,7 @@ def edge_forward(m: dict):
             lo, hi = w[f"{i}/act_range"][0], w[f"{i}/act_range"][1]
             pre[i] = network.unit_output(units[i], {"w": weight, "b": w[f"{i}/b"]}, outs, "xla")  # no custom calls
             outs[i] = fake_quant_act(pre[i], lo, hi, int(m["units"][i]["act_bits"]))
-        rows = [_encode(pre[s["tensor"]], w[f"{s['tensor']}/act_range"][0], w[f"{s['tensor']}/act_range"][1],
+        rows = [encode_rows(pre[s["tensor"]], w[f"{s['tensor']}/act_range"][0], w[f"{s['tensor']}/act_range"][1],
                         int(s["bits"])) for s in m["sent"]]
         return jnp.concatenate(rows, axis=-1)
     return f
@@ -100,7 +100,7 @@ def cloud_forward(m: dict):
         for s, nbytes in zip(m["sent"], sent_bytes(m)):
             j = int(s["tensor"])
             r = w[f"sent/{j}/act_range"]
-            outs[j] = _decode(packed[:, at:at + nbytes], r[0], r[1], int(s["bits"]), units[j].out_shape)
+            outs[j] = decode_rows(packed[:, at:at + nbytes], r[0], r[1], int(s["bits"]), units[j].out_shape)
             at += nbytes
         for i in range(n, len(units)):
             outs[i] = network.unit_output(units[i], {"w": w[f"{i}/w"], "b": w[f"{i}/b"]}, outs, "xla")

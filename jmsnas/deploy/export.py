@@ -187,6 +187,9 @@ def export_run(run: str, out: str | None = None, *, platforms=("cpu",), batch: i
     out = os.path.join(run, "export") if out is None else out
     check_out(run, out)
     space, pm, result = load_run(run)
+    if "compose" in result:
+        raise DeployError(f"{run} holds a composed configuration (result.json compose: split modules and bit widths); "
+                          "export it with jmsnas.deploy.composed.export_composed (jmsnas export does)")
     order, srcs, dsts = device_graph(space.topology)
     missing = [n for n in order if n not in pm["devices"]]
     if missing:

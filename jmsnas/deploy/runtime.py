@@ -219,11 +219,13 @@ def load_stages(directory: str, device: str, manifest: dict) -> Stages:
     """Loads every stage of ``device``'s part (``load_part`` on each: SHA-256, signature, versions, platform). A
     part of one program is one stage: it takes every input, sends its output to every device it goes to and, on
     the last device, to the result; a destination in its ``send_channels`` {device: k} gets only the output's first
-    k channels (0: an empty frame, the trigger of an idle mesh branch)."""
+    k channels (0: an empty frame, the trigger of an idle mesh branch), one in its ``send_slices`` {device: [start,
+    stop]} only those bytes of its flat output (a composed part: one wire format per link)."""
     entry = manifest["parts"][device]
     if "stages" not in entry:
-        cut = entry.get("send_channels", {})
-        st = {"inputs": entry["inputs"], "send": [{"to": d, "channels": cut.get(d), "dtype": entry["output"]["dtype"]}
+        cut, sl = entry.get("send_channels", {}), entry.get("send_slices", {})
+        st = {"inputs": entry["inputs"], "send": [{"to": d, "channels": cut.get(d), "slice": sl.get(d),
+                                                   "dtype": entry["output"]["dtype"]}
                                                   for d in entry["to"] if d != "result"],
               "carry": False, "result": "result" in entry["to"]}
         return Stages(device, list(entry["inputs"]), ((load_part(directory, device, manifest), st),))

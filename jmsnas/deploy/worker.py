@@ -34,7 +34,7 @@ The control protocol (frames of ``links``; JSON unless said; the worker's times 
    the call time when it is to play a slower device, starts the transmission on every idle outgoing link (``_Link``)
    or sends the output to the coordinator (ARRAY frame, unthrottled) on the last device, and reports ``{"done":
    image, "c0", "c1", "host_ms", "in": {src: [tx_start (sender's clock), tx_end (sender's), arrival, release,
-   payload Mbit/s seen by this receiver]}}``;
+   payload Mbit/s seen by this receiver, payload bytes]}}``;
    A staged part (``runtime.Stages``, a separable network's group; any other part is one stage) runs its stages in
    order for every image (``_StageRunner``): stage k waits for the frames its remote inputs send it, sends F(y) to
    its ``send`` destinations and keeps y for the next stage; one record per image.
@@ -364,6 +364,21 @@ def _serve(ctl: _Control, device, part, msg, outs, ins, framing) -> None:
     ctl.send(L.JSON, value={"bye": True})
 
 
+def _payload(f) -> int:
+    """The payload bytes of a received frame (an array's; 0 for others)."""
+    return int(f.value.nbytes) if isinstance(f.value, np.ndarray) else 0
+
+
+def _outgoing(y, s: dict):
+    """What a ``send`` entry sends of the output y: all of it, its first ``channels`` channels in ``dtype``, or the
+    ``slice`` [start, stop) of a flat output (a composed part's wire format per link)."""
+    if s.get("slice") is not None:
+        return np.ascontiguousarray(y[s["slice"][0]:s["slice"][1]])
+    if s["channels"] is None:
+        return y
+    return np.ascontiguousarray(y[..., :s["channels"]].astype(s["dtype"]))
+
+
 class _StageRunner:
     """Runs a part (``runtime.Stages``: a plain part is one stage) image after image: stage k waits for what its
     remote inputs send (frames from one source are used in the order they arrive: a sender sends in stage order)
@@ -407,7 +422,7 @@ class _StageRunner:
                 del self.frames[(self.image, s)]
         self.seen.update(got)
         for s, (f, r) in got.items():
-            self.heard.setdefault(s, []).append([f.tx_start, f.tx_end, f.arrival, r, f.rx_mbps])
+            self.heard.setdefault(s, []).append([f.tx_start, f.tx_end, f.arrival, r, f.rx_mbps, _payload(f)])
         L.sleep_until(max([r for _, r in got.values()], default=0.0))  # every input released (the links' latency)
         xs = [self.carry if i["from"] == "carry" else got[i["from"]][0].value for i in st["inputs"]]
         t0 = L.now()
@@ -420,8 +435,7 @@ class _StageRunner:
             L.sleep_until(t0 + host * self.stretch)
         c1 = L.now()
         for s in st["send"]:
-            self.links[s["to"]].put((self.image, y if s["channels"] is None else
-                                     np.ascontiguousarray(y[..., :s["channels"]].astype(s["dtype"]))))
+            self.links[s["to"]].put((self.image, _outgoing(y, s)))
         if st["result"]:
             self.ctl.send(L.ARRAY, self.image, y)
         self.carry = y if st["carry"] else None
@@ -429,7 +443,8 @@ class _StageRunner:
         if self.k == len(self.part.stages):
             self.ctl.send(L.JSON, self.image, {
                 "done": self.image, "c0": self.c0, "c1": c1, "host_ms": self.host * 1e3,
-                "in": {s: [f.tx_start, f.tx_end, f.arrival, r, f.rx_mbps] for s, (f, r) in self.seen.items()},
+                "in": {s: [f.tx_start, f.tx_end, f.arrival, r, f.rx_mbps, _payload(f)]
+                       for s, (f, r) in self.seen.items()},
                 "frames": self.heard})
             self.image = None
         return True

@@ -5,6 +5,10 @@ within the stream: code j occupies stream bits [j * bits, (j + 1) * bits), least
 stream bit t is bit t % 8 of byte t // 8; the tail of the last byte is zero. ``unpack`` inverts it exactly.
 Both are pure jnp on the last axis (leading axes are batch axes; ``jax.vmap`` and ``jax.jit`` apply, with
 ``bits`` and n static). The cost model charges exactly ``packed_bytes(n, bits)``.
+
+A tensor quantized over its own range (the composed network's transmitted tensors: asymmetric over [min, max] of
+each batch sent) travels with that range: ``RANGE_BYTES`` (lo, hi as two float32) ahead of its codes,
+``frame_bytes`` in all.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 PACK_BITS = tuple(range(1, 9))
+RANGE_BYTES = 8  # lo and hi (float32 each) of a tensor quantized over its own range
 
 
 def _check_bits(bits) -> int:
@@ -68,3 +73,9 @@ def unpack(packed, bits: int, n: int):
 def transmitted_bytes(elems: int, bits: int) -> int:
     """Bytes of a tensor of ``elems`` values sent at ``bits``: packed for 1..8, raw for 16 or 32."""
     return packed_bytes(elems, bits) if bits <= 8 else int(elems) * math.ceil(bits / 8)
+
+
+def frame_bytes(elems: int, bits: int, batch: int = 1) -> int:
+    """Bytes of one transfer of ``batch`` tensors of ``elems`` values quantized over the batch's own range: each
+    tensor packed at ``bits`` (``transmitted_bytes``) plus, for 1..8 bits, the range (``RANGE_BYTES``) once."""
+    return int(batch) * transmitted_bytes(elems, bits) + (RANGE_BYTES if bits <= 8 else 0)

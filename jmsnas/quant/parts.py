@@ -45,13 +45,7 @@ def write_parts(net: network.FoldedNet, ranges, sol: solver.Solution, directory:
         if i < n:
             wb, ab = sol.wbits[i], sol.abits[i]
             entry.update(weight_bits=wb, act_bits=ab)
-            if wb <= 8:
-                codes, scale = weight_codes(w, wb)
-                qmax = 2 ** (wb - 1) - 1
-                e[f"{i}/w_packed"] = np.asarray(pack((np.asarray(codes) + qmax).reshape(-1).astype(np.uint8), wb))
-                e[f"{i}/w_scale"] = np.asarray(scale, np.float32)
-            else:
-                e[f"{i}/w_f16"] = w.astype(np.float16)
+            e.update({f"{i}/{k}": v for k, v in pack_weight(w, wb).items()})
             e[f"{i}/b"] = np.asarray(p["b"], np.float32)
             e[f"{i}/act_range"] = np.asarray(ranges[i], np.float32)
         else:
@@ -98,6 +92,19 @@ def units(m: dict) -> tuple:
     """The manifest's units as ``network.Unit``s."""
     return tuple(network.Unit(u["name"], u["kind"], u["stride"], u["relu6"], tuple(u["inputs"]), tuple(u["out_shape"]))
                  for u in m["units"])
+
+
+def pack_weight(w, bits: int) -> dict:
+    """A weight array (output channels last) as stored at ``bits``: {"w_packed": uint8 codes + 2^(b-1) - 1 packed
+    at b bits (``packing.pack``), "w_scale": float32[C_out]} for 2..8 bits, {"w_f16": float16} above;
+    ``edge_weight`` reads it back."""
+    w = np.asarray(w, np.float32)
+    if bits > 8:
+        return {"w_f16": w.astype(np.float16)}
+    codes, scale = weight_codes(w, bits)
+    qmax = 2 ** (bits - 1) - 1
+    return {"w_packed": np.asarray(pack((np.asarray(codes) + qmax).reshape(-1).astype(np.uint8), bits)),
+            "w_scale": np.asarray(scale, np.float32)}
 
 
 def edge_weight(e, i: int, u: dict, xp=jnp):

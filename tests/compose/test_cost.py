@@ -58,8 +58,8 @@ def test_terms_hand_count():
     space = chain_space()
     table, ch, terms, _ = setup(space, modules=(2,), weight_bits=(4, 32), act_bits=(8, 32))
     ue = space.topology.devices[0]
-    # boundary 2 = layer 1's output on the UE: 8x8x8; a reduction 2 sends 4 channels
-    assert float(terms.wire_bytes[2, 0, 1]) == 8 * 8 * 8 * 4 and float(terms.wire_bytes[2, 1, 0]) == 8 * 8 * 4
+    # boundary 2 = layer 1's output on the UE: 8x8x8; a reduction 2 sends 4 channels, at 8 bits with its range
+    assert float(terms.wire_bytes[2, 0, 1]) == 8 * 8 * 8 * 4 and float(terms.wire_bytes[2, 1, 0]) == 8 * 8 * 4 + 8
     np.testing.assert_allclose(float(terms.send_ms[0, 2, 1]), roofline_ms(2 * 64 * 8 * 4, 4 * (64 * 12 + 32), ue),
                                rtol=1e-6)
     assert float(terms.send_weight[2, 1]) == 4 * 8 * 4 and float(terms.send_act[2, 1]) == 4 * 64 * 12
