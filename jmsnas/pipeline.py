@@ -159,7 +159,7 @@ def search(cfg: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
         with tb.run(workdir, tb.enabled(cfg)):
             if not composed.choices_of(cfg, space.topology).off:  # a mechanism of compose is on
                 return composed.run(cfg, space, table, ds, lim, mesh, workdir, fp, resume, progress,
-                                    _hparams(cfg, space, table))
+                                    _hparams(cfg, space, table), ahead)
             st, history = _stage1(cfg, space, table, ds, mesh, ckpt, fp, resume, progress, ahead)
             check_alpha(st.alpha)
             alpha = np.asarray(st.alpha)

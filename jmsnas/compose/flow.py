@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jmsnas import budget, data, limits as L, supernet, timing, train
+from jmsnas import ahead as A, budget, data, limits as L, supernet, timing, train
 from jmsnas.checkpoint import Checkpointer
 from jmsnas.compose import anysplit, cost as K, net as N, repair as R, steps as S
 from jmsnas.compose.choices import ChoiceProbs, Choices, make_choices, onehot, probs_from_logits
@@ -49,12 +49,14 @@ def check(cfg, topology) -> Choices:
 
 
 def run(cfg, space, table, ds, lim: L.DeviceLimits, mesh, workdir: str, fp: str, resume: bool, progress: bool,
-        hp: train.SearchHParams) -> dict:
-    """Both stages of the composed search into ``workdir`` (already claimed); returns result.json's dict."""
+        hp: train.SearchHParams, ahead: A.Ahead | None = None) -> dict:
+    """Both stages of the composed search into ``workdir`` (already claimed); returns result.json's dict.
+    ``ahead``: the run's ahead-of-time compiler (``jmsnas.ahead``): stage 1's steps compile in its threads."""
     choices = check(cfg, space.topology)
     terms = build_terms(space, table, choices, cfg.cost.activation_bits)
     limits = lim if hp.lambda_limits else None
-    st, history = _stage1(cfg, space, table, terms, choices, hp, limits, ds, mesh, workdir, fp, resume, progress)
+    st, history = _stage1(cfg, space, table, terms, choices, hp, limits, ds, mesh, workdir, fp, resume, progress,
+                          ahead)
     logits = ChoiceProbs(*(np.asarray(a) for a in jax.device_get(st.logits)))
     for a in logits:
         if not np.all(np.isfinite(a)):
@@ -66,12 +68,21 @@ def run(cfg, space, table, ds, lim: L.DeviceLimits, mesh, workdir: str, fp: str,
     return _finish(cfg, space, table, terms, choices, lim, ds, mesh, rt, net, fix, split, how, history, workdir)
 
 
-def _stage1(cfg, space, table, terms, choices, hp, limits, ds, mesh, workdir, fp, resume, progress):
+def _stage1(cfg, space, table, terms, choices, hp, limits, ds, mesh, workdir, fp, resume, progress, ahead):
     s = cfg.search
     weight_step, arch_step, eval_step = S.make_steps(space, table, terms, choices, hp, limits, cfg.dw_impl,
                                                      cfg.get("candidate_impl", "auto"))
     lat = S.latencies(space, table, terms, choices, hp.split)
-    init = S.init_state(jax.random.PRNGKey(cfg.seed), space, choices, hp, hp.split, cfg.shared_weights)
+    make = lambda key: S.init_state(key, space, choices, hp, hp.split, cfg.shared_weights)
+    if ahead is not None:  # compiled in threads while the supernet initialises (as the plain search does)
+        state = A.abstract(jax.eval_shape(make, jax.random.PRNGKey(cfg.seed)), train.replicated(mesh))
+        x, y = A.abstract(train.shard_batch((ds.train.images[:s.batch_size], ds.train.labels[:s.batch_size]), mesh))
+        ev = A.abstract(train.shard_batch(next(train.padded_eval_batches(ds.val, cfg.eval_batch_size)), mesh))
+        weight_step = ahead.compile(weight_step, state, x, y)
+        eval_step = ahead.compile(eval_step, state.params, state.bn, state.logits, *ev)
+        lat = ahead.compile(lat, state.logits)
+        arch_step = ahead.compile(arch_step, state, x, y)
+    init = make(jax.random.PRNGKey(cfg.seed))
     n_val = data.num_batches(ds.val, s.batch_size)
 
     def step(st, epoch, i, batch):

@@ -113,14 +113,15 @@ def _group_paths(g: G.Gates, row: int, num: int):
 
 def _quantize_layer(params_n, g: G.Gates, n: int, quantizes, bits: tuple):
     """Layer n's stacked parameters with its convolutions fake-quantized at the mixture of its sampled weight bits
-    where ``quantizes`` (traced bool), unchanged elsewhere."""
+    where ``quantizes`` (a bool, or traced under a searched split), unchanged elsewhere."""
     table = jnp.asarray(bits, jnp.int32)
     out = dict(params_n)
     for name in QUANTIZED:
         w = params_n[name]
         mixed = sum(gv * jax.vmap(lambda wi, b=table[i]: fake_quant_weight(wi, b))(w)
                     for i, gv in _group_paths(g, n, len(bits)))
-        out[name] = jnp.where(quantizes, mixed, w)
+        out[name] = (mixed if quantizes else w) if isinstance(quantizes, (bool, np.bool_)) else \
+            jnp.where(quantizes, mixed, w)
     return out
 
 
@@ -131,16 +132,16 @@ def _link(choices: Choices, params_j, c: int, cg: ComposedGates, l: int, h):
     def send(z, valid=None):
         return sum(gv * fake_quant_act(z, abits[a], valid) for a, gv in _group_paths(cg.act_bits, l, len(abits)))
 
+    none = send(h)
     if not choices.modules:
-        return send(h)
+        return none
     d_max = params_j["reduce"].shape[-1]
     d_of = jnp.asarray([d_max] + [module_channels(c, r) for r in choices.modules], jnp.int32)
     out = 0.0
     for k, gv in _group_paths(cg.module, l, choices.num_modules):
         d = d_of[k]
-        z = M.reduce(params_j, h, d)
-        moved = M.recover(params_j, send(z, M.channel_mask(d, d_max)))
-        out = out + gv * jnp.where(k == 0, send(h), moved)
+        moved = M.recover(params_j, send(M.reduce(params_j, h, d), M.channel_mask(d, d_max)))
+        out = out + gv * jnp.where(k == 0, none, moved)
     return out
 
 
@@ -151,25 +152,36 @@ def links_active(choices: Choices) -> bool:
 
 def _cuts(space, choices: Choices, modules: dict, cg: ComposedGates, bounds, js: tuple, j: int, h):
     """h at boundary j after every link crossing it (in link order; a relay device without layers puts two links
-    on one boundary), each under a ``lax.cond`` on the traced boundary."""
+    on one boundary): where ``bounds`` is a NumPy array (the fixed split) the links crossing j are known when
+    tracing; where it is traced (a searched split) each link runs under a ``lax.cond`` on its boundary."""
     if not links_active(choices) or j not in js:
         return h
     c = boundary_shapes(space)[j][1]
+    p = modules.get(str(j))
     for l in range(len(space.topology.links)):
-        p = modules.get(str(j))
-        h = lax.cond(bounds[l] == j, lambda x, l=l, p=p: _link(choices, p, c, cg, l, x), lambda x: x, h)
+        if isinstance(bounds, np.ndarray):
+            h = _link(choices, p, c, cg, l, h) if bounds[l] == j else h
+        else:
+            h = lax.cond(bounds[l] == j, lambda x, l=l: _link(choices, p, c, cg, l, x), lambda x: x, h)
     return h
 
 
 def apply(space, choices: Choices, split: str, params, state, gates: G.Gates, cg: ComposedGates, assignment, x, *,
           train: bool, dw_impl: str = "auto", impl: str = "auto"):
     """Logits float32[B, classes] and the new batch-norm state of the composed supernet under the op gates
-    ``gates``, the composed gates ``cg`` and the split ``assignment`` (int32[N], may be traced). A chain: every
+    ``gates``, the composed gates ``cg`` and the split ``assignment`` (int32[N], may be traced; ignored under the
+    fixed split, D^m). A chain: every
     link's module and bits apply at the boundary it crosses; a mesh: only the weight bits (``links_active`` is
     refused there by the configuration check)."""
-    a = jnp.asarray(assignment, jnp.int32)
-    quantizes = jnp.asarray(choices.quantize)[a]
-    bounds = link_boundaries(space, a)
+    if split == "fixed":  # known when tracing: no conditional per link, no select per layer
+        a = np.asarray(space.layer_devices(), np.int32)
+        quantizes = np.asarray(choices.quantize)[a]
+        with jax.ensure_compile_time_eval():
+            bounds = np.asarray(link_boundaries(space, a))
+    else:
+        a = jnp.asarray(assignment, jnp.int32)
+        quantizes = jnp.asarray(choices.quantize)[a]
+        bounds = link_boundaries(space, a)
     js = module_boundaries(space, split)
     qbits = choices.weight_bits != (FLOAT_BITS,) and any(choices.quantize)
     new_state = {}

@@ -44,16 +44,24 @@ class ComposedState(NamedTuple):
 
 
 def init_state(key, space, choices: Choices, hp, split: str, shared_weights: bool = True) -> ComposedState:
-    """The initial state: the supernet as ``train.init_search_state`` draws it from ``key`` (the same weights), the
-    modules from a key of their own, every logit 0."""
-    k_init, k_run = jax.random.split(key)
-    params, bn = jax.jit(O.one_draw(lambda k: supernet.init(k, space, shared_weights=shared_weights)))(k_init)
-    params = dict(params)
-    k_mod, k_run = jax.random.split(k_run)
-    params["modules"] = N.init_modules(k_mod, space, choices, split)
-    logits = ChoiceProbs(*(jnp.zeros(s, jnp.float32) for s in logits_shapes(space, choices)))
-    return ComposedState(params, bn, logits, optax.adam(hp.weight_lr).init(params), optax.adam(hp.arch_lr).init(logits),
-                         k_run, jnp.zeros((), jnp.int32))
+    """The initial state, one compiled program (``_init_program``): the supernet drawn from ``key`` as
+    ``train.init_search_state`` draws it, the modules from a key of their own, every logit 0."""
+    return _init_program(space, choices, split, float(hp.weight_lr), float(hp.arch_lr), bool(shared_weights))(key)
+
+
+@functools.lru_cache(maxsize=16)
+def _init_program(space, choices: Choices, split: str, weight_lr: float, arch_lr: float, shared_weights: bool):
+    def init(key):
+        k_init, k_run = jax.random.split(key)
+        params, bn = supernet.init(k_init, space, shared_weights=shared_weights)
+        params = dict(params)
+        k_mod, k_run = jax.random.split(k_run)
+        params["modules"] = N.init_modules(k_mod, space, choices, split)
+        logits = ChoiceProbs(*(jnp.zeros(s, jnp.float32) for s in logits_shapes(space, choices)))
+        return ComposedState(params, bn, logits, optax.adam(weight_lr).init(params), optax.adam(arch_lr).init(logits),
+                             k_run, jnp.zeros((), jnp.int32))
+
+    return jax.jit(O.one_draw(init))
 
 
 def current_split(space, table, terms: Terms, choices: Choices, logits: ChoiceProbs, split: str):
