@@ -21,6 +21,7 @@ from jmsnas.compose.choices import ChoiceProbs, Choices, make_choices, onehot, p
 from jmsnas.compose.terms import boundary_shapes, build_terms, module_channels
 from jmsnas.cost.latency import breakdown_dict
 from jmsnas.run import directory, loop
+from jmsnas.runcheck import ConfigError
 from jmsnas import space as SP
 from jmsnas.space import OP_NAMES
 
@@ -60,8 +61,8 @@ def run(cfg, space, table, ds, lim: L.DeviceLimits, mesh, workdir: str, fp: str,
     logits = ChoiceProbs(*(np.asarray(a) for a in jax.device_get(st.logits)))
     for a in logits:
         if not np.all(np.isfinite(a)):
-            raise ValueError("the architecture logits hold NaN/inf after the search: training diverged; lower "
-                             "search.weight_lr / search.arch_lr or search.lambda2, or start again")
+            raise ConfigError("the architecture logits hold NaN/inf after the search: training diverged; lower "
+                              "search.weight_lr / search.arch_lr or search.lambda2, or start again")
     fix, split, how = decide(cfg, space, table, terms, choices, logits, lim)
     net = N.derived(space, choices, fix.config, split)
     rt, history = _retrain(cfg, space, net, ds, mesh, st, workdir, fp, resume, progress, history)

@@ -209,3 +209,43 @@ def test_the_quantize_field_reaches_the_choices(tmp_path):
     assert TF.from_dict(TF.to_dict(topo)) == topo
     topo = TF.load(_topology_file(tmp_path, "true"))
     assert flow.choices_of(cfg, topo).quantize == (True, False)
+
+
+def test_module_parameters_follow_the_agreed_format():
+    cfg, ds, space, table, ch, terms = _setup((2, 4), (32,), ())
+    mods = N.init_modules(jax.random.PRNGKey(0), space, ch, "fixed")
+    shapes = TT.boundary_shapes(space)
+    assert sorted(mods, key=int) == [str(j) for j in np.asarray(K.link_boundaries(space))]
+    for j, p in mods.items():
+        c = shapes[int(j)][1]
+        assert p["reduce"].shape == (1, 1, c, max(1, c // 2)) and p["recover"].shape == (1, 1, max(1, c // 2), c)
+    assert sorted(N.init_modules(jax.random.PRNGKey(0), space, ch, "searched"), key=int) == [
+        str(j) for j in range(space.num_layers + 1)]
+
+
+def test_the_split_is_data_one_trace_serves_every_split():
+    """Under a searched split the forward takes the assignment as an argument: one trace for two splits, and at
+    D^m it computes what the fixed split's forward (cuts known when tracing) computes."""
+    cfg, ds, space, table, ch, terms = _setup()
+    hp = pipeline._hparams(cfg, space, table)
+    st = S.init_state(jax.random.PRNGKey(0), space, ch, hp, "searched")
+    config = C.Config(np.asarray(G.derive(st.logits.ops, jnp.asarray(space.mask()))), np.zeros(4, int),
+                      np.array([1, 0, 1]), np.array([0, 1, 0]))
+    gates, cg = G.onehot_gates(config.ops, len(OP_NAMES)), N.onehot_gates(ch, config)
+    x = ds.train.images[:8]
+    traces = []
+
+    @jax.jit
+    def fwd(a):
+        traces.append(1)
+        return N.apply(space, ch, "searched", st.params, st.bn, gates, cg, a, x, train=False)[0]
+
+    dm = np.asarray(space.layer_devices(), np.int32)
+    other = np.array([0, 0, 1, 3], np.int32)
+    y_dm, y_other = fwd(dm), fwd(other)
+    assert len(traces) == 1
+    assert not np.allclose(np.asarray(y_dm), np.asarray(y_other))
+    fixed_params = {**st.params, "modules": {j: st.params["modules"][j] for j in
+                                             map(str, N.module_boundaries(space, "fixed"))}}
+    want = N.apply(space, ch, "fixed", fixed_params, st.bn, gates, cg, None, x, train=False)[0]
+    np.testing.assert_allclose(np.asarray(y_dm), np.asarray(want), rtol=1e-5, atol=1e-6)
