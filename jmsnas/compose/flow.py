@@ -8,13 +8,14 @@ then calls :func:`run`; with every mechanism off it never comes here (today's se
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jmsnas import ahead as A, budget, data, limits as L, supernet, timing, train
+from jmsnas import ahead as A, budget, data, limits as L, programs, supernet, timing, train
 from jmsnas.checkpoint import Checkpointer
 from jmsnas.compose import anysplit, cost as K, net as N, repair as R, steps as S
 from jmsnas.compose.choices import ChoiceProbs, Choices, make_choices, onehot, probs_from_logits
@@ -71,8 +72,10 @@ def run(cfg, space, table, ds, lim: L.DeviceLimits, mesh, workdir: str, fp: str,
 
 def _stage1(cfg, space, table, terms, choices, hp, limits, ds, mesh, workdir, fp, resume, progress, ahead):
     s = cfg.search
-    weight_step, arch_step, eval_step = S.make_steps(space, table, terms, choices, hp, limits, cfg.dw_impl,
-                                                     cfg.get("candidate_impl", "auto"))
+    made = (space, table, terms, choices, hp, limits, cfg.dw_impl, cfg.get("candidate_impl", "auto"))
+    weight_step, arch_step, eval_step = (
+        programs.persistent_jit(step, name=f"compose.{name}", identity=made, donate_argnums=donate)
+        for step, name, donate in zip(S.make_steps(*made), ("weight_step", "arch_step", "eval_step"), (0, 0, ())))
     lat = S.latencies(space, table, terms, choices, hp.split)
     make = lambda key: S.init_state(key, space, choices, hp, hp.split, cfg.shared_weights)
     if ahead is not None:  # compiled in threads while the supernet initialises (as the plain search does)
@@ -131,9 +134,21 @@ def decide(cfg, space, table, terms, choices: Choices, logits: ChoiceProbs, lim:
             "the best split of the search's final expectations")
 
 
+def retrain_steps(cfg, space, net: N.Derived):
+    """(train_step, eval_step) of the derived network, each with its traced program kept for later runs."""
+    return _retrain_steps(space, net, float(cfg.retrain.lr), float(cfg.search.lambda1), cfg.dw_impl)
+
+
+@functools.lru_cache(maxsize=16)  # the same wrappers for the retraining and the final evaluation
+def _retrain_steps(*made):
+    train_step, eval_step = S.make_retrain_steps(*made)
+    return (programs.persistent_jit(train_step, name="compose.retrain_step", identity=made, donate_argnums=0),
+            programs.persistent_jit(eval_step, name="compose.retrain_eval_step", identity=made))
+
+
 def _retrain(cfg, space, net: N.Derived, ds, mesh, st, workdir, fp, resume, progress, history):
     r = cfg.retrain
-    train_step, eval_step = S.make_retrain_steps(space, net, float(r.lr), float(cfg.search.lambda1), cfg.dw_impl)
+    train_step, eval_step = retrain_steps(cfg, space, net)
     first = len(history)
 
     def end_epoch(rt, epoch, m):
@@ -170,15 +185,13 @@ def composed_entries(space, choices: Choices, net: N.Derived) -> dict:
 
 
 def _finish(cfg, space, table, terms, choices, lim, ds, mesh, rt, net: N.Derived, fix, split, how, history, workdir):
-    _, eval_step = S.make_retrain_steps(space, net, float(cfg.retrain.lr), float(cfg.search.lambda1), cfg.dw_impl)
+    _, eval_step = retrain_steps(cfg, space, net)
     ev = lambda part: train.evaluate(lambda x, y, v: eval_step(rt.params, rt.bn, x, y, v), part,
                                      cfg.eval_batch_size, mesh)[0]
     val_acc, test_acc = ev(ds.val), ev(ds.test)
     a = np.asarray(space.layer_devices() if split is None else split, np.int32)
-    probs = onehot(space, choices, fix.config)
-    lat = breakdown_dict(space, K.latency(space, table, terms, probs, a))
-    mem = K.memory(space, lim.mem, table, terms, probs, a)
-    en = K.energy(space, table, terms, probs, a)
+    lat, mem, en = _costs(space, table, terms, lim.mem, onehot(space, choices, fix.config), a)
+    lat = breakdown_dict(space, lat)
     as64 = lambda t: type(t)(*(np.asarray(x, np.float64) for x in t))
     for h in history:
         if h["derived_latency_ms"] is None:
@@ -232,6 +245,14 @@ def _write_parts(space, params, bn, net: N.Derived, workdir: str, assignment) ->
             for l, (j, r, b) in enumerate(zip(net.bounds, net.reductions, net.act_bits))]
     return directory.write_parts(workdir, out, {"op_names": list(OP_NAMES), "space": SP.to_dict(space),
                                                 "weight_bits": list(net.weight_bits), "cuts": cuts})
+
+
+def _costs_impl(space, table, terms, mem, probs, a):
+    return (K.latency(space, table, terms, probs, a), K.memory(space, mem, table, terms, probs, a),
+            K.energy(space, table, terms, probs, a))
+
+
+_costs = jax.jit(_costs_impl, static_argnums=0)  # one executable instead of a few hundred small ones
 
 
 def _note(fix, t_const) -> str:

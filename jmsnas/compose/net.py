@@ -50,6 +50,11 @@ from jmsnas.space import OPS
 from jmsnas.splitnets import module as M
 
 QUANTIZED = ("expand", "dw", "project")  # the convolution weights of an MBConv layer that take the weight bits
+# quantized at the sampled width in the forward, but passing no gradient to the weight-bit gates: the depthwise
+# kernel's weight gradient (one reduction per tap) would make the architecture step, which otherwise computes no
+# weight gradient, about twice as long on the CPU; the gates learn the width's effect through the two pointwise
+# convolutions (and the costs through every term)
+GATE_HELD = ("dw",)
 
 
 class ComposedGates(NamedTuple):
@@ -118,7 +123,8 @@ def _quantize_layer(params_n, g: G.Gates, n: int, quantizes, bits: tuple):
     out = dict(params_n)
     for name in QUANTIZED:
         w = params_n[name]
-        mixed = sum(gv * jax.vmap(lambda wi, b=table[i]: fake_quant_weight(wi, b))(w)
+        hold = (lambda v: lax.stop_gradient(v)) if name in GATE_HELD else (lambda v: v)
+        mixed = sum(hold(gv) * jax.vmap(lambda wi, b=table[i]: fake_quant_weight(wi, b))(w)
                     for i, gv in _group_paths(g, n, len(bits)))
         out[name] = (mixed if quantizes else w) if isinstance(quantizes, (bool, np.bool_)) else \
             jnp.where(quantizes, mixed, w)
