@@ -259,9 +259,11 @@ def composed_lines(result) -> list:
     comp = result.get("compose")
     if not comp:
         return []
-    bits = ", ".join(f"{e['layer']}:{e.get('weight_bits', 32)}" for e in sorted(result["architecture"],
-                                                                                key=lambda e: e["layer"]))
-    lines = [f"Weight bits per layer (layer:bits, 32 = float): {bits}", "Cuts (link @ boundary: module, bits sent):"]
+    pairs = [f"{e['layer']}:{e.get('weight_bits', 32)}" for e in sorted(result["architecture"],
+                                                                        key=lambda e: e["layer"])]
+    rows = [", ".join(pairs[i:i + 12]) for i in range(0, len(pairs), 12)]  # 12 layers a line
+    lines = ["Weight bits per layer (layer:bits, 32 = float): " + rows[0]] + ["  " + r for r in rows[1:]]
+    lines.append("Cuts (link @ boundary: module, bits sent):")
     for c in comp["cuts"]:
         mod = "no module" if not c["module"] else (f"module r={c['module']['reduction']} "
                                                    f"({c['channels_sent']} of {c['channels']} channels)")
@@ -436,9 +438,8 @@ def plot_latency_breakdown(results, path, labels=None) -> Figure:
     ax.legend(handles=handles, fontsize=8, loc="upper left",
               bbox_to_anchor=(1.02 if len(results) == 1 else 1.12, 1.0))
     ax.set_title(f"Latency breakdown ({results[0]['topology']})")
-    if len(results) == 1 and results[0].get("compose"):
-        ax.text(1.02, 0.0, "\n".join(composed_lines(results[0])), transform=ax.transAxes, fontsize=7, va="bottom",
-                ha="left", family="monospace")
+    if len(results) == 1 and results[0].get("compose"):  # below the panels: constrained layout keeps the room
+        fig.supxlabel("\n".join(composed_lines(results[0])), fontsize=7, family="monospace", x=0.01, ha="left")
     if memory:
         _memory_panel(axm, memory)
     return _save(fig, path)
