@@ -249,3 +249,9 @@ def test_the_split_is_data_one_trace_serves_every_split():
                                              map(str, N.module_boundaries(space, "fixed"))}}
     want = N.apply(space, ch, "fixed", fixed_params, st.bn, gates, cg, None, x, train=False)[0]
     np.testing.assert_allclose(np.asarray(y_dm), np.asarray(want), rtol=1e-5, atol=1e-6)
+
+
+def test_evolve_refuses_a_composed_switch(capsys, tmp_path):
+    err = _cli_error(capsys, ["evolve", "--workdir", str(tmp_path / "e"), "--config.compose.weight_bits=[4, 8]"])
+    assert "compose.weight_bits" in err and "jmsnas search" in err
+    assert not (tmp_path / "e").exists()
