@@ -255,3 +255,17 @@ def test_evolve_refuses_a_composed_switch(capsys, tmp_path):
     err = _cli_error(capsys, ["evolve", "--workdir", str(tmp_path / "e"), "--config.compose.weight_bits=[4, 8]"])
     assert "compose.weight_bits" in err and "jmsnas search" in err
     assert not (tmp_path / "e").exists()
+
+
+def test_a_resumed_composed_search_ends_with_the_same_result(tmp_path):
+    """Stage 1's checkpoint restores the composed state (every group's logits, the modules): a run resumed after
+    its search (its retraining lost) writes the same result.json."""
+    import shutil
+    cfg = _tiny(modules=(2,), weight_bits=(4, 32), act_bits=(8, 32))
+    w = str(tmp_path / "run")
+    a = pipeline.search(cfg, w, progress=False)
+    os.remove(os.path.join(w, "result.json"))
+    shutil.rmtree(os.path.join(w, "checkpoints", "retrain"))
+    b = pipeline.search(cfg, w, resume=True, progress=False)
+    a.pop("time", None), b.pop("time", None)
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
