@@ -71,6 +71,11 @@ def with_defaults(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 def validate(cfg) -> None:
     """Checks ``cfg`` (pipeline.validate_config plus ``cfg.evolve``); ConfigError names the bad value."""
     pipeline.validate_config(cfg)
+    on = [k for k in ("modules", "weight_bits", "activation_bits") if tuple((cfg.get("compose") or {}).get(k) or ())
+          not in ((), (32,) if k != "modules" else ())]
+    if on:  # evolve searches the ops and the split only: a switch it would ignore is refused
+        raise ConfigError(f"compose.{on[0]}={list(cfg.compose[on[0]])}: the composed search runs in jmsnas search; "
+                          "jmsnas evolve searches the ops and the split (leave compose.* empty)")
     runcheck.check_bounds(cfg, BOUNDS)
     e = cfg.evolve
     if e.evaluator not in EVALUATORS:

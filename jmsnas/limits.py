@@ -289,7 +289,12 @@ _population_within = jax.jit(_population_within_impl, static_argnames=("space", 
 def report(space, table, limits: DeviceLimits, ops, assignment=None) -> dict:
     """result.json's ``memory`` and ``energy`` entries: per device (and link) against the limits."""
     mem, en = usage(space, table, limits, ops, assignment)
-    topo = space.topology
+    return format_report(space.topology, limits, mem, en)
+
+
+def format_report(topo, limits: DeviceLimits, mem, en) -> dict:
+    """``report``'s entries from a device memory (``DeviceMemory``) and an energy (``Energy``) already computed
+    (the composed search's come from ``jmsnas.compose.cost``)."""
     kn = E.known(topo)
     fin = lambda v: float(v) if np.isfinite(v) else None
     memory = {d: {"bytes": int(round(mem.total[m])), "weights": int(round(mem.weights[m])),

@@ -21,6 +21,7 @@ import numpy as np
 from jmsnas import (ahead as A, budget, data, dwconv, gates as G, limits as L, programs, runcheck, supernet,
                     tensorboard as tb, timing, topology, train)
 from jmsnas.checkpoint import Checkpointer
+from jmsnas.compose import flow as composed
 from jmsnas.cost.latency import arch_latency, best_assignment, breakdown_dict, expected_latency, searched_latency
 from jmsnas.cost.tables import CostTable, analytic_table
 from jmsnas.objectives import PENALTIES
@@ -48,6 +49,11 @@ def validate_config(cfg) -> None:
         raise ConfigError(f"topology {cfg.topology!r} links every pair of its {topo.num_devices} devices (a cluster); "
                           "search and evolve need a chain or a mesh; a cluster runs separable networks "
                           "(jmsnas separable --config.cluster.topology=FILE)")
+    try:  # the composed search's switches and the topology's quantize fields (docs/composed.md)
+        composed.check(cfg, topo)
+    except ValueError as e:
+        raise ConfigError(f"compose.{e}" if str(e).startswith(("modules", "weight_bits", "activation_bits"))
+                          else str(e)) from None
     try:  # the per-device schedule on this topology (shapes only; the data's sizes are not known yet)
         _space(cfg, topo, image_size=8, channels=1, num_classes=2)
     except ValueError as e:
@@ -151,6 +157,9 @@ def search(cfg: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
         fp = W.fingerprint(cfg, S.to_dict(space))
         ckpt = Checkpointer(os.path.join(workdir, "checkpoints", "search"))
         with tb.run(workdir, tb.enabled(cfg)):
+            if not composed.choices_of(cfg, space.topology).off:  # a mechanism of compose is on
+                return composed.run(cfg, space, table, ds, lim, mesh, workdir, fp, resume, progress,
+                                    _hparams(cfg, space, table), ahead)
             st, history = _stage1(cfg, space, table, ds, mesh, ckpt, fp, resume, progress, ahead)
             check_alpha(st.alpha)
             alpha = np.asarray(st.alpha)

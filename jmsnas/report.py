@@ -245,10 +245,30 @@ def format_summary(result) -> str:
         lines.append("  (the total is below the sum of the parts: parallel branches overlap)")
     acc = result["accuracy"]
     lines += _limits_lines(result)
+    if result.get("compose"):
+        lines += ["", "Composed search:"] + ["  " + line for line in composed_lines(result)]
     lines += ["", f"Accuracy: val {_fmt_pct(acc['val'])}, test {_fmt_pct(acc['test'])}",
               f"Parameters: {int(result['params']):,}"]
     lines += _time_lines(result.get("time"))
     return "\n".join(lines) + "\n"
+
+
+def composed_lines(result) -> list:
+    """The composed search's choices (result.json's ``compose``): every layer's weight bits, every cut's module
+    and transmitted bits; [] for a result without them."""
+    comp = result.get("compose")
+    if not comp:
+        return []
+    pairs = [f"{e['layer']}:{e.get('weight_bits', 32)}" for e in sorted(result["architecture"],
+                                                                        key=lambda e: e["layer"])]
+    rows = [", ".join(pairs[i:i + 12]) for i in range(0, len(pairs), 12)]  # 12 layers a line
+    lines = ["Weight bits per layer (layer:bits, 32 = float): " + rows[0]] + ["  " + r for r in rows[1:]]
+    lines.append("Cuts (link @ boundary: module, bits sent):")
+    for c in comp["cuts"]:
+        mod = "no module" if not c["module"] else (f"module r={c['module']['reduction']} "
+                                                   f"({c['channels_sent']} of {c['channels']} channels)")
+        lines.append(f"  {c['link']} @ {c['boundary']}: {mod}, {c['activation_bits']}-bit")
+    return lines
 
 
 def _kib(b) -> str:
@@ -418,6 +438,8 @@ def plot_latency_breakdown(results, path, labels=None) -> Figure:
     ax.legend(handles=handles, fontsize=8, loc="upper left",
               bbox_to_anchor=(1.02 if len(results) == 1 else 1.12, 1.0))
     ax.set_title(f"Latency breakdown ({results[0]['topology']})")
+    if len(results) == 1 and results[0].get("compose"):  # below the panels: constrained layout keeps the room
+        fig.supxlabel("\n".join(composed_lines(results[0])), fontsize=7, family="monospace", x=0.01, ha="left")
     if memory:
         _memory_panel(axm, memory)
     return _save(fig, path)

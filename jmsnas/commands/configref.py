@@ -52,6 +52,13 @@ MAIN = {
     "search.tau0": ("", "Gumbel temperature at the first step (gumbel modes only)"),
     "search.tau_min": ("", "lowest Gumbel temperature"),
     "search.tau_decay": ("per step", "factor the Gumbel temperature is multiplied by each architecture step"),
+    "compose.modules": ("", "the composed search's split modules: reductions r >= 2 a SplitNets Conv-Reduce/"
+                            "Conv-Recover pair may apply at every cut (sending c // r of c channels), e.g. "
+                            "`[2, 4, 8]`; `[]`: no modules ([composed search](composed.md))"),
+    "compose.weight_bits": ("bits", "candidate weight bit widths of every layer on a device that quantizes (topology "
+                                    "field `quantize`), from 2..8, 16, 32 (float); `[]`: float weights"),
+    "compose.activation_bits": ("bits", "candidate bit widths of the tensor every cut transmits, from 1..8, 16, "
+                                        "32 (float); `[]`: float32 on the wire"),
     "retrain.epochs": ("epochs", "second stage: training the derived network from scratch"),
     "retrain.lr": ("", "Adam learning rate of the second stage"),
     "eval_batch_size": ("images", "batch of the evaluations"),

@@ -16,6 +16,7 @@ Format (units in the field names; memory_mb is MiB, 2**20 bytes)::
         mem_bandwidth_gbs: 50            # default 25
         efficiency: 0.1                  # fraction of the peak reached, (0, 1], default 0.3
         layer_overhead_ms: 0.02          # fixed cost per layer, default 0
+        quantize: true                   # composed search: quantize this device's weights (default: all but the last)
         description: "an edge server"    # optional
     links:
       - {src: phone, dst: edge, mbps: 10, latency_ms: 40, wireless: true}   # latency_ms 0, wireless false by default
@@ -49,7 +50,7 @@ MIB = 1 << 20
 
 TOP_FIELDS = ("name", "description", "devices", "links", "layers_per_device", "buses")
 DEVICE_FIELDS = ("name", "preset", "gflops", "memory_bytes", "memory_mb", "mem_bandwidth_gbs", "efficiency",
-                 "layer_overhead_ms", "description", "active_power_w", "energy_budget_mj")
+                 "layer_overhead_ms", "description", "active_power_w", "energy_budget_mj", "quantize")
 LINK_FIELDS = ("src", "dst", "mbps", "latency_ms", "wireless", "tx_power_w", "rx_power_w")
 BUS_FIELDS = ("name", "mbps", "links")
 DEFAULT_LAYERS = 2
@@ -203,13 +204,16 @@ def _device(where, i: int, d) -> DeviceProfile:
     note = d.get("description", base.note)
     if not isinstance(note, str):
         where.fail(f"{f}.description", "must be a string", note)
+    quantize = d.get("quantize", base.quantize)
+    if quantize is not None and not isinstance(quantize, bool):
+        where.fail(f"{f}.quantize", "must be true or false", quantize)
     return DeviceProfile(
         name, _number(where, f"{f}.gflops", d.get("gflops", base.peak_gflops)), memory,
         _number(where, f"{f}.mem_bandwidth_gbs", d.get("mem_bandwidth_gbs", base.mem_bandwidth_gbs)),
         _number(where, f"{f}.efficiency", d.get("efficiency", base.efficiency), maximum=1.0),
         _number(where, f"{f}.layer_overhead_ms", d.get("layer_overhead_ms", base.layer_overhead_ms), allow_min=True),
         note, _optional(where, f"{f}.active_power_w", d.get("active_power_w", base.active_power_w), allow_min=True),
-        _optional(where, f"{f}.energy_budget_mj", d.get("energy_budget_mj", base.energy_budget_mj)))
+        _optional(where, f"{f}.energy_budget_mj", d.get("energy_budget_mj", base.energy_budget_mj)), quantize)
 
 
 def _optional(where, field, value, allow_min=False):
@@ -353,7 +357,8 @@ def to_dict(topo: Topology) -> dict:
         {"name": d.name, "gflops": _plain(d.peak_gflops), "memory_bytes": _plain(d.memory_bytes),
          "mem_bandwidth_gbs": _plain(d.mem_bandwidth_gbs), "efficiency": d.efficiency,
          "layer_overhead_ms": _plain(d.layer_overhead_ms), **({"description": d.note} if d.note else {}),
-         **{k: _plain(getattr(d, k)) for k in ("active_power_w", "energy_budget_mj") if getattr(d, k) is not None}}
+         **{k: _plain(getattr(d, k)) for k in ("active_power_w", "energy_budget_mj") if getattr(d, k) is not None},
+         **({"quantize": bool(d.quantize)} if d.quantize is not None else {})}
         for d in topo.devices],
         "links": [{"src": l.src, "dst": l.dst, "mbps": _plain(l.bandwidth_mbps), "latency_ms": _plain(l.latency_ms),
                    "wireless": bool(l.wireless),

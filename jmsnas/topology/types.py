@@ -42,6 +42,8 @@ class DeviceProfile(NamedTuple):
         None: not known (its energy is not reported, and cannot be limited).
       energy_budget_mj: the most energy the device may spend on one inference (compute and its radios), in mJ;
         None: no limit.
+      quantize: whether the composed search quantizes the weights of the layers this device runs
+        (``jmsnas.compose.choices.make_choices``); None: not given (every device but the last in execution order).
     """
 
     name: str
@@ -53,6 +55,7 @@ class DeviceProfile(NamedTuple):
     note: str = ""
     active_power_w: float | None = None
     energy_budget_mj: float | None = None
+    quantize: bool | None = None
 
 
 class LinkProfile(NamedTuple):

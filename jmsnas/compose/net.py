@@ -1,0 +1,313 @@
+"""The composed supernet: the JMSNAS supernet (``jmsnas.supernet``) with a gate over every layer's weight bit width
+and, at every cut between devices, a gate over the split module and one over the transmitted tensor's bit width.
+
+Parameters are the supernet's (``stem``, ``layers``, ``head``) plus ``modules``: a dict keyed by the boundary index
+``str(j)`` (j = 0 the stem's output, j = n + 1 layer n's output; ``module_boundaries``) of one
+``jmsnas.splitnets.module.init(key, c_j, d_max=max(1, c_j // min(modules)))`` each (one view, 1x1, split-aware
+geometric initialisation). A module of reduction r at boundary j runs ``module.reduce(p, x, d)`` and
+``module.recover(p, z)`` with d = max(1, c_j // r) (``terms.module_channels``); its weights belong to the boundary,
+so every reduction shares them (the first d channels) and a link that crosses boundary j under another split uses
+the same weights.
+
+Fake quantization, with a straight-through estimator (the forward quantizes, the gradient is the identity):
+
+* weights at b bits: ``jmsnas.quant.quantizers.fake_quant_weight``, symmetric per output channel (the last axis);
+  32 = float32 unchanged, 16 = float16 round trip. In the supernet a layer's stacked superkernel is quantized per
+  output channel over the whole stack (one scale serves every candidate's window); the derived network quantizes
+  its own compact weights (``compact_apply``). Only the searched layers' convolutions (expand, depthwise, project)
+  quantize; the stem, the head and batch norm stay float32;
+* a transmitted tensor at a bits: asymmetric over the range [min, max] of the tensor's sent channels in the
+  current batch (``fake_quant_act``; 1..8 bits: codes in [0, 2^a - 1]; 16: float16; 32: unchanged), the scale and
+  zero point a sender computes for the batch it sends.
+
+Gates: every group is a ``jmsnas.gates.Gates`` over its candidates, sampled as the ops are (one path in a weight
+step; two paths, Gumbel-softmax or the softmax in an architecture step). Mixing is exact where the quantity is
+linear: the transmitted bits mix the fake-quantized tensors before the (linear) Conv-Recover; the weight bits mix
+the fake-quantized weights (with binary gates the forward is exactly the active width, and the inactive one's
+gradient is its first-order effect through the weights, as EdMIPS mixes quantized weights).
+
+The current split is data, not structure: ``assignment`` (int32[N], the device of every layer) gives each link's
+boundary (``compose.cost.link_boundaries``) and each layer's quantizing device; a link transform runs under a
+``lax.cond`` at every boundary it may cross, so one compiled step serves every split.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jmsnas import gates as G
+from jmsnas import ops as O
+from jmsnas import supernet
+from jmsnas.compose.choices import FLOAT_BITS, Choices, Config
+from jmsnas.compose.cost import link_boundaries
+from jmsnas.compose.terms import boundary_shapes, module_channels
+from jmsnas.quant import quantizers as Q
+from jmsnas.space import OPS
+from jmsnas.splitnets import module as M
+
+QUANTIZED = ("expand", "dw", "project")  # the convolution weights of an MBConv layer that take the weight bits
+# quantized at the sampled width in the forward, but passing no gradient to the weight-bit gates: the depthwise
+# kernel's weight gradient (one reduction per tap) would make the architecture step, which otherwise computes no
+# weight gradient, about twice as long on the CPU; the gates learn the width's effect through the two pointwise
+# convolutions (and the costs through every term)
+GATE_HELD = ("dw",)
+
+
+class ComposedGates(NamedTuple):
+    """The gates of the composed groups: weight_bits over [N, Bw], module over [L, K], act_bits over [L, Ba]."""
+
+    weight_bits: G.Gates
+    module: G.Gates
+    act_bits: G.Gates
+
+
+def _ste(x, q):
+    """q forward, identity backward."""
+    return x + lax.stop_gradient(q - x)
+
+
+def fake_quant_weight(w, bits):
+    """w fake-quantized at ``bits`` (traced int; 32: unchanged) per output channel, straight-through gradient."""
+    b = jnp.asarray(bits, jnp.int32)
+    return _ste(w, Q.fake_quant_weight(w, jnp.where(b == FLOAT_BITS, Q.FLOAT, b)))
+
+
+def fake_quant_act(x, bits, valid=None):
+    """x fake-quantized at ``bits`` (traced int; 32: unchanged, 16: float16) over the batch's [min, max] of the
+    entries where ``valid`` (broadcast to x; default all), straight-through gradient. Entries outside ``valid``
+    come back as 0 (they are not sent)."""
+    b = jnp.asarray(bits, jnp.int32)
+    if valid is None:
+        lo, hi = jnp.min(x), jnp.max(x)
+    else:
+        lo, hi = jnp.min(jnp.where(valid > 0, x, jnp.inf)), jnp.max(jnp.where(valid > 0, x, -jnp.inf))
+    lo, hi = lax.stop_gradient(lo), lax.stop_gradient(hi)
+    q = _ste(x, Q.fake_quant_act(x, lo, hi, jnp.where(b == FLOAT_BITS, Q.FLOAT, b)))
+    return q if valid is None else q * valid
+
+
+def module_boundaries(space, split: str) -> tuple:
+    """The boundaries j where a cut can fall: D^m's under the fixed split, every j = 0..N when it is searched."""
+    if split == "fixed":
+        with jax.ensure_compile_time_eval():  # constants, also when called under a trace
+            return tuple(sorted({int(j) for j in np.asarray(link_boundaries(space))}))
+    return tuple(range(space.num_layers + 1))
+
+
+def init_modules(key, space, choices: Choices, split: str) -> dict:
+    """``{str(j): jmsnas.splitnets.module.init(...)}`` for every boundary of ``module_boundaries`` ({} without
+    modules)."""
+    if not choices.modules:
+        return {}
+    shapes = boundary_shapes(space)
+    js = module_boundaries(space, split)
+    r_min = min(choices.modules)
+    return {str(j): M.init(k, shapes[j][1], module_channels(shapes[j][1], r_min))
+            for j, k in zip(js, jax.random.split(key, len(js)))}
+
+
+def _group_paths(g: G.Gates, row: int, num: int):
+    """(indices, gate values) of the candidates a group's row computes: its sampled paths, or all ``num``."""
+    idx = jnp.arange(num) if g.paths is None else g.paths[row]
+    return [(idx[k], g.weights[row, idx[k]]) for k in range(idx.shape[0])]
+
+
+def _quantize_layer(params_n, g: G.Gates, n: int, quantizes, bits: tuple):
+    """Layer n's stacked parameters with its convolutions fake-quantized at the mixture of its sampled weight bits
+    where ``quantizes`` (a bool, or traced under a searched split), unchanged elsewhere."""
+    table = jnp.asarray(bits, jnp.int32)
+    out = dict(params_n)
+    for name in QUANTIZED:
+        w = params_n[name]
+        hold = (lambda v: lax.stop_gradient(v)) if name in GATE_HELD else (lambda v: v)
+        mixed = sum(hold(gv) * jax.vmap(lambda wi, b=table[i]: fake_quant_weight(wi, b))(w)
+                    for i, gv in _group_paths(g, n, len(bits)))
+        out[name] = (mixed if quantizes else w) if isinstance(quantizes, (bool, np.bool_)) else \
+            jnp.where(quantizes, mixed, w)
+    return out
+
+
+def _link(choices: Choices, params_j, c: int, cg: ComposedGates, l: int, h):
+    """The tensor h after link l's sampled module(s) and transmitted bit width(s) (mixed by their gates)."""
+    abits = jnp.asarray(choices.act_bits, jnp.int32)
+
+    def send(z, valid=None):
+        return sum(gv * fake_quant_act(z, abits[a], valid) for a, gv in _group_paths(cg.act_bits, l, len(abits)))
+
+    none = send(h)
+    if not choices.modules:
+        return none
+    d_max = params_j["reduce"].shape[-1]
+    d_of = jnp.asarray([d_max] + [module_channels(c, r) for r in choices.modules], jnp.int32)
+    out = 0.0
+    for k, gv in _group_paths(cg.module, l, choices.num_modules):
+        d = d_of[k]
+        moved = M.recover(params_j, send(M.reduce(params_j, h, d), M.channel_mask(d, d_max)))
+        out = out + gv * jnp.where(k == 0, none, moved)
+    return out
+
+
+def links_active(choices: Choices) -> bool:
+    """True if a cut transforms the tensor (a module or a transmitted bit width other than float32)."""
+    return bool(choices.modules) or choices.act_bits != (FLOAT_BITS,)
+
+
+def _cuts(space, choices: Choices, modules: dict, cg: ComposedGates, bounds, js: tuple, j: int, h):
+    """h at boundary j after every link crossing it (in link order; a relay device without layers puts two links
+    on one boundary): where ``bounds`` is a NumPy array (the fixed split) the links crossing j are known when
+    tracing; where it is traced (a searched split) each link runs under a ``lax.cond`` on its boundary."""
+    if not links_active(choices) or j not in js:
+        return h
+    c = boundary_shapes(space)[j][1]
+    p = modules.get(str(j))
+    for l in range(len(space.topology.links)):
+        if isinstance(bounds, np.ndarray):
+            h = _link(choices, p, c, cg, l, h) if bounds[l] == j else h
+        else:
+            h = lax.cond(bounds[l] == j, lambda x, l=l: _link(choices, p, c, cg, l, x), lambda x: x, h)
+    return h
+
+
+def apply(space, choices: Choices, split: str, params, state, gates: G.Gates, cg: ComposedGates, assignment, x, *,
+          train: bool, dw_impl: str = "auto", impl: str = "auto"):
+    """Logits float32[B, classes] and the new batch-norm state of the composed supernet under the op gates
+    ``gates``, the composed gates ``cg`` and the split ``assignment`` (int32[N], may be traced; ignored under the
+    fixed split, D^m). A chain: every
+    link's module and bits apply at the boundary it crosses; a mesh: only the weight bits (``links_active`` is
+    refused there by the configuration check)."""
+    if split == "fixed":  # known when tracing: no conditional per link, no select per layer
+        a = np.asarray(space.layer_devices(), np.int32)
+        quantizes = np.asarray(choices.quantize)[a]
+        with jax.ensure_compile_time_eval():
+            bounds = np.asarray(link_boundaries(space, a))
+    else:
+        a = jnp.asarray(assignment, jnp.int32)
+        quantizes = jnp.asarray(choices.quantize)[a]
+        bounds = link_boundaries(space, a)
+    js = module_boundaries(space, split)
+    qbits = choices.weight_bits != (FLOAT_BITS,) and any(choices.quantize)
+    new_state = {}
+    h, new_state["stem"] = O.conv_bn_apply(params["stem"], state["stem"], x, space.stem_stride, train)
+    h = _cuts(space, choices, params["modules"], cg, bounds, js, 0, h)
+    outputs, layer_states = {}, []
+    for s in space.layers:
+        n = s.index
+        srcs = [h if i < 0 else outputs[i] for i in space.input_of(n)]
+        inp = srcs[0] if len(srcs) == 1 else sum(srcs) / len(srcs)
+        p_n = _quantize_layer(params["layers"][n], cg.weight_bits, n, quantizes[n], choices.weight_bits) \
+            if qbits else params["layers"][n]
+        paths_n = None if gates.paths is None else gates.paths[n]
+        y, st = supernet.mixed_op(space, n, p_n, state["layers"][n], gates.weights[n], paths_n, inp, train,
+                                  dw_impl, impl)
+        outputs[n] = _cuts(space, choices, params["modules"], cg, bounds, js, n + 1, y)
+        layer_states.append(st)
+    new_state["layers"] = tuple(layer_states)
+    logits, new_state["head"] = O.head_apply(params["head"], state["head"], outputs[space.num_layers - 1], train)
+    return logits, new_state
+
+
+# ------------------------------------------------------------------------------------------------ the gates
+
+def _all(shape):
+    return jnp.ones(shape, bool)
+
+
+def weight_gates(key, logits) -> ComposedGates:
+    """One sampled candidate per row of every composed group (a weight step), from logits (weight_bits, module,
+    act_bits)."""
+    keys = jax.random.split(key, 3)
+    return ComposedGates(*(G.single_path_gates(k, a, _all(a.shape)) for k, a in zip(keys, logits)))
+
+
+def arch_gates(mode: str, key, logits, tau=1.0) -> ComposedGates:
+    """The gates of an architecture step in the ops' gate mode (``jmsnas.gates.arch_gates``); a group of one
+    candidate has that one, with gate 1."""
+    keys = jax.random.split(key, 3)
+    out = []
+    for k, a in zip(keys, logits):
+        if a.shape[-1] == 1:
+            out.append(G.Gates(jnp.ones_like(a), jnp.zeros(a.shape, jnp.int32)))
+        else:
+            out.append(G.arch_gates(mode, k, a, _all(a.shape), tau))
+    return ComposedGates(*out)
+
+
+def onehot_gates(choices: Choices, config: Config) -> ComposedGates:
+    """The gates of one discrete configuration (only the chosen candidate computed, gate 1)."""
+    sizes = (len(choices.weight_bits), choices.num_modules, len(choices.act_bits))
+    return ComposedGates(*(G.onehot_gates(idx, k) for idx, k in zip(config[1:], sizes)))
+
+
+# ------------------------------------------------------------------------------------------- the derived network
+
+class Derived(NamedTuple):
+    """The static description of a derived composed network (hashable): ops, the weight bits each layer runs at
+    (32 where its device does not quantize), and per link (topology order) its boundary, reduction r (0: none)
+    and transmitted bits."""
+
+    ops: tuple
+    weight_bits: tuple
+    bounds: tuple
+    reductions: tuple
+    act_bits: tuple
+
+
+def derived(space, choices: Choices, config: Config, assignment) -> Derived:
+    """The ``Derived`` network of ``config`` under the split ``assignment`` (None: D^m)."""
+    a = np.asarray(space.layer_devices() if assignment is None else assignment)
+    wb = tuple(choices.weight_bits[int(b)] if choices.quantize[int(d)] else FLOAT_BITS
+               for b, d in zip(config.weight_bits, a))
+    bounds = tuple(int(j) for j in np.asarray(link_boundaries(space, a)))
+    red = tuple(0 if int(k) == 0 else choices.modules[int(k) - 1] for k in config.module)
+    return Derived(tuple(int(i) for i in config.ops), wb, bounds, red,
+                   tuple(choices.act_bits[int(b)] for b in config.act_bits))
+
+
+def extract(space, params, state, net: Derived):
+    """The compact parameters (``supernet.extract``) plus the modules of the cuts that have one."""
+    cp, cs = supernet.extract(space, params, state, net.ops)
+    cp = dict(cp)
+    cp["modules"] = {str(j): params["modules"][str(j)] for j, r in zip(net.bounds, net.reductions) if r}
+    return cp, cs
+
+
+def compact_apply(space, net: Derived, params, state, x, *, train: bool, dw_impl: str = "auto"):
+    """Forward of the derived network: its ops with weights fake-quantized at their bits, and at every cut its
+    module (reduce -> fake-quantized transmitted tensor -> recover) or the fake-quantized tensor itself."""
+    shapes = boundary_shapes(space)
+
+    def cut(j, h):
+        for l, (bj, r, a) in enumerate(zip(net.bounds, net.reductions, net.act_bits)):
+            if bj != j:
+                continue
+            if r:
+                p = params["modules"][str(j)]
+                d = module_channels(shapes[j][1], r)
+                valid = M.channel_mask(d, p["reduce"].shape[-1])
+                h = M.recover(p, fake_quant_act(M.reduce(p, h, d), a, valid))
+            else:
+                h = fake_quant_act(h, a)
+        return h
+
+    new_state = {}
+    h, new_state["stem"] = O.conv_bn_apply(params["stem"], state["stem"], x, space.stem_stride, train)
+    h = cut(0, h)
+    outputs, layer_states = {}, []
+    for s, i, b in zip(space.layers, net.ops, net.weight_bits):
+        srcs = [h if k < 0 else outputs[k] for k in space.input_of(s.index)]
+        inp = srcs[0] if len(srcs) == 1 else sum(srcs) / len(srcs)
+        p = dict(params["layers"][s.index])
+        if b != FLOAT_BITS:
+            for name in QUANTIZED:
+                if name in p:
+                    p[name] = fake_quant_weight(p[name], b)
+        y, st = O.op_apply(p, state["layers"][s.index], inp, OPS[i], s.stride, train, dw_impl)
+        outputs[s.index] = cut(s.index + 1, y)
+        layer_states.append(st)
+    new_state["layers"] = tuple(layer_states)
+    logits, new_state["head"] = O.head_apply(params["head"], state["head"], outputs[space.num_layers - 1], train)
+    return logits, new_state

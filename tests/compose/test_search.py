@@ -1,0 +1,294 @@
+"""The composed search end to end (``jmsnas.compose.flow`` through ``pipeline.search``) on a tiny chain: it writes
+every cut's module and every layer's bits, all off is today's search, every group of logits learns from its
+sampled gates, the fake quantizers' straight-through gradient, and the configuration's one-line refusals."""
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jmsnas import cli, configs, gates as G, pipeline, supernet
+from jmsnas.compose import choices as C, cost as K, flow, net as N, steps as S, terms as TT
+from jmsnas.quant import quantizers as Q
+from jmsnas.space import OP_NAMES
+
+pytestmark = pytest.mark.usefixtures("fast_compiles")  # tiny programs: compile time dominates
+
+
+def _tiny(modules=(2, 4), weight_bits=(4, 32), act_bits=(8, 32), split="fixed", gate_mode="two_path"):
+    cfg = configs.tiny(configs.default_config())
+    cfg.max_train, cfg.max_eval = 96, 64
+    cfg.compose.modules, cfg.compose.weight_bits, cfg.compose.activation_bits = modules, weight_bits, act_bits
+    cfg.split, cfg.search.gate_mode = split, gate_mode
+    cfg.tensorboard = False
+    return cfg
+
+
+def _config_of(result, choices, space) -> C.Config:
+    """The discrete configuration result.json reports, as indices."""
+    arch = sorted(result["architecture"], key=lambda e: e["layer"])
+    dev = {n: i for i, n in enumerate(space.topology.device_names)}
+    wb = [choices.weight_bits.index(e["weight_bits"]) if choices.quantize[dev[e["device"]]]
+          else None for e in arch]
+    cuts = result["compose"]["cuts"]
+    mod = [0 if c["module"] is None else 1 + choices.modules.index(c["module"]["reduction"]) for c in cuts]
+    return C.Config(np.array([OP_NAMES.index(e["op"]) for e in arch]), np.array(wb, dtype=object), np.array(mod),
+                    np.array([choices.act_bits.index(c["activation_bits"]) for c in cuts]))
+
+
+@pytest.mark.parametrize("split,gate_mode", [("fixed", "two_path"), ("searched", "gumbel_hard")])
+def test_the_composed_search_runs_and_lists_every_cut_and_every_layer(tmp_path, split, gate_mode):
+    cfg = _tiny(split=split, gate_mode=gate_mode)
+    result = pipeline.search(cfg, str(tmp_path / "run"), progress=False)
+    space, table = pipeline.build(cfg, pipeline.load_data(cfg))
+    ch = flow.choices_of(cfg, space.topology)
+    comp = result["compose"]
+    assert [c["link"] for c in comp["cuts"]] == list(space.topology.link_names)
+    assert all(c["activation_bits"] in (8, 32) and (c["module"] is None or c["module"]["reduction"] in (2, 4))
+               for c in comp["cuts"])
+    assert comp["quantize"] == [True, True, True, False]
+    assert all(e["weight_bits"] in ((4, 32) if e["device"] != "cloud" else (32,)) for e in result["architecture"])
+    # T is the composed cost of the reported configuration under the reported split (one-hot probabilities)
+    config = _config_of(result, ch, space)
+    wb = np.array([0 if b is None else b for b in config.weight_bits])
+    names = space.topology.device_names
+    a = np.array([names.index(e["device"]) for e in sorted(result["architecture"], key=lambda e: e["layer"])])
+    bounds = np.asarray(K.link_boundaries(space, a))
+    assert [c["boundary"] for c in comp["cuts"]] == bounds.tolist()
+    terms = TT.build_terms(space, table, ch)
+    t = K.latency(space, table, terms, C.onehot(space, ch, config._replace(weight_bits=wb)), a).total
+    np.testing.assert_allclose(result["latency_ms"]["total"], float(t), rtol=1e-6)
+    assert result["budget"]["met"] == (result["latency_ms"]["total"] <= cfg.t_const_ms * (1 + 1e-6))
+    summary = open(tmp_path / "run" / "summary.txt").read()
+    assert "Weight bits per layer" in summary and all(f"{c['link']} @ {c['boundary']}:" in summary
+                                                       for c in comp["cuts"])
+    manifest = json.load(open(tmp_path / "run" / "parts" / "manifest.json"))
+    assert [c["reduction"] for c in manifest["cuts"]] == [0 if c["module"] is None else c["module"]["reduction"]
+                                                         for c in comp["cuts"]]
+    assert os.path.isfile(tmp_path / "run" / "latency_breakdown.png")
+
+
+def test_all_off_is_the_plain_search(tmp_path):
+    plain = _tiny()
+    del plain["compose"]  # a configuration from before the composed search: today's search
+    off = _tiny(modules=(), weight_bits=(32,), act_bits=())
+    a = pipeline.search(plain, str(tmp_path / "plain"), progress=False)
+    b = pipeline.search(off, str(tmp_path / "off"), progress=False)
+    for r in (a, b):
+        r.pop("time", None)
+        assert "compose" not in r
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def _setup(modules=(2,), weight_bits=(4, 32), act_bits=(8, 32)):
+    cfg = _tiny(modules, weight_bits, act_bits)
+    ds = pipeline.load_data(cfg)
+    space, table = pipeline.build(cfg, ds)
+    ch = flow.choices_of(cfg, space.topology)
+    return cfg, ds, space, table, ch, TT.build_terms(space, table, ch)
+
+
+def test_all_off_forward_is_the_supernet():
+    cfg, ds, space, table, ch, terms = _setup((), (), ())
+    hp = pipeline._hparams(cfg, space, table)
+    st = S.init_state(jax.random.PRNGKey(0), space, ch, hp, "fixed")
+    gates = G.single_path_gates(jax.random.PRNGKey(1), st.logits.ops, jnp.asarray(space.mask()))
+    cg = N.weight_gates(jax.random.PRNGKey(2), st.logits[1:])
+    x = ds.train.images[:8]
+    want, _ = supernet.apply(space, {k: v for k, v in st.params.items() if k != "modules"}, st.bn, gates, x,
+                             train=True)
+    got, _ = N.apply(space, ch, "fixed", st.params, st.bn, gates, cg, None, x, train=True)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+@pytest.mark.parametrize("gate_mode", ["two_path", "gumbel_soft", "softmax"])
+def test_the_sampled_gates_reach_every_group(gate_mode):
+    """One architecture step with the latency term off (lambda2 = 0): only the cross-entropy through the sampled
+    gates moves the logits, and every group moves."""
+    cfg, ds, space, table, ch, terms = _setup()
+    cfg.search.lambda2, cfg.search.gate_mode = 0.0, gate_mode
+    hp = pipeline._hparams(cfg, space, table)
+    st = S.init_state(jax.random.PRNGKey(0), space, ch, hp, "fixed")
+    _, arch_step, _ = S.make_steps(space, table, terms, ch, hp)
+    x, y = ds.val.images[:32], ds.val.labels[:32]
+    st, m = arch_step(st, x, y)
+    for name, a in zip(C.ChoiceProbs._fields, st.logits):
+        assert np.abs(np.asarray(a)).max() > 0, name
+    assert np.isfinite(float(m["arch_loss"]))
+
+
+def test_the_fake_quantizers_pass_the_gradient_straight_through():
+    rng = np.random.default_rng(0)
+    w = jnp.asarray(rng.normal(size=(3, 5)), jnp.float32)
+    c = jnp.asarray(rng.normal(size=(3, 5)), jnp.float32)
+    for bits in (2, 4, 8, 16, 32):
+        q = N.fake_quant_weight(w, bits)
+        np.testing.assert_array_equal(np.asarray(q), np.asarray(Q.fake_quant_weight(w, 0 if bits == 32 else bits)))
+        g = jax.grad(lambda v: jnp.sum(N.fake_quant_weight(v, bits) * c))(w)
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(c))  # identity: every w is inside the range
+    x = jnp.asarray(rng.normal(size=(2, 4, 4, 3)), jnp.float32)
+    cx = jnp.asarray(rng.normal(size=x.shape), jnp.float32)
+    q4 = N.fake_quant_act(x, 4)
+    levels = np.unique(np.round((np.asarray(q4) - float(x.min())) / ((float(x.max()) - float(x.min())) / 15), 4))
+    assert len(levels) <= 16 and np.allclose(levels, np.round(levels))  # 16 levels over [min, max]
+    g = jax.grad(lambda v: jnp.sum(N.fake_quant_act(v, 4) * cx))(x)
+    np.testing.assert_allclose(np.asarray(g), np.asarray(cx), rtol=1e-6)
+    # hand check against a finite difference of the straight-through surrogate v + (Q(v) - v) held fixed
+    eps, i = 1e-3, (0, 1, 2, 0)
+    bump = jnp.zeros_like(x).at[i].set(eps)
+    qx = jax.lax.stop_gradient(N.fake_quant_act(x, 4) - x)
+    fd = (jnp.sum((x + bump + qx) * cx) - jnp.sum((x - bump + qx) * cx)) / (2 * eps)
+    np.testing.assert_allclose(float(fd), float(g[i]), rtol=1e-2)
+    # sent channels only: the range is that of the valid channels, the others come back as 0
+    valid = jnp.asarray([1.0, 1.0, 0.0])
+    qv = N.fake_quant_act(x * 10 * (1 - valid) + x * valid, 8, valid)
+    assert np.all(np.asarray(qv)[..., 2] == 0)
+    np.testing.assert_allclose(np.asarray(qv)[..., :2], np.asarray(x)[..., :2], atol=float(x.max() - x.min()) / 255)
+
+
+def _cli_error(capsys, argv):
+    code = cli.main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("--config.compose.modules=[1]", "compose.modules: 1"),
+    ("--config.compose.modules=[2, 2]", "repeats"),
+    ("--config.compose.modules=[2.5]", "2.5"),
+    ("--config.compose.weight_bits=[9]", "compose.weight_bits: 9"),
+    ("--config.compose.weight_bits=[1]", "compose.weight_bits: 1"),
+    ("--config.compose.activation_bits=[0]", "compose.activation_bits: 0"),
+    ("--config.compose.activation_bits=[12]", "12"),
+    ("--config.compose.modules=[true]", "True"),
+])
+def test_bad_values_exit_2_with_one_line_and_write_nothing(capsys, tmp_path, override, needle):
+    keep = tmp_path / "work"
+    keep.mkdir()
+    (keep / "precious.txt").write_text("keep me")
+    err = _cli_error(capsys, ["search", "--workdir", str(keep), override])
+    assert needle in err
+    assert sorted(os.listdir(keep)) == ["precious.txt"]
+    fresh = tmp_path / "fresh"
+    _cli_error(capsys, ["search", "--workdir", str(fresh), override])
+    assert not fresh.exists()
+
+
+def _topology_file(tmp_path, quantize):
+    path = tmp_path / "topo.yaml"
+    path.write_text("devices:\n"
+                    f"  - {{name: phone, preset: raspberry_pi4, quantize: {quantize}}}\n"
+                    "  - {name: edge, gflops: 1000, memory_mb: 8192}\n"
+                    "links:\n  - {src: phone, dst: edge, mbps: 10}\n")
+    return path
+
+
+def test_bad_quantize_field_and_mesh_modules_exit_2(capsys, tmp_path):
+    bad = _topology_file(tmp_path, '"yes"')
+    err = _cli_error(capsys, ["search", "--workdir", str(tmp_path / "a"), f"--config.topology={bad}",
+                              "--config.layers_per_device=[2, 2]"])
+    assert "quantize" in err and "yes" in err
+    assert not (tmp_path / "a").exists()
+    err = _cli_error(capsys, ["search", "--workdir", str(tmp_path / "b"), "--config.topology=mesh",
+                              "--config.layers_per_device=[2, 2, 2, 2, 2, 2]",
+                              "--config.space.device_channels=[24, 32, 48, 48, 48, 64]",
+                              "--config.space.device_strides=[1, 2, 1, 1, 1, 2]", "--config.compose.modules=[2]"])
+    assert "mesh" in err and "compose.modules" in err
+    assert not (tmp_path / "b").exists()
+
+
+def test_the_quantize_field_reaches_the_choices(tmp_path):
+    from jmsnas.topology import file as TF
+    topo = TF.load(_topology_file(tmp_path, "false"))
+    cfg = _tiny(weight_bits=(4, 32))
+    assert flow.choices_of(cfg, topo).quantize == (False, False)  # the phone's field; the edge (last): default
+    assert TF.from_dict(TF.to_dict(topo)) == topo
+    topo = TF.load(_topology_file(tmp_path, "true"))
+    assert flow.choices_of(cfg, topo).quantize == (True, False)
+
+
+def test_module_parameters_follow_the_agreed_format():
+    cfg, ds, space, table, ch, terms = _setup((2, 4), (32,), ())
+    mods = N.init_modules(jax.random.PRNGKey(0), space, ch, "fixed")
+    shapes = TT.boundary_shapes(space)
+    assert sorted(mods, key=int) == [str(j) for j in np.asarray(K.link_boundaries(space))]
+    for j, p in mods.items():
+        c = shapes[int(j)][1]
+        assert p["reduce"].shape == (1, 1, c, max(1, c // 2)) and p["recover"].shape == (1, 1, max(1, c // 2), c)
+    assert sorted(N.init_modules(jax.random.PRNGKey(0), space, ch, "searched"), key=int) == [
+        str(j) for j in range(space.num_layers + 1)]
+
+
+def test_the_split_is_data_one_trace_serves_every_split():
+    """Under a searched split the forward takes the assignment as an argument: one trace for two splits, and at
+    D^m it computes what the fixed split's forward (cuts known when tracing) computes."""
+    cfg, ds, space, table, ch, terms = _setup()
+    hp = pipeline._hparams(cfg, space, table)
+    st = S.init_state(jax.random.PRNGKey(0), space, ch, hp, "searched")
+    config = C.Config(np.asarray(G.derive(st.logits.ops, jnp.asarray(space.mask()))), np.zeros(4, int),
+                      np.array([1, 0, 1]), np.array([0, 1, 0]))
+    gates, cg = G.onehot_gates(config.ops, len(OP_NAMES)), N.onehot_gates(ch, config)
+    x = ds.train.images[:8]
+    traces = []
+
+    @jax.jit
+    def fwd(a):
+        traces.append(1)
+        return N.apply(space, ch, "searched", st.params, st.bn, gates, cg, a, x, train=False)[0]
+
+    dm = np.asarray(space.layer_devices(), np.int32)
+    other = np.array([0, 0, 1, 3], np.int32)
+    y_dm, y_other = fwd(dm), fwd(other)
+    assert len(traces) == 1
+    assert not np.allclose(np.asarray(y_dm), np.asarray(y_other))
+    fixed_params = {**st.params, "modules": {j: st.params["modules"][j] for j in
+                                             map(str, N.module_boundaries(space, "fixed"))}}
+    want = N.apply(space, ch, "fixed", fixed_params, st.bn, gates, cg, None, x, train=False)[0]
+    np.testing.assert_allclose(np.asarray(y_dm), np.asarray(want), rtol=1e-5, atol=1e-6)
+
+
+def test_evolve_refuses_a_composed_switch(capsys, tmp_path):
+    err = _cli_error(capsys, ["evolve", "--workdir", str(tmp_path / "e"), "--config.compose.weight_bits=[4, 8]"])
+    assert "compose.weight_bits" in err and "jmsnas search" in err
+    assert not (tmp_path / "e").exists()
+
+
+def test_a_resumed_composed_search_ends_with_the_same_result(tmp_path):
+    """Stage 1's checkpoint restores the composed state (every group's logits, the modules): a run resumed after
+    its search (its retraining lost) writes the same result.json."""
+    import shutil
+    cfg = _tiny(modules=(2,), weight_bits=(4, 32), act_bits=(8, 32))
+    w = str(tmp_path / "run")
+    a = pipeline.search(cfg, w, progress=False)
+    os.remove(os.path.join(w, "result.json"))
+    shutil.rmtree(os.path.join(w, "checkpoints", "retrain"))
+    b = pipeline.search(cfg, w, resume=True, progress=False)
+    a.pop("time", None), b.pop("time", None)
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+@pytest.mark.slow
+def test_a_composed_search_exports_and_its_parts_pass_the_pipeline_check(tmp_path, capsys):
+    """What the composed search writes is what ``jmsnas export`` reads: its parts run as one process per device
+    and give the fake-quantized whole network (``deploy.composed.whole_network``) within 1e-5, and every link
+    carries the bytes the search's cost terms charge for its (boundary, module, bits)."""
+    cfg = _tiny(modules=(2,), weight_bits=(4, 32), act_bits=(4,))
+    d = str(tmp_path / "run")
+    result = pipeline.search(cfg, d, progress=False)
+    space, table = pipeline.build(cfg, pipeline.load_data(cfg))
+    ch = flow.choices_of(cfg, space.topology)
+    assert cli.main(["export", "--workdir", d]) == 0
+    capsys.readouterr()
+    assert cli.main(["pipeline", "--workdir", d, "--images", "4", "--phase", "latency", "--bandwidth-scale", "100",
+                     "--check", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)[0]
+    assert out["max_abs_diff"] <= 1e-5
+    terms = TT.build_terms(space, table, ch)
+    for c, link in zip(result["compose"]["cuts"], space.topology.links):
+        k = 0 if c["module"] is None else 1 + ch.modules.index(c["module"]["reduction"])
+        want = int(terms.wire_bytes[c["boundary"], k, ch.act_bits.index(c["activation_bits"])])
+        assert out["link_bytes"][f"{link.src}->{link.dst}"] == {"predicted": want, "measured": [want]}, link
