@@ -126,15 +126,21 @@ def test_a_combination_of_library_tables_is_recovered(pixel3):
     np.testing.assert_allclose(LT.predict_ms(got, other), LT.predict_ms(truth, other), rtol=1e-6)
 
 
-def test_falls_back_to_the_one_factor_rescale_when_the_library_does_not_help(pixel3):
-    """Oracle: a target that is exactly the base x 1.7 has leave-one-out error 0 under the one-factor rescale; an
-    unrelated library cannot beat it, so the result is that rescale, and says so."""
+def _unrelated_library_and_a_rescaled_target(pixel3) -> tuple:
+    """Two random tables, and 10 networks of a target that is exactly pixel3 x 1.7."""
     rng = np.random.default_rng(4)
     n, r = pixel3.num_layers, len(pixel3.op_names)
     lib = [LT.make(1.0, rng.uniform(0, 3, (n, r)), pixel3.op_names, space=pixel3.space, device=f"rand{i}",
                    source="r") for i in range(2)]
     archs = rng.integers(0, r, (10, n))
-    m = NW.make(archs, 1.7 * LT.predict_ms(pixel3, archs), pixel3.op_names, space=pixel3.space, device="target")
+    return lib, NW.make(archs, 1.7 * LT.predict_ms(pixel3, archs), pixel3.op_names, space=pixel3.space,
+                        device="target")
+
+
+def test_falls_back_to_the_one_factor_rescale_when_the_library_does_not_help(pixel3):
+    """Oracle: a target that is exactly the base x 1.7 has leave-one-out error 0 under the one-factor rescale; an
+    unrelated library cannot beat it, so the result is that rescale, and says so."""
+    lib, m = _unrelated_library_and_a_rescaled_target(pixel3)
     got = AP.adapt_library(pixel3, m, lib, stages=STAGES)
     assert got.adaptation["fallback"] and got.adaptation["chosen"] == ["single_factor"]
     assert "one-factor rescale" in got.adaptation["why"]
@@ -377,12 +383,7 @@ def test_a_dropped_outlier_widens_the_interval_it_did_not_bend():
 def test_fallback_off_keeps_the_library_model(pixel3):
     """``fallback=False`` (how the library's curves calibrate the interval): where the rescale would be used, the
     library's model is kept all the same, with its per-network interval, and says so."""
-    rng = np.random.default_rng(4)
-    n, r = pixel3.num_layers, len(pixel3.op_names)
-    lib = [LT.make(1.0, rng.uniform(0, 3, (n, r)), pixel3.op_names, space=pixel3.space, device=f"rand{i}",
-                   source="r") for i in range(2)]
-    archs = rng.integers(0, r, (10, n))
-    m = NW.make(archs, 1.7 * LT.predict_ms(pixel3, archs), pixel3.op_names, space=pixel3.space, device="target")
+    lib, m = _unrelated_library_and_a_rescaled_target(pixel3)
     assert AP.adapt_library(pixel3, m, lib, stages=STAGES).adaptation["fallback"]
     kept = AP.adapt_library(pixel3, m, lib, stages=STAGES, fallback=False)
     assert not kept.adaptation["fallback"] and "fallback=False" in kept.adaptation["why"]
