@@ -39,7 +39,7 @@ def _config_of(result, choices, space) -> C.Config:
 
 
 @pytest.mark.parametrize("split,gate_mode", [("fixed", "two_path"), ("searched", "gumbel_hard")])
-def test_the_composed_search_runs_and_lists_every_cut_and_every_layer(tmp_path, split, gate_mode):
+def test_the_composed_search_runs_and_lists_every_cut_and_every_layer(tmp_path, capsys, split, gate_mode):
     cfg = _tiny(split=split, gate_mode=gate_mode)
     result = pipeline.search(cfg, str(tmp_path / "run"), progress=False)
     space, table = pipeline.build(cfg, pipeline.load_data(cfg))
@@ -68,6 +68,24 @@ def test_the_composed_search_runs_and_lists_every_cut_and_every_layer(tmp_path, 
     assert [c["reduction"] for c in manifest["cuts"]] == [0 if c["module"] is None else c["module"]["reduction"]
                                                          for c in comp["cuts"]]
     assert os.path.isfile(tmp_path / "run" / "latency_breakdown.png")
+    if split == "fixed":
+        _exports_and_passes_the_pipeline_check(str(tmp_path / "run"), result, space, terms, ch, capsys)
+
+
+def _exports_and_passes_the_pipeline_check(d, result, space, terms, ch, capsys):
+    """What the composed search writes is what ``jmsnas export`` reads: its parts run as one process per device
+    and give the fake-quantized whole network (``deploy.composed.whole_network``) within 1e-5, and every link
+    carries the bytes the search's cost terms charge for its (boundary, module, bits)."""
+    assert cli.main(["export", "--workdir", d]) == 0
+    capsys.readouterr()
+    assert cli.main(["pipeline", "--workdir", d, "--images", "4", "--phase", "latency", "--bandwidth-scale", "100",
+                     "--check", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)[0]
+    assert out["max_abs_diff"] <= 1e-5
+    for c, link in zip(result["compose"]["cuts"], space.topology.links):
+        k = 0 if c["module"] is None else 1 + ch.modules.index(c["module"]["reduction"])
+        want = int(terms.wire_bytes[c["boundary"], k, ch.act_bits.index(c["activation_bits"])])
+        assert out["link_bytes"][f"{link.src}->{link.dst}"] == {"predicted": want, "measured": [want]}, link
 
 
 def test_all_off_is_the_plain_search(tmp_path):
@@ -270,25 +288,3 @@ def test_a_resumed_composed_search_ends_with_the_same_result(tmp_path):
     a.pop("time", None), b.pop("time", None)
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
-
-@pytest.mark.slow
-def test_a_composed_search_exports_and_its_parts_pass_the_pipeline_check(tmp_path, capsys):
-    """What the composed search writes is what ``jmsnas export`` reads: its parts run as one process per device
-    and give the fake-quantized whole network (``deploy.composed.whole_network``) within 1e-5, and every link
-    carries the bytes the search's cost terms charge for its (boundary, module, bits)."""
-    cfg = _tiny(modules=(2,), weight_bits=(4, 32), act_bits=(4,))
-    d = str(tmp_path / "run")
-    result = pipeline.search(cfg, d, progress=False)
-    space, table = pipeline.build(cfg, pipeline.load_data(cfg))
-    ch = flow.choices_of(cfg, space.topology)
-    assert cli.main(["export", "--workdir", d]) == 0
-    capsys.readouterr()
-    assert cli.main(["pipeline", "--workdir", d, "--images", "4", "--phase", "latency", "--bandwidth-scale", "100",
-                     "--check", "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)[0]
-    assert out["max_abs_diff"] <= 1e-5
-    terms = TT.build_terms(space, table, ch)
-    for c, link in zip(result["compose"]["cuts"], space.topology.links):
-        k = 0 if c["module"] is None else 1 + ch.modules.index(c["module"]["reduction"])
-        want = int(terms.wire_bytes[c["boundary"], k, ch.act_bits.index(c["activation_bits"])])
-        assert out["link_bytes"][f"{link.src}->{link.dst}"] == {"predicted": want, "measured": [want]}, link
