@@ -237,14 +237,14 @@ def init_retrain_state(space: SearchSpace, st: SearchState, ops, lr) -> RetrainS
     return RetrainState(params, bn, adam_init(lr)(params), zeros((), np.int32))
 
 
-@functools.lru_cache(maxsize=16)  # the same jitted steps for the same network: _finish reuses the retraining trace
-def make_retrain_steps(space: SearchSpace, ops: tuple, lr, lambda1: float, dw_impl: str = "auto"):
-    """(train_step, eval_step) of the compact network ``ops`` (static)."""
+def compact_steps(apply, lr, lambda1: float):
+    """(train_step, eval_step), jitted, of a compact network ``apply(params, bn, x, train) -> (logits, bn)``:
+    Adam on cross-entropy + lambda1 L2 over a ``RetrainState``, and the evaluation sums (correct, loss)."""
     tx = optax.adam(lr)
 
     def train_step(st: RetrainState, x, y):
         def loss_fn(params):
-            logits, bn = supernet.compact_apply(space, ops, params, st.bn, x, train=True, dw_impl=dw_impl)
+            logits, bn = apply(params, st.bn, x, True)
             ce = cross_entropy(logits, y)
             return ce + lambda1 * l2_norm_sq(params), (ce, bn, logits)
 
@@ -254,10 +254,18 @@ def make_retrain_steps(space: SearchSpace, ops: tuple, lr, lambda1: float, dw_im
         return st, {"loss": loss, "ce": ce, "acc": _accuracy(logits, y)}
 
     def eval_step(params, bn, x, y, valid):
-        logits, _ = supernet.compact_apply(space, ops, params, bn, x, train=False, dw_impl=dw_impl)
+        logits, _ = apply(params, bn, x, False)
         return _eval_sums(logits, y, valid)
 
     return jax.jit(train_step, donate_argnums=0), jax.jit(eval_step)
+
+
+@functools.lru_cache(maxsize=16)  # the same jitted steps for the same network: _finish reuses the retraining trace
+def make_retrain_steps(space: SearchSpace, ops: tuple, lr, lambda1: float, dw_impl: str = "auto"):
+    """(train_step, eval_step) of the compact network ``ops`` (static): ``compact_steps`` of
+    ``supernet.compact_apply``."""
+    return compact_steps(lambda params, bn, x, train: supernet.compact_apply(space, ops, params, bn, x, train=train,
+                                                                             dw_impl=dw_impl), lr, lambda1)
 
 
 def padded_eval_batches(split, batch_size: int):

@@ -28,6 +28,7 @@ from jmsnas.compose.objective import step_costs
 from jmsnas.compose.terms import Terms
 from jmsnas.objectives import cross_entropy, l2_norm_sq, latency_penalty
 from jmsnas.space import NUM_OPS
+from jmsnas.train import RetrainState, compact_steps
 
 
 class ComposedState(NamedTuple):
@@ -157,15 +158,6 @@ def latencies(space, table, terms: Terms, choices: Choices, split: str):
     return jax.jit(both)
 
 
-class RetrainState(NamedTuple):
-    """Stage 2: the derived network's weights (its modules included), BN statistics, Adam state and step."""
-
-    params: dict
-    bn: dict
-    opt: tuple
-    step: jnp.ndarray
-
-
 def init_retrain_state(space, st: ComposedState, net: N.Derived, lr: float) -> RetrainState:
     params, bn = N.extract(space, st.params, st.bn, net)
     return RetrainState(params, bn, optax.adam(lr).init(params), jnp.zeros((), jnp.int32))
@@ -173,23 +165,7 @@ def init_retrain_state(space, st: ComposedState, net: N.Derived, lr: float) -> R
 
 @functools.lru_cache(maxsize=16)
 def make_retrain_steps(space, net: N.Derived, lr: float, lambda1: float, dw_impl: str = "auto"):
-    """(train_step, eval_step) of the derived network ``net`` (static)."""
-    tx = optax.adam(lr)
-
-    def train_step(st: RetrainState, x, y):
-        def loss_fn(params):
-            logits, bn = N.compact_apply(space, net, params, st.bn, x, train=True, dw_impl=dw_impl)
-            ce = cross_entropy(logits, y)
-            return ce + lambda1 * l2_norm_sq(params), (ce, bn, logits)
-
-        (loss, (ce, bn, logits)), grads = jax.value_and_grad(loss_fn, has_aux=True)(st.params)
-        updates, opt = tx.update(grads, st.opt, st.params)
-        st = RetrainState(optax.apply_updates(st.params, updates), bn, opt, st.step + 1)
-        return st, {"loss": loss, "ce": ce, "acc": jnp.mean((jnp.argmax(logits, -1) == y).astype(jnp.float32))}
-
-    def eval_step(params, bn, x, y, valid):
-        logits, _ = N.compact_apply(space, net, params, bn, x, train=False, dw_impl=dw_impl)
-        correct = jnp.sum((jnp.argmax(logits, -1) == y) * valid)
-        return correct, jnp.sum(optax.softmax_cross_entropy_with_integer_labels(logits, y) * valid)
-
-    return jax.jit(train_step, donate_argnums=0), jax.jit(eval_step)
+    """(train_step, eval_step) of the derived network ``net`` (static): ``train.compact_steps`` of
+    ``compose.net.compact_apply``."""
+    return compact_steps(lambda params, bn, x, train: N.compact_apply(space, net, params, bn, x, train=train,
+                                                                      dw_impl=dw_impl), lr, lambda1)
