@@ -161,6 +161,26 @@ def arch_scalars(probs) -> dict:
     return out
 
 
+def composed_scalars(choices, probs, link_names) -> dict:
+    """The composed search's other groups of gates (``jmsnas.compose.choices``; ``probs`` a ChoiceProbs, its ops
+    logged by :func:`arch_scalars`): per link ``compose/link/<a>_to_<b>/sent_fraction`` = E[channels sent / c]
+    (1 for no module, 1/r for a reduction r), ``compose/link/.../bits`` = E[transmitted bits] and
+    ``.../p_no_module``; per layer ``compose/weight_bits/layer_NN`` = E[weight bits] (read where its device
+    quantizes)."""
+    q = np.asarray(probs.module, np.float64)
+    frac = np.array([1.0] + [1.0 / r for r in choices.modules])
+    abits = np.asarray(probs.act_bits, np.float64) @ np.asarray(choices.act_bits, np.float64)
+    wbits = np.asarray(probs.weight_bits, np.float64) @ np.asarray(choices.weight_bits, np.float64)
+    out = {}
+    for l, name in enumerate(link_names):
+        tag = f"compose/link/{_name(name)}"
+        out[f"{tag}/sent_fraction"] = float(q[l] @ frac)
+        out[f"{tag}/bits"] = float(abits[l])
+        out[f"{tag}/p_no_module"] = float(q[l, 0])
+    out.update({f"compose/weight_bits/layer_{n:02d}": float(b) for n, b in enumerate(wbits)})
+    return out
+
+
 def generation_scalars(accuracy, latency_ms, feasible, fitness, sensor_peak_bytes=None) -> dict:
     """One generation of an evolution (arrays over its P candidates): the best and mean fitness of the feasible
     candidates (``fitness`` is -inf where infeasible), the feasible fraction, best/mean accuracy, min/max

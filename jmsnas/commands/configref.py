@@ -59,6 +59,8 @@ MAIN = {
                                     "field `quantize`), from 2..8, 16, 32 (float); `[]`: float weights"),
     "compose.activation_bits": ("bits", "candidate bit widths of the tensor every cut transmits, from 1..8, 16, "
                                         "32 (float); `[]`: float32 on the wire"),
+    "compose.module_optional": ("", "whether a cut may carry no split module; `false`: every cut carries one of "
+                                    "`compose.modules` (one reduction there: a fixed module at every cut)"),
     "retrain.epochs": ("epochs", "second stage: training the derived network from scratch"),
     "retrain.lr": ("", "Adam learning rate of the second stage"),
     "eval_batch_size": ("images", "batch of the evaluations"),

@@ -53,28 +53,43 @@ class Choices(NamedTuple):
       weight_bits: candidate weight bit widths, (32,) = off.
       act_bits: candidate bit widths of a transmitted tensor, (32,) = off.
       quantize: bool per device: whether its layers' weights take ``weight_bits`` (others stay float32).
+      module_optional: whether a link may carry no module; False: "none" is masked out of every link's module
+        choice (probability 0, never sampled or derived), so every cut carries one of ``modules``.
     """
 
     modules: tuple = ()
     weight_bits: tuple = (FLOAT_BITS,)
     act_bits: tuple = (FLOAT_BITS,)
     quantize: tuple = ()
+    module_optional: bool = True
 
     @property
     def num_modules(self) -> int:
         """K: the candidates of a link's module choice, "none" included."""
         return 1 + len(self.modules)
 
+    def group_masks(self) -> tuple:
+        """bool masks of the valid candidates of (weight bits, module, transmitted bits): only the module's
+        "none" can be masked out (``module_optional=False``)."""
+        return (np.ones(len(self.weight_bits), bool), np.array([self.module_optional] + [True] * len(self.modules)),
+                np.ones(len(self.act_bits), bool))
+
     @property
     def off(self) -> bool:
         return not self.modules and self.weight_bits == (FLOAT_BITS,) and self.act_bits == (FLOAT_BITS,)
 
 
-def make_choices(topology, modules=(), weight_bits=(), act_bits=(), quantize=None) -> Choices:
+def make_choices(topology, modules=(), weight_bits=(), act_bits=(), quantize=None,
+                 module_optional=True) -> Choices:
     """Validated ``Choices`` for ``topology``: ``modules`` reductions (ints >= 2, [] = off), ``weight_bits`` /
-    ``act_bits`` bit widths ([] or [32] = off) and ``quantize`` (bool per device; default: every device but the
-    last in execution order). A ValueError names the bad value."""
+    ``act_bits`` bit widths ([] or [32] = off), ``quantize`` (bool per device; default: every device but the
+    last in execution order) and ``module_optional`` (False: every cut carries a module). A ValueError names the
+    bad value."""
     mods = _ints("modules", modules, least=2)
+    if not isinstance(module_optional, (bool, np.bool_)):
+        raise ValueError(f"module_optional must be true or false, got {module_optional!r}")
+    if not module_optional and not mods:
+        raise ValueError("module_optional: false needs at least one reduction in modules, got modules []")
     wb = _ints("weight_bits", weight_bits, WEIGHT_BITS) or (FLOAT_BITS,)
     ab = _ints("activation_bits", act_bits, ACT_BITS) or (FLOAT_BITS,)
     m = topology.num_devices
@@ -85,7 +100,7 @@ def make_choices(topology, modules=(), weight_bits=(), act_bits=(), quantize=Non
     if len(quantize) != m or any(not isinstance(q, (bool, np.bool_)) for q in quantize):
         raise ValueError(f"quantize must be one true/false per device {list(topology.device_names)}, got "
                          f"{list(quantize)}")
-    return Choices(mods, tuple(sorted(wb)), tuple(sorted(ab)), tuple(bool(q) for q in quantize))
+    return Choices(mods, tuple(sorted(wb)), tuple(sorted(ab)), tuple(bool(q) for q in quantize), bool(module_optional))
 
 
 class ChoiceProbs(NamedTuple):
@@ -117,10 +132,10 @@ def logits_shapes(space, choices: Choices) -> ChoiceProbs:
 
 
 def probs_from_logits(space, choices: Choices, logits: ChoiceProbs) -> ChoiceProbs:
-    """softmax of every group of logits (the ops over their valid candidates only)."""
-    soft = lambda a: jax.nn.softmax(a, axis=-1)
-    return ChoiceProbs(probabilities(logits.ops, jnp.asarray(space.mask())), soft(logits.weight_bits),
-                       soft(logits.module), soft(logits.act_bits))
+    """softmax of every group of logits over its valid candidates (the ops' mask, ``Choices.group_masks``)."""
+    soft = lambda a, m: probabilities(a, jnp.broadcast_to(jnp.asarray(m), a.shape))
+    return ChoiceProbs(probabilities(logits.ops, jnp.asarray(space.mask())),
+                       *(soft(a, m) for a, m in zip(logits[1:], choices.group_masks())))
 
 
 def onehot(space, choices: Choices, config: Config) -> ChoiceProbs:

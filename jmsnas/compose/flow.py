@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jmsnas import ahead as A, budget, data, limits as L, programs, supernet, timing, train
+from jmsnas import ahead as A, budget, data, limits as L, programs, supernet, tensorboard as tb, timing, train
 from jmsnas.checkpoint import Checkpointer
 from jmsnas.compose import anysplit, cost as K, net as N, network as CN, repair as R, steps as S
 from jmsnas.compose.choices import ChoiceProbs, Choices, make_choices, onehot, probs_from_logits
@@ -30,7 +30,8 @@ ANY_SPLIT_MAX = 400  # splits: above this many, the repair runs under the best s
 
 
 def choices_of(cfg, topology) -> Choices:
-    """The configuration's ``Choices`` (``compose.modules``, ``compose.weight_bits``, ``compose.activation_bits``;
+    """The configuration's ``Choices`` (``compose.modules``, ``compose.weight_bits``, ``compose.activation_bits``,
+    ``compose.module_optional``;
     all off when the configuration has no ``compose``) on ``topology``, whose devices' ``quantize`` fields (None:
     make_choices' default for that device) say which quantize. ValueError naming the bad value."""
     c = cfg.get("compose") or {}
@@ -38,7 +39,8 @@ def choices_of(cfg, topology) -> Choices:
     default = make_choices(topology).quantize
     given = [d.quantize for d in topology.devices]
     quantize = None if all(q is None for q in given) else tuple(d if q is None else q for q, d in zip(given, default))
-    return make_choices(topology, get("modules"), get("weight_bits"), get("activation_bits"), quantize)
+    optional = True if c.get("module_optional") is None else c.get("module_optional")
+    return make_choices(topology, get("modules"), get("weight_bits"), get("activation_bits"), quantize, optional)
 
 
 def check(cfg, topology) -> Choices:
@@ -102,9 +104,14 @@ def _stage1(cfg, space, table, terms, choices, hp, limits, ds, mesh, workdir, fp
         acc, _ = train.evaluate(lambda x, y, v: eval_step(st.params, st.bn, st.logits, x, y, v), ds.val,
                                 cfg.eval_batch_size, mesh)
         e, t = lat(st.logits)
-        return {"epoch": epoch, "stage": "warmup" if epoch < s.warmup_epochs else "search",
-                "train_loss": float(m["loss"]), "train_acc": float(m["acc"]), "val_acc": acc,
-                "expected_latency_ms": float(e), "derived_latency_ms": float(t)}
+        row = {"epoch": epoch, "stage": "warmup" if epoch < s.warmup_epochs else "search",
+               "train_loss": float(m["loss"]), "train_acc": float(m["acc"]), "val_acc": acc,
+               "expected_latency_ms": float(e), "derived_latency_ms": float(t)}
+        if tb.active():
+            probs = jax.device_get(probs_from_logits(space, choices, st.logits))
+            tb.log(epoch, {**tb.history_scalars(row), **tb.arch_scalars(probs.ops),
+                           **tb.composed_scalars(choices, probs, space.topology.link_names)})
+        return row
 
     return loop.epochs(
         init, cfg=cfg, ckpt=Checkpointer(os.path.join(workdir, "checkpoints", "search")), fp=fp, resume=resume,
@@ -154,8 +161,10 @@ def _retrain(cfg, space, net: N.Derived, ds, mesh, st, workdir, fp, resume, prog
     def end_epoch(rt, epoch, m):
         acc, _ = train.evaluate(lambda x, y, v: eval_step(rt.params, rt.bn, x, y, v), ds.val, cfg.eval_batch_size,
                                 mesh)
-        return {"epoch": first + epoch, "stage": "retrain", "train_loss": float(m["loss"]),
-                "train_acc": float(m["acc"]), "val_acc": acc, "expected_latency_ms": None, "derived_latency_ms": None}
+        row = {"epoch": first + epoch, "stage": "retrain", "train_loss": float(m["loss"]),
+               "train_acc": float(m["acc"]), "val_acc": acc, "expected_latency_ms": None, "derived_latency_ms": None}
+        tb.log(row["epoch"], tb.history_scalars(row))
+        return row
 
     return loop.epochs(
         S.init_retrain_state(space, jax.device_get(st), net, float(r.lr)), cfg=cfg,
@@ -215,8 +224,11 @@ def _finish(cfg, space, table, terms, choices, lim, ds, mesh, rt, net: N.Derived
     }
     if timing.active() is not None:
         result["time"] = timing.summary()
-    directory.write_outputs(workdir, result, history,
-                            lambda: _write_parts(space, params, jax.device_get(rt.bn), net, workdir, a))
+    figures = directory.write_outputs(workdir, result, history,
+                                      lambda: _write_parts(space, params, jax.device_get(rt.bn), net, workdir, a))
+    if tb.active():
+        tb.log(len(history), tb.result_scalars(result))
+        tb.images(len(history), tb.figures(figures))
     return result
 
 

@@ -212,27 +212,30 @@ def apply(space, choices: Choices, split: str, params, state, gates: G.Gates, cg
 
 # ------------------------------------------------------------------------------------------------ the gates
 
-def _all(shape):
-    return jnp.ones(shape, bool)
+def _rows(mask, shape):
+    return jnp.broadcast_to(jnp.asarray(mask), shape)
 
 
-def weight_gates(key, logits) -> ComposedGates:
+def weight_gates(key, logits, masks) -> ComposedGates:
     """One sampled candidate per row of every composed group (a weight step), from logits (weight_bits, module,
-    act_bits)."""
+    act_bits) over their valid candidates (``Choices.group_masks()``)."""
     keys = jax.random.split(key, 3)
-    return ComposedGates(*(G.single_path_gates(k, a, _all(a.shape)) for k, a in zip(keys, logits)))
+    return ComposedGates(*(G.single_path_gates(k, a, _rows(m, a.shape)) for k, a, m in zip(keys, logits, masks)))
 
 
-def arch_gates(mode: str, key, logits, tau=1.0) -> ComposedGates:
-    """The gates of an architecture step in the ops' gate mode (``jmsnas.gates.arch_gates``); a group of one
-    candidate has that one, with gate 1."""
+def arch_gates(mode: str, key, logits, masks, tau=1.0) -> ComposedGates:
+    """The gates of an architecture step in the ops' gate mode (``jmsnas.gates.arch_gates``) over every group's
+    valid candidates (``Choices.group_masks()``); a group with one valid candidate has that one, with gate 1."""
     keys = jax.random.split(key, 3)
     out = []
-    for k, a in zip(keys, logits):
-        if a.shape[-1] == 1:
-            out.append(G.Gates(jnp.ones_like(a), jnp.zeros(a.shape, jnp.int32)))
+    for k, a, m in zip(keys, logits, masks):
+        m = np.asarray(m)
+        if m.sum() == 1:
+            col = int(np.flatnonzero(m)[0])
+            out.append(G.Gates(jax.nn.one_hot(jnp.full(a.shape[:-1], col), a.shape[-1], dtype=a.dtype),
+                               jnp.full(a.shape[:-1] + (1,), col, jnp.int32)))
         else:
-            out.append(G.arch_gates(mode, k, a, _all(a.shape), tau))
+            out.append(G.arch_gates(mode, k, a, _rows(m, a.shape), tau))
     return ComposedGates(*out)
 
 

@@ -66,10 +66,11 @@ class _Problem(NamedTuple):
     send: np.ndarray  # [L, K * Ba] Conv-Reduce ms on the sender
     recv: np.ndarray  # [L, K * Ba] Conv-Recover ms on the receiver
     wire: np.ndarray  # [L, K * Ba] bytes
+    link_valid: np.ndarray  # [K * Ba] the link options a link may take (the module "none" only when optional)
     width: int  # N + L: the length of a picks row
 
 
-def _problem(space, table, terms: Terms, probs: ChoiceProbs, assignment) -> _Problem:
+def _problem(space, table, terms: Terms, choices: Choices, probs: ChoiceProbs, assignment) -> _Problem:
     f = lambda x: np.asarray(x, np.float64)
     topo, n = space.topology, space.num_layers
     dev = space.layer_devices() if assignment is None else np.asarray(assignment)
@@ -90,20 +91,22 @@ def _problem(space, table, terms: Terms, probs: ChoiceProbs, assignment) -> _Pro
     send = rep(f(terms.send_ms)[src, bounds]) if links else wire
     recv = rep(f(terms.recv_ms)[dst, bounds]) if links else wire
     lcost = -(logp(probs.module)[:, :, None] + logp(probs.act_bits)[:, None, :])
+    link_valid = np.repeat(choices.group_masks()[1], na)
     return _Problem(dev, bounds, lm.reshape(n, -1), cost.reshape(n, -1), valid.reshape(n, -1), ka(lcost), ka(eps),
-                    ka(send), ka(recv), ka(wire), n + links)
+                    ka(send), ka(recv), ka(wire), link_valid, n + links)
 
 
 def _group(P: _Problem, pos: int, cols, values) -> tuple:
-    """The options of one group (a layer: pos < N; a link: N + l) as a (points, picks) frontier."""
+    """The options ``cols`` of one group (a layer: pos < N; a link: N + l) as a (points, picks) frontier; ``values``
+    are that group's whole rows (latency, ..., cost)."""
     picks = np.full((len(cols), P.width), -1, np.int64)
     picks[:, pos] = cols
-    return F.pareto(np.stack(values, 1), picks)
+    return F.pareto(np.stack([v[cols] for v in values], 1), picks)
 
 
 def _layer_group(P, n, extra=0):
     cols = np.flatnonzero(P.valid[n])
-    return _group(P, n, cols, [P.lat[n, cols]] + [np.zeros(len(cols))] * extra + [P.cost[n, cols]])
+    return _group(P, n, cols, [P.lat[n]] + [np.zeros(P.lat.shape[1])] * extra + [P.cost[n]])
 
 
 def _to_config(P: _Problem, picks, nb, na) -> Config:
@@ -163,17 +166,16 @@ def _chain_with_limits(space, table, terms, limits: DeviceLimits, P: _Problem, n
         return np.stack([lat, cost], 1), rows
 
     links = [topo.link_index(order[p], order[p + 1]) for p in range(len(order) - 1)]
-    n_opt = P.link_cost.shape[1]
-    link_opt = lambda l, c: _group(P, n + l, np.array([c]), [P.eps[l, [c]] + P.send[l, [c]] + P.recv[l, [c]],
-                                                             P.link_cost[l, [c]]])
+    link_opt = lambda l, c: _group(P, n + l, np.array([c]), [P.eps[l] + P.send[l] + P.recv[l], P.link_cost[l]])
     if not links:
         return device(order[0], None, None, None, None)
-    fronts = {c: F.add(device(order[0], None, None, c, links[0]), link_opt(links[0], c)) for c in range(n_opt)}
+    opts = np.flatnonzero(P.link_valid)
+    fronts = {c: F.add(device(order[0], None, None, c, links[0]), link_opt(links[0], c)) for c in opts}
     for p in range(1, len(order)):
         l_in = links[p - 1]
         l_out = links[p] if p < len(links) else None
         new = {}
-        for c_out in (range(n_opt) if l_out is not None else [None]):
+        for c_out in (opts if l_out is not None else [None]):
             parts = [F.add(fronts[c], device(order[p], c, l_in, c_out, l_out)) for c in fronts if fronts[c] is not None]
             u = F.union(parts)
             if u is not None and l_out is not None:
@@ -195,10 +197,10 @@ def _mesh(space, P: _Problem, terms):
     seq = list(topo.pre) + [topo.root]
     for a, b in list(zip(seq, seq[1:])) + list(zip(topo.post, topo.post[1:])):
         l = topo.link_index(a, b)
-        cols = np.arange(P.link_cost.shape[1])
+        cols = np.flatnonzero(P.link_valid)
         front_a = F.add(front_a, _group(P, n + l, cols, [P.eps[l] + P.send[l] + P.recv[l], P.link_cost[l]]))
     branches = []
-    cols = np.arange(P.link_cost.shape[1])
+    cols = np.flatnonzero(P.link_valid)
     for b in topo.branches:
         fb = (np.zeros((1, 3)), np.full((1, P.width), -1, np.int64))
         for layer in np.flatnonzero(P.dev == b):
@@ -270,7 +272,7 @@ def repair(space, table, terms: Terms, choices: Choices, logits: ChoiceProbs, t_
         raise ValueError("the logits hold NaN or +inf: the configuration probabilities are undefined")
     topo = space.topology
     probs = probs_from_logits(space, choices, logits)
-    P = _problem(space, table, terms, probs, assignment)
+    P = _problem(space, table, terms, choices, probs, assignment)
     nb, na = len(choices.weight_bits), len(choices.act_bits)
     derived = derive(space, choices, logits)
     if limits is not None and (np.isfinite(limits.memory_bytes).any() or np.isfinite(limits.energy_mj).any()):
@@ -285,7 +287,7 @@ def repair(space, table, terms: Terms, choices: Choices, logits: ChoiceProbs, t_
             front = (np.zeros((1, 2)), np.full((1, P.width), -1, np.int64))
             for layer in range(space.num_layers):
                 front = F.add(front, _layer_group(P, layer))
-            cols = np.arange(P.link_cost.shape[1])
+            cols = np.flatnonzero(P.link_valid)
             for l in range(len(topo.links)):
                 front = F.add(front, _group(P, space.num_layers + l, cols,
                                            [P.eps[l] + P.send[l] + P.recv[l], P.link_cost[l]]))

@@ -73,10 +73,12 @@ def current_split(space, table, terms: Terms, choices: Choices, logits: ChoicePr
     return K.best_assignment(space, table, terms, probs)
 
 
-def derive_config(space, logits: ChoiceProbs):
-    """The argmax of every group (traced): ops int32[N] over the valid ops, the others over their candidates."""
+def derive_config(space, choices: Choices, logits: ChoiceProbs):
+    """The argmax of every group (traced) over its valid candidates: ops int32[N] over the valid ops, the others
+    over ``Choices.group_masks()``."""
+    rows = lambda a, m: jnp.broadcast_to(jnp.asarray(m), a.shape)
     return Config(G.derive(logits.ops, jnp.asarray(space.mask())),
-                  *(jnp.argmax(a, axis=-1).astype(jnp.int32) for a in logits[1:]))
+                  *(G.derive(a, rows(a, m)) for a, m in zip(logits[1:], choices.group_masks())))
 
 
 def make_steps(space, table, terms: Terms, choices: Choices, hp, limits=None, dw_impl: str = "auto",
@@ -93,7 +95,7 @@ def make_steps(space, table, terms: Terms, choices: Choices, hp, limits=None, dw
     def weight_step(st: ComposedState, x, y):
         key, k_ops, k_rest = jax.random.split(st.key, 3)
         gates = G.single_path_gates(k_ops, st.logits.ops, mask)
-        cg = N.weight_gates(k_rest, st.logits[1:])
+        cg = N.weight_gates(k_rest, st.logits[1:], choices.group_masks())
         a = current_split(space, table, terms, choices, st.logits, hp.split)
 
         def loss_fn(params):
@@ -114,7 +116,7 @@ def make_steps(space, table, terms: Terms, choices: Choices, hp, limits=None, dw
 
         def loss_fn(lg: ChoiceProbs):
             gates = G.arch_gates(hp.gate_mode, k_ops, lg.ops, mask, tau)
-            cg = N.arch_gates(hp.gate_mode, k_rest, lg[1:], tau)
+            cg = N.arch_gates(hp.gate_mode, k_rest, lg[1:], choices.group_masks(), tau)
             logits, _ = fwd(st.params, st.bn, gates, cg, a, x, train=True)
             ce = cross_entropy(logits, y)
             costs = step_costs(space, table, terms, choices, lg, hp.split, use_limits)
@@ -129,7 +131,7 @@ def make_steps(space, table, terms: Terms, choices: Choices, hp, limits=None, dw
         return st, {"arch_loss": loss, "arch_ce": ce, "expected_latency_ms": t}
 
     def eval_step(params, bn, lg: ChoiceProbs, x, y, valid):
-        config = derive_config(space, lg)
+        config = derive_config(space, choices, lg)
         a = derived_split(space, table, terms, choices, config, hp.split)
         gates = G.onehot_gates(config.ops, NUM_OPS)
         logits, _ = fwd(params, bn, gates, N.onehot_gates(choices, config), a, x, train=False)
@@ -151,7 +153,7 @@ def latencies(space, table, terms: Terms, choices: Choices, split: str):
 
     def both(lg):
         e = step_costs(space, table, terms, choices, lg, split).latency_ms
-        config = derive_config(space, lg)
+        config = derive_config(space, choices, lg)
         a = derived_split(space, table, terms, choices, config, split)
         return e, K.latency(space, table, terms, onehot(space, choices, config), a).total
 

@@ -45,10 +45,11 @@ def with_deployed_terms(table, space):
                           handoff_ms_per_byte=jnp.full((l,), 2e-6, jnp.float32))
 
 
-def setup(space, modules=(2,), weight_bits=(4, 32), act_bits=(8, 32), quantize=None, deployed=False):
+def setup(space, modules=(2,), weight_bits=(4, 32), act_bits=(8, 32), quantize=None, deployed=False,
+          module_optional=True):
     table = analytic_table(space)
     table = with_deployed_terms(table, space) if deployed else table
-    ch = C.make_choices(space.topology, modules, weight_bits, act_bits, quantize)
+    ch = C.make_choices(space.topology, modules, weight_bits, act_bits, quantize, module_optional)
     return table, ch, TT.build_terms(space, table, ch), CM.space_memory(space)
 
 

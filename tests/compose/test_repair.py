@@ -1,5 +1,6 @@
 """The composed repair (jmsnas.compose.repair): the most probable configuration within T_const and every device's
 memory and energy limit equals the enumeration of every configuration (hypothesis over random small spaces)."""
+import jax
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -18,6 +19,7 @@ pytestmark = pytest.mark.usefixtures("fast_compiles")  # tiny programs: compile 
 MECHANISMS = [dict(modules=(2,), weight_bits=(), act_bits=()), dict(modules=(), weight_bits=(4, 32), act_bits=()),
               dict(modules=(), weight_bits=(), act_bits=(8, 32)), dict(modules=(2, 4), weight_bits=(4, 8),
                                                                      act_bits=(4, 32))]
+REQUIRED = dict(modules=(2, 4), weight_bits=(4, 32), act_bits=(), module_optional=False)  # no "none" at any cut
 
 
 def _chain(n_dev, bws, mem_bws, lpd=None):
@@ -44,7 +46,7 @@ def _enumerate(space, ch, probs):
     n, links = space.num_layers, len(space.topology.links)
     mask = space.mask()
     sup = [list(np.flatnonzero(mask[i])) for i in range(n)] + [list(range(len(ch.weight_bits)))] * n \
-        + [list(range(ch.num_modules))] * links + [list(range(len(ch.act_bits)))] * links
+        + [list(np.flatnonzero(ch.group_masks()[1]))] * links + [list(range(len(ch.act_bits)))] * links
     ops, wb, mod, ab = np.split(configs(sup), np.cumsum([n, n, links]), axis=1)
     logp = lambda p, idx: np.log(np.maximum(np.asarray(p, np.float64), 1e-30))[np.arange(idx.shape[1]), idx].sum(1)
     cost = -(logp(probs.ops, ops) + logp(probs.weight_bits, wb) + logp(probs.module, mod) + logp(probs.act_bits, ab))
@@ -107,14 +109,16 @@ def _run(space, mech, seed, q_t, limit_kind, q_lim):
 
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.integers(2, 3), st.lists(st.floats(0.5, 20.0), min_size=2, max_size=2),
-       st.lists(st.floats(0.05, 5.0), min_size=3, max_size=3), st.sampled_from(MECHANISMS), st.integers(0, 1000),
-       st.floats(-0.1, 1.0), st.sampled_from([None, "memory", "energy", "both"]), st.floats(-0.05, 0.6))
+       st.lists(st.floats(0.05, 5.0), min_size=3, max_size=3), st.sampled_from(MECHANISMS + [REQUIRED]),
+       st.integers(0, 1000), st.floats(-0.1, 1.0), st.sampled_from([None, "memory", "energy", "both"]),
+       st.floats(-0.05, 0.6))
 def test_chain_repair_equals_enumeration(n_dev, bws, mem_bws, mech, seed, q_t, limit_kind, q_lim):
     _run(_chain(n_dev, bws, mem_bws), mech, seed, q_t, limit_kind, max(q_lim, 0.0))
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
-@given(st.lists(st.floats(0.5, 20.0), min_size=4, max_size=4), st.sampled_from(MECHANISMS[:3]), st.integers(0, 1000),
+@given(st.lists(st.floats(0.5, 20.0), min_size=4, max_size=4), st.sampled_from(MECHANISMS[:3] + [REQUIRED]),
+       st.integers(0, 1000),
        st.floats(-0.1, 1.0))
 def test_mesh_repair_equals_enumeration(bws, mech, seed, q_t):
     _run(_mesh(bws), mech, seed, q_t, None, 0.0)
@@ -187,3 +191,33 @@ def test_repair_over_every_split_equals_enumeration(bws, mem_bws, mech, seed, q_
     else:
         assert not fix.feasible
         np.testing.assert_allclose(t[s, r], t[within].min(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("limit_kind", [None, "memory"])
+def test_a_required_module_is_repaired_exactly_on_a_chain_and_a_mesh(limit_kind):
+    """``module_optional=False``: every cut carries a module; the repair equals the enumeration of the
+    configurations that have one (the module "none" is outside the support)."""
+    for seed in (3, 11):
+        _run(_chain(3, [2.0, 0.7], [0.3, 1.0, 4.0]), REQUIRED, seed, 0.3, limit_kind, 0.4)
+        if limit_kind is None:
+            _run(_mesh([1.0, 3.0, 0.8, 2.0]), REQUIRED, seed, 0.3, None, 0.0)
+
+
+def test_a_required_module_is_never_sampled_or_derived_as_none():
+    from jmsnas.compose import net as N, steps as S
+    space = _chain(2, [1.0], [0.5, 2.0])
+    ch = C.make_choices(space.topology, modules=(4,), module_optional=False)
+    lg = _logits(space, ch, 0)
+    lg = lg._replace(module=np.array([[9.0, -9.0]], np.float32))  # the logits favour "none"
+    assert float(C.probs_from_logits(space, ch, lg).module[0, 0]) == 0.0
+    assert int(S.derive_config(space, ch, lg).module[0]) == 1 and int(R.derive(space, ch, lg).module[0]) == 1
+    key = jax.random.PRNGKey(0)
+    for k in jax.random.split(key, 5):
+        assert int(N.weight_gates(k, lg[1:], ch.group_masks()).module.paths[0, 0]) == 1
+        for mode in ("two_path", "gumbel_soft", "gumbel_hard", "softmax"):
+            g = N.arch_gates(mode, k, lg[1:], ch.group_masks(), 1.0).module
+            np.testing.assert_array_equal(np.asarray(g.weights), [[0.0, 1.0]])
+    with pytest.raises(ValueError, match="module_optional: false needs at least one reduction"):
+        C.make_choices(space.topology, modules=(), module_optional=False)
+    with pytest.raises(ValueError, match="module_optional must be true or false, got 'no'"):
+        C.make_choices(space.topology, modules=(4,), module_optional="no")

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jmsnas import cli, configs, gates as G, pipeline, supernet
+from jmsnas import cli, configs, gates as G, pipeline, supernet, tensorboard
 from jmsnas.compose import choices as C, cost as K, flow, net as N, steps as S, terms as TT
 from jmsnas.quant import quantizers as Q
 from jmsnas.space import OP_NAMES
@@ -41,6 +41,7 @@ def _config_of(result, choices, space) -> C.Config:
 @pytest.mark.parametrize("split,gate_mode", [("fixed", "two_path"), ("searched", "gumbel_hard")])
 def test_the_composed_search_runs_and_lists_every_cut_and_every_layer(tmp_path, capsys, split, gate_mode):
     cfg = _tiny(split=split, gate_mode=gate_mode)
+    cfg.tensorboard = split == "fixed"  # its logs are checked on one of the two runs
     result = pipeline.search(cfg, str(tmp_path / "run"), progress=False)
     space, table = pipeline.build(cfg, pipeline.load_data(cfg))
     ch = flow.choices_of(cfg, space.topology)
@@ -69,7 +70,27 @@ def test_the_composed_search_runs_and_lists_every_cut_and_every_layer(tmp_path, 
                                                          for c in comp["cuts"]]
     assert os.path.isfile(tmp_path / "run" / "latency_breakdown.png")
     if split == "fixed":
+        _logs_every_epoch_the_gates_and_the_result(str(tmp_path / "run"), cfg, space, result)
         _exports_and_passes_the_pipeline_check(str(tmp_path / "run"), result, space, terms, ch, capsys)
+
+
+def _logs_every_epoch_the_gates_and_the_result(d, cfg, space, result):
+    """TensorBoard: every epoch of both stages, the composed gates per link and layer, the result and its
+    figures."""
+    scalars, images = tensorboard.read(d)
+    steps = lambda tag: [s for s, _ in scalars[tag]]
+    values = lambda tag: [v for _, v in scalars[tag]]
+    epochs = cfg.search.warmup_epochs + cfg.search.epochs
+    assert steps("val/accuracy") == list(range(epochs + cfg.retrain.epochs))
+    for name in space.topology.link_names:
+        tag = f"compose/link/{name.replace('->', '_to_')}"
+        assert steps(f"{tag}/sent_fraction") == list(range(epochs))
+        assert all(1 / 4 - 1e-6 <= v <= 1 + 1e-6 for v in values(f"{tag}/sent_fraction"))
+        assert all(8 - 1e-4 <= v <= 32 + 1e-4 for v in values(f"{tag}/bits"))
+    assert all(4 - 1e-4 <= v <= 32 + 1e-4 for v in values("compose/weight_bits/layer_00"))
+    final = len(json.load(open(os.path.join(d, "history.json"))))
+    assert scalars["result/accuracy/test"] == [(final, pytest.approx(result["accuracy"]["test"]))]
+    assert images
 
 
 def _exports_and_passes_the_pipeline_check(d, result, space, terms, ch, capsys):
@@ -113,7 +134,7 @@ def test_all_off_forward_is_the_supernet():
     hp = pipeline._hparams(cfg, space, table)
     st = S.init_state(jax.random.PRNGKey(0), space, ch, hp, "fixed")
     gates = G.single_path_gates(jax.random.PRNGKey(1), st.logits.ops, jnp.asarray(space.mask()))
-    cg = N.weight_gates(jax.random.PRNGKey(2), st.logits[1:])
+    cg = N.weight_gates(jax.random.PRNGKey(2), st.logits[1:], ch.group_masks())
     x = ds.train.images[:8]
     want, _ = supernet.apply(space, {k: v for k, v in st.params.items() if k != "modules"}, st.bn, gates, x,
                              train=True)
@@ -183,6 +204,7 @@ def _cli_error(capsys, argv):
     ("--config.compose.activation_bits=[0]", "compose.activation_bits: 0"),
     ("--config.compose.activation_bits=[12]", "12"),
     ("--config.compose.modules=[true]", "True"),
+    ("--config.compose.module_optional=False", "compose.module_optional: false needs at least one reduction"),
 ])
 def test_bad_values_exit_2_with_one_line_and_write_nothing(capsys, tmp_path, override, needle):
     keep = tmp_path / "work"

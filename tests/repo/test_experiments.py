@@ -155,3 +155,35 @@ def test_separable_summary_counts_the_runs_where_the_controller_wins():
     # the control group (0.75 last round, 0.65 all steps in both runs): beaten in the last round by seed 0's 0.9
     # only, over all steps by both (0.7 > 0.65)
     assert g4[9] == "1/2 / 2/2" and g4[10] == "0.750 |"
+
+
+COMPOSED = os.path.join(ROOT, "experiments", "configs", "composed.py")
+
+
+def test_composed_configs_are_the_main_job_but_for_the_method_budget_and_seed():
+    from jmsnas.configs import default_config
+    mod = _module(COMPOSED, "composed_config")
+    base = default_config().to_dict()
+    for method, switches in mod.METHODS.items():
+        cfg = load_config(f"{COMPOSED}:{method}:1.2:2")
+        pipeline.validate_config(cfg)
+        mine = cfg.to_dict()
+        assert mine.pop("t_const_ms") == 1.2 and mine.pop("seed") == 2
+        assert {k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in mine.pop("compose").items()} == switches
+        assert mine == {k: v for k, v in base.items() if k not in ("t_const_ms", "seed", "compose")}
+    mem = load_config(f"{COMPOSED}:composed:2.8:0:ue80k")
+    assert mem.topology.endswith("ue_memory_80k.yaml") and os.path.isfile(mem.topology)
+    for bad in ("composed:1.2", "autosplit:1.2:0", "composed:-1:0", "composed:fast:0", "composed:1.2:0:big"):
+        with pytest.raises(ValueError, match=r"METHOD:T_CONST:SEED\[:ue80k\]"):
+            mod.get_config(bad)
+
+
+def test_composed_reaches_are_ordered_and_jmsnas_alone_is_the_fastest_architecture():
+    """The experiment skips a budget below a method's least reachable T (the composed repair at T_const = 0);
+    JMSNAS alone's equals the fastest op at every layer (fig5's independent computation)."""
+    runner = _module(os.path.join(ROOT, "experiments", "composed.py"), "composed_runner")
+    reach = {m: runner.reach(m) for m in runner.SEARCHED}
+    fig5 = _module(CONFIG, "fig5_config")
+    t_min, _ = fig5.reachable_range(runner.config("jmsnas", 2.8, 0, False, False))
+    assert reach["jmsnas"] == pytest.approx(t_min, rel=1e-5)
+    assert reach["composed"] < reach["module"] < reach["jmsnas"]
