@@ -1,8 +1,8 @@
 """Benchmark: batched population evaluation (``jmsnas.evaluate.evaluate_population``) against the loop.
 
 P sub-networks of the default space (``presets.chain_preset()``, 8 layers, 8x8x1 inputs, device channels
-24/32/48/64, strides 1/2/1/2) sampled uniformly from the valid candidates, evaluated on one batch of B
-digits-sized inputs. Rows:
+24/32/48/64, strides 1/2/1/2; ``--layers-per-device`` sets the layers on each device) sampled uniformly from the
+valid candidates, evaluated on one batch of B digits-sized inputs. Rows:
 
 * ``loop``: ``evaluate_loop``, a Python loop of one jitted single-architecture evaluation (``supernet.apply``
   with one-hot gates): the peer;
@@ -37,7 +37,8 @@ recalibrating PyTorch loop), and a closing line gives JAX batched (first chunk s
 BN recalibration; ``--json FILE`` also writes the medians and ratios.
 
 Run: python benchmarks/bench_batched_eval.py [--population 64] [--batch 256] [--reps 5]
-     [--chunks 1,2,4,8] [--bn-batches 2] [--vmap] [--threads 2] [--no-torch] [--json FILE]
+     [--chunks 1,2,4,8] [--bn-batches 2] [--layers-per-device 2 2 2 2] [--vmap] [--threads 2] [--no-torch]
+     [--json FILE]
 """
 from __future__ import annotations
 
@@ -59,8 +60,8 @@ from jmsnas.cost.tables import analytic_table, head_flops, stem_flops
 from jmsnas.space import OPS, build_space, op_flops
 
 
-def default_space():
-    return build_space(presets.chain_preset(), image_size=8, in_channels=1, num_classes=10,
+def default_space(layers_per_device=(2, 2, 2, 2)):
+    return build_space(presets.chain_preset(tuple(layers_per_device)), image_size=8, in_channels=1, num_classes=10,
                        device_channels=(24, 32, 48, 64), device_strides=(1, 2, 1, 2))
 
 
@@ -181,6 +182,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--chunks", default="1,2,4,8")
     ap.add_argument("--bn-batches", type=int, default=2, help="K recalibration batches (0: skip those rows)")
+    ap.add_argument("--layers-per-device", type=int, nargs=4, default=[2, 2, 2, 2],
+                    help="searchable layers on each of the four devices (1 1 1 1: the CPU side of gpu_check.sh)")
     ap.add_argument("--vmap", action="store_true",
                     help="add the plain vmap row (vmapping lax.switch computes every candidate: memory heavy)")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch loop (needs torch: the bench extra)")
@@ -193,7 +196,7 @@ def main(argv=None) -> int:
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name} must be >= 1, got {getattr(args, name)}")
 
-    space = default_space()
+    space = default_space(args.layers_per_device)
     table = analytic_table(space)
     params, state = supernet.init(jax.random.PRNGKey(0), space)
     kx, ky, kb = jax.random.split(jax.random.PRNGKey(1), 3)

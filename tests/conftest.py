@@ -8,9 +8,11 @@
   config.json, no training), for the commands that read a run.
 - ``trained_run``: a tiny run trained by ``jmsnas search --config TINY_CONFIG`` in its own process, as a user runs
   it (result.json, history.json, summary, figures, parts/, checkpoints/); ``tiny_compile_cache`` is the persistent
-  compile cache that run filled, for tests that start more runs of the same configuration.
+  compile cache that run filled, for tests that start more runs of the same configuration, and ``tiny_env`` the
+  environment every run with that cache starts in (``procs.env`` with XLA's optimisation passes off: the tiny runs
+  spend most of their time compiling; every run a test compares with these starts in it).
 - ``evolved_run``: a tiny run of ``jmsnas evolve --config`` ``EVOLVE_CONFIG`` (the tiny config under a 0.85 ms
-  budget, 2 generations of 9) in its own process with ``tiny_compile_cache``, as a user runs it (result.json,
+  budget, 2 generations of 9, the shifted depthwise path) in its own process with ``tiny_env``, as a user runs it (result.json,
   evolution.json, history.json, checkpoints/supernet and checkpoints/evolution, ...); ``evolve_config_file`` is that
   configuration as a file.
 - ``fast_compiles``: XLA's optimisation passes off for a whole module whose programs are tiny
@@ -58,10 +60,10 @@ def _copy(run, tmp_path_factory, name: str):
     return shutil.copytree(run, tmp_path_factory.mktemp(name) / "run", symlinks=True)
 
 
-def _command_run(tmp_path_factory, cache, command: str, text: str, name: str):
-    """``jmsnas COMMAND --config <text>`` in its own process with the persistent compile cache ``cache``."""
+def _command_run(tmp_path_factory, environ: dict, command: str, text: str, name: str):
+    """``jmsnas COMMAND --config <text>`` in its own process with the environment ``environ``."""
     config = _config_file(tmp_path_factory, name, text)
-    procs.finish(procs.start(procs.env(cache), command, config, config.parent / "run"))
+    procs.finish(procs.start(environ, command, config, config.parent / "run"))
     return config.parent / "run"
 
 
@@ -86,8 +88,13 @@ def tiny_compile_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def _trained_run_once(tmp_path_factory, tiny_compile_cache):
-    return _command_run(tmp_path_factory, tiny_compile_cache, "search", TINY_CONFIG, "trained_run")
+def tiny_env(tiny_compile_cache):
+    return procs.env(tiny_compile_cache, fast_compile=True)
+
+
+@pytest.fixture(scope="session")
+def _trained_run_once(tmp_path_factory, tiny_env):
+    return _command_run(tmp_path_factory, tiny_env, "search", TINY_CONFIG, "trained_run")
 
 
 @pytest.fixture
@@ -99,7 +106,10 @@ EVOLVE_CONFIG = textwrap.dedent("""
     from jmsnas.configs import default_config, tiny
     def get_config(arg=None):
         c = tiny(default_config())
-        c.dw_impl = "xla"
+        # the shifted depthwise path: with XLA's optimisation passes off (tiny_env) the sandwich steps on "xla"'s
+        # grouped convolutions ran 5.5 times as long (the whole run 27.5 s CPU on "shifted", 57.2 on "xla" with
+        # the passes on, 114.6 with them off)
+        c.dw_impl = "shifted"
         c.t_const_ms = 0.85  # the tiny chain spans about 0.80-0.90 ms: the largest networks are over budget
         # 9 rows: two processes evaluate 5 and 4 of them plus a repeated row (tests/test_multiprocess.py)
         c.evolve = dict(epochs=1, num_random=1, population=9, generations=2, fitness_examples=48, bn_batches=1,
@@ -114,8 +124,8 @@ def evolve_config_file(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def _evolved_run_once(tmp_path_factory, tiny_compile_cache):
-    return _command_run(tmp_path_factory, tiny_compile_cache, "evolve", EVOLVE_CONFIG, "evolved_run")
+def _evolved_run_once(tmp_path_factory, tiny_env):
+    return _command_run(tmp_path_factory, tiny_env, "evolve", EVOLVE_CONFIG, "evolved_run")
 
 
 @pytest.fixture

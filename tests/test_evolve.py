@@ -250,7 +250,7 @@ SEARCH_KEYS = {"topology", "space", "t_const_ms", "architecture", "split", "late
 
 
 @pytest.mark.slow
-def test_evolve_end_to_end_meets_the_budget_and_resumes(evolved_run, evolve_config_file, tiny_compile_cache):
+def test_evolve_end_to_end_meets_the_budget_and_resumes(evolved_run, evolve_config_file, tiny_env):
     """conftest's evolved_run (``jmsnas evolve`` of the tiny config under a 0.85 ms budget, in its own process),
     checked, then cut back and resumed by another process."""
     run = evolved_run
@@ -300,7 +300,7 @@ def test_evolve_end_to_end_meets_the_budget_and_resumes(evolved_run, evolve_conf
     shutil.rmtree(run / "checkpoints" / "evolution" / "2")
     for name in ("result.json", "evolution.json", "history.json"):
         (run / name).unlink()
-    procs.finish(procs.start(procs.env(tiny_compile_cache), "evolve", evolve_config_file, run, "--resume"))
+    procs.finish(procs.start(tiny_env, "evolve", evolve_config_file, run, "--resume"))
     again = json.loads((run / "result.json").read_text())
     assert again["architecture"] == result["architecture"]
     assert again["accuracy"] == pytest.approx(result["accuracy"])

@@ -28,10 +28,10 @@ TIMEOUT = procs.TIMEOUT
 
 
 @pytest.fixture
-def run_env(tmp_path, tiny_compile_cache):
+def run_env(tmp_path, tiny_env):
     cfg = tmp_path / "tiny.py"
     cfg.write_text(TINY)
-    environ = procs.env(tiny_compile_cache)  # the compile cache conftest's trained_run filled
+    environ = tiny_env  # conftest's trained_run's environment: the compile cache it filled
     started = []
 
     def start(workdir, *extra, n=1, cmd="search"):

@@ -31,11 +31,10 @@ def _search(cfg, workdir, env, *extra):
 
 
 @pytest.mark.slow
-def test_kill_mid_epoch_and_resume_gives_the_same_architecture(tiny_config_file, trained_run, tiny_compile_cache,
-                                                               tmp_path):
-    # the uninterrupted run: conftest's trained_run, `jmsnas search` of the same tiny config; its compile cache
-    # makes the killed run's steps start at once
-    env = dict(_env(tmp_path), JAX_COMPILATION_CACHE_DIR=str(tiny_compile_cache))
+def test_kill_mid_epoch_and_resume_gives_the_same_architecture(tiny_config_file, trained_run, tiny_env, tmp_path):
+    # the uninterrupted run: conftest's trained_run, `jmsnas search` of the same tiny config, in the same
+    # environment; its compile cache makes the killed run's steps start at once
+    env = tiny_env
     expected = json.loads((trained_run / "result.json").read_text())
 
     run = tmp_path / "killed"

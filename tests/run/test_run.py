@@ -32,7 +32,9 @@ NAMES = ("result.json", "history.json", "evolution.json", "parts/manifest.json")
 
 @pytest.fixture(scope="module")
 def start(tmp_path_factory):
-    environ = procs.env(tmp_path_factory.mktemp("jax_cache"))
+    # XLA's optimisation passes off: these tiny runs spend most of their time compiling (every run compared
+    # here is started by this fixture)
+    environ = procs.env(tmp_path_factory.mktemp("jax_cache"), fast_compile=True)
     started = []
 
     def run(cmd, config, workdir, *extra, n=1):
