@@ -409,14 +409,10 @@ def finish(cfg, space, table, ds, mesh, rt, ops, split, fix, derived, history, w
     """Evaluates the retrained net and writes result.json, history.json, the report and parts/. ``note``
     replaces the budget note and ``extra`` adds keys to result.json (for flows other than the search)."""
     _, eval_step = retrain_steps(space, ops, cfg.retrain.lr, cfg.search.lambda1, cfg.dw_impl)
-    ev = lambda split: train.evaluate(lambda x, y, v: eval_step(rt.params, rt.bn, x, y, v), split,
-                                      cfg.eval_batch_size, mesh)[0]
-    val_acc, test_acc = ev(ds.val), ev(ds.test)
+    val_acc, test_acc = train.final_accuracy(eval_step, rt, ds, cfg.eval_batch_size, mesh)
     lat = breakdown_dict(space, arch_latency(space, table, jnp.asarray(ops), split))
     devices = space.layer_devices() if split is None else split
-    for h in history:
-        if h["derived_latency_ms"] is None:
-            h["derived_latency_ms"] = lat["total"]
+    train.fill_derived_latency(history, lat["total"])
     names = space.topology.device_names
     params = jax.device_get(rt.params)
     result = {

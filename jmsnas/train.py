@@ -290,3 +290,17 @@ def evaluate(eval_fn, split, batch_size: int, mesh: Mesh) -> tuple:
         correct, loss = correct + float(c), loss + float(l)
     n = len(split.labels)
     return correct / n, loss / n
+
+
+def final_accuracy(eval_step, rt, ds, batch_size: int, mesh: Mesh) -> tuple:
+    """(validation, test) accuracy of a retrained state ``rt`` (params, bn) under ``eval_step(params, bn, x, y,
+    valid)``: what a search's result.json reports."""
+    ev = lambda split: evaluate(lambda x, y, v: eval_step(rt.params, rt.bn, x, y, v), split, batch_size, mesh)[0]
+    return ev(ds.val), ev(ds.test)
+
+
+def fill_derived_latency(history: list, total_ms: float) -> None:
+    """Gives the rows without a derived latency (stage 2's) the final network's T, in place."""
+    for h in history:
+        if h["derived_latency_ms"] is None:
+            h["derived_latency_ms"] = total_ms

@@ -12,6 +12,7 @@ import pytest
 
 from jmsnas import cli
 from jmsnas.checkpoint import Checkpointer
+from cli_errors import cli_error, refused_writing_nothing
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -108,14 +109,6 @@ def test_four_cpu_devices_match_one(tmp_path):
     assert results[4]["arch"] == results[1]["arch"]
 
 
-def _cli_error(capsys, argv):
-    code = cli.main(argv)
-    err = capsys.readouterr().err.strip()
-    assert code == 2
-    assert len(err.splitlines()) == 1, err
-    return err
-
-
 def _tree_digest(path):
     """{file: hash of its bytes}, the workdir's lock file aside (a refused resume takes and releases the lock; a
     workdir made by a run has it already). TensorBoard events count: a refused resume must not start a log."""
@@ -141,19 +134,13 @@ def _tree_digest(path):
     ("--config.no_such_key=1", "no_such_key"),
 ])
 def test_bad_command_lines_fail_with_one_line(capsys, tmp_path, override, needle):
-    keep = tmp_path / "work"
-    keep.mkdir()
-    (keep / "precious.txt").write_text("keep me")
-    err = _cli_error(capsys, ["search", "--workdir", str(keep), override])
-    assert needle in err
-    assert (keep / "precious.txt").read_text() == "keep me"
-    assert sorted(os.listdir(keep)) == ["precious.txt"]
+    assert needle in refused_writing_nothing(capsys, tmp_path, "search", [override])
 
 
 def test_unwritable_workdir(capsys, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    err = _cli_error(capsys, ["search", "--workdir", str(blocker / "sub")])
+    err = cli_error(capsys, ["search", "--workdir", str(blocker / "sub")])
     assert "not writable" in err
 
 
@@ -162,7 +149,7 @@ def test_existing_run_is_not_overwritten_without_resume(capsys, tmp_path):
     ck.mkdir(parents=True)
     (ck / "marker").write_text("run")
     before = _tree_digest(tmp_path)
-    err = _cli_error(capsys, ["search", "--workdir", str(tmp_path)])
+    err = cli_error(capsys, ["search", "--workdir", str(tmp_path)])
     assert "--resume" in err
     assert _tree_digest(tmp_path) == before
 
@@ -179,11 +166,11 @@ def test_corrupt_checkpoint_is_reported_and_kept(capsys, tmp_path, tiny_config_f
                 with open(os.path.join(root, f), "wb") as fh:
                     fh.write(b"\x00garbage")
     before = _tree_digest(tmp_path)
-    err = _cli_error(capsys, ["search", "--config", str(tiny_config_file), "--workdir", str(tmp_path), "--resume"])
+    err = cli_error(capsys, ["search", "--config", str(tiny_config_file), "--workdir", str(tmp_path), "--resume"])
     assert "checkpoint" in err
     assert _tree_digest(tmp_path) == before
 
 
 def test_resume_without_a_run_is_an_error(capsys, tmp_path):
-    err = _cli_error(capsys, ["search", "--workdir", str(tmp_path), "--resume"])
+    err = cli_error(capsys, ["search", "--workdir", str(tmp_path), "--resume"])
     assert "no checkpoint" in err

@@ -197,16 +197,12 @@ def composed_entries(space, choices: Choices, config, net: N.Derived) -> dict:
 
 def _finish(cfg, space, table, terms, choices, lim, ds, mesh, rt, net: N.Derived, fix, split, how, history, workdir):
     _, eval_step = retrain_steps(cfg, space, net)
-    ev = lambda part: train.evaluate(lambda x, y, v: eval_step(rt.params, rt.bn, x, y, v), part,
-                                     cfg.eval_batch_size, mesh)[0]
-    val_acc, test_acc = ev(ds.val), ev(ds.test)
+    val_acc, test_acc = train.final_accuracy(eval_step, rt, ds, cfg.eval_batch_size, mesh)
     a = np.asarray(space.layer_devices() if split is None else split, np.int32)
     lat, mem, en = _costs(space, table, terms, lim.mem, onehot(space, choices, fix.config), a)
     lat = breakdown_dict(space, lat)
     as64 = lambda t: type(t)(*(np.asarray(x, np.float64) for x in t))
-    for h in history:
-        if h["derived_latency_ms"] is None:
-            h["derived_latency_ms"] = lat["total"]
+    train.fill_derived_latency(history, lat["total"])
     names = space.topology.device_names
     params = jax.device_get(rt.params)
     result = {

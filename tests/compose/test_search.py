@@ -13,6 +13,7 @@ from jmsnas import cli, configs, gates as G, pipeline, supernet, tensorboard
 from jmsnas.compose import choices as C, cost as K, flow, net as N, steps as S, terms as TT
 from jmsnas.quant import quantizers as Q
 from jmsnas.space import OP_NAMES
+from cli_errors import cli_error, refused_writing_nothing
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")  # tiny programs: compile time dominates
 
@@ -187,14 +188,6 @@ def test_the_fake_quantizers_pass_the_gradient_straight_through():
     np.testing.assert_allclose(np.asarray(qv)[..., :2], np.asarray(x)[..., :2], atol=float(x.max() - x.min()) / 255)
 
 
-def _cli_error(capsys, argv):
-    code = cli.main(argv)
-    err = capsys.readouterr().err.strip()
-    assert code == 2
-    assert len(err.splitlines()) == 1, err
-    return err
-
-
 @pytest.mark.parametrize("override, needle", [
     ("--config.compose.modules=[1]", "compose.modules: 1"),
     ("--config.compose.modules=[2, 2]", "repeats"),
@@ -207,15 +200,7 @@ def _cli_error(capsys, argv):
     ("--config.compose.module_optional=False", "compose.module_optional: false needs at least one reduction"),
 ])
 def test_bad_values_exit_2_with_one_line_and_write_nothing(capsys, tmp_path, override, needle):
-    keep = tmp_path / "work"
-    keep.mkdir()
-    (keep / "precious.txt").write_text("keep me")
-    err = _cli_error(capsys, ["search", "--workdir", str(keep), override])
-    assert needle in err
-    assert sorted(os.listdir(keep)) == ["precious.txt"]
-    fresh = tmp_path / "fresh"
-    _cli_error(capsys, ["search", "--workdir", str(fresh), override])
-    assert not fresh.exists()
+    assert needle in refused_writing_nothing(capsys, tmp_path, "search", [override])
 
 
 def _topology_file(tmp_path, quantize):
@@ -229,11 +214,11 @@ def _topology_file(tmp_path, quantize):
 
 def test_bad_quantize_field_and_mesh_modules_exit_2(capsys, tmp_path):
     bad = _topology_file(tmp_path, '"yes"')
-    err = _cli_error(capsys, ["search", "--workdir", str(tmp_path / "a"), f"--config.topology={bad}",
+    err = cli_error(capsys, ["search", "--workdir", str(tmp_path / "a"), f"--config.topology={bad}",
                               "--config.layers_per_device=[2, 2]"])
     assert "quantize" in err and "yes" in err
     assert not (tmp_path / "a").exists()
-    err = _cli_error(capsys, ["search", "--workdir", str(tmp_path / "b"), "--config.topology=mesh",
+    err = cli_error(capsys, ["search", "--workdir", str(tmp_path / "b"), "--config.topology=mesh",
                               "--config.layers_per_device=[2, 2, 2, 2, 2, 2]",
                               "--config.space.device_channels=[24, 32, 48, 48, 48, 64]",
                               "--config.space.device_strides=[1, 2, 1, 1, 1, 2]", "--config.compose.modules=[2]"])
@@ -292,7 +277,7 @@ def test_the_split_is_data_one_trace_serves_every_split():
 
 
 def test_evolve_refuses_a_composed_switch(capsys, tmp_path):
-    err = _cli_error(capsys, ["evolve", "--workdir", str(tmp_path / "e"), "--config.compose.weight_bits=[4, 8]"])
+    err = cli_error(capsys, ["evolve", "--workdir", str(tmp_path / "e"), "--config.compose.weight_bits=[4, 8]"])
     assert "compose.weight_bits" in err and "jmsnas search" in err
     assert not (tmp_path / "e").exists()
 
