@@ -152,6 +152,31 @@ def test_hosts_on_loopback_equal_the_whole_network(tiny, tmp_path):
             p.wait()
 
 
+def test_every_worker_hears_from_the_coordinator_before_any_part_is_sent(tmp_path):
+    """A worker without a secret closes a connection that stays silent for its handshake time, and a session
+    takes its part's files only once it has started: every session gets its first frame before any gets its files,
+    so the last device does not wait for the others' sessions to start (here the first never reads at all)."""
+    from jmsnas.deploy.pipeline import _Cluster
+    order = ["a", "b", "c"]
+    for d in order:
+        for key in ("program", "weights"):
+            (tmp_path / f"{d}.{key}").write_bytes(b"\0" * (4 << 20))  # more than a socket's buffers hold
+    manifest = {"order": order, "parts": {d: {"program": f"{d}.program", "weights": f"{d}.weights"} for d in order}}
+    cl = object.__new__(_Cluster)
+    cl.manifest, cl.order = manifest, order
+    pairs = {d: socket.socketpair() for d in order}
+    cl.ctl = {d: pairs[d][0] for d in order}
+    try:
+        with pytest.raises(DeployError, match="device 'a' did not take its part within the startup timeout"):
+            cl.send_parts(str(tmp_path), time.time() + 1.0)
+        for d in order:  # the worker end of every connection has its session's first frame
+            pairs[d][1].settimeout(5.0)
+            assert L.recv_frame(pairs[d][1]).value["part"] == d
+    finally:
+        for a, b in pairs.values():
+            a.close(), b.close()
+
+
 def test_refused_unresolvable_and_malformed_hosts_are_one_line(tiny, tmp_path, capsys):
     free = L.listen(0)
     port = free.getsockname()[1]
