@@ -38,6 +38,8 @@ import time
 import numpy as np
 from matplotlib.figure import Figure
 
+from jmsnas.run.directory import read_result
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 BUDGETS = (0.4, 1.2, 2.0, 2.6, 2.8)
 SEARCHED = ("jmsnas", "module", "composed")
@@ -88,8 +90,7 @@ def search(out, method, t_const, seed, ue80k, quick) -> dict:
         pipeline.search(config(method, t_const, seed, ue80k, quick), wd,
                         resume=os.path.isdir(ckpt) and any(os.scandir(ckpt)), progress=False)
         print(f"  {os.path.basename(wd)}: {time.time() - t0:.0f} s", flush=True)
-    with open(os.path.join(wd, "result.json")) as f:
-        r = json.load(f)
+    r = read_result(wd)
     c = r.get("compose") or {}
     return {"method": method, "t_const_ms": t_const, "seed": seed, "ue80k": ue80k, "run": wd,
             "met": bool(r["budget"]["met"]) and all(m["within"] for m in r["memory"].values()),
@@ -101,8 +102,7 @@ def search(out, method, t_const, seed, ue80k, quick) -> dict:
 def _ue_units(ctx, source) -> int:
     """The units of the folded network (``jmsnas.quant.network``: stem, each layer's convolutions, head) that the
     UE runs under the run's own split: everything before the first unit of a layer on another device."""
-    with open(os.path.join(source["run"], "result.json")) as f:
-        arch = json.load(f)["architecture"]
+    arch = read_result(source["run"])["architecture"]
     first = arch[0]["device"]
     ue_layers = {f"layer{e['layer']}." for e in arch if e["device"] == first}
     names = [u.name for u in ctx["run"].net.units]
