@@ -226,30 +226,40 @@ class _Cluster:
     def send_parts(self, export_dir: str, deadline: float) -> None:
         """Step 1 of the control protocol: every worker gets the manifest and its part's two files (a staged
         part: two per stage, in order); a session that has not taken them by ``deadline`` fails the startup.
+
         Every worker gets its first frame before any gets its files: a ``jmsnas worker`` without a secret closes a
         connection that stays silent for its handshake time, and a session's files wait until that session has
-        started and reads them (seconds each on a loaded machine), which the last device must not wait for."""
-        for d in self.order:
-            with self._startup_send(d, deadline):
-                L.send_frame(self.ctl[d], L.JSON, value={"part": d, "manifest": self.manifest})
-        for d in self.order:
-            with self._startup_send(d, deadline):
-                for entry, key in part_files(self.manifest["parts"][d]):
-                    with open(os.path.join(export_dir, entry[key]), "rb") as f:
-                        L.send_frame(self.ctl[d], L.ARRAY, value=np.frombuffer(f.read(), np.uint8))
+        started and reads them (seconds each on a loaded machine), which the last device must not wait for.
+        The frames go out from a thread of their own, waited for until ``deadline``; a connection's timeout is
+        never set: its reader thread shares the descriptor, and a blocking ``recv`` that finds it switched to
+        non-blocking fails at once (an EAGAIN read as a closed connection)."""
+        at, failed = [None], []
 
-    @contextlib.contextmanager
-    def _startup_send(self, d: str, deadline: float):
-        """Sends to ``d``'s session within ``deadline``: DeployError when it does not take the bytes by then,
-        _Failure when it is gone."""
-        self.ctl[d].settimeout(max(1e-3, deadline - time.time()))
-        try:
-            yield
-        except TimeoutError:
-            raise DeployError(f"device {d!r} did not take its part within the startup timeout") from None
-        except OSError:  # the session is gone: _diagnose names how
-            raise _Failure() from None
-        self.ctl[d].settimeout(None)
+        def send_all() -> None:
+            try:
+                for d in self.order:
+                    at[0] = d
+                    L.send_frame(self.ctl[d], L.JSON, value={"part": d, "manifest": self.manifest})
+                for d in self.order:
+                    at[0] = d
+                    for entry, key in part_files(self.manifest["parts"][d]):
+                        with open(os.path.join(export_dir, entry[key]), "rb") as f:
+                            L.send_frame(self.ctl[d], L.ARRAY, value=np.frombuffer(f.read(), np.uint8))
+                at[0] = None
+            except OSError as e:
+                failed.append(e)
+        sender = threading.Thread(target=send_all, daemon=True)
+        sender.start()
+        sender.join(max(0.0, deadline - time.time()))
+        if sender.is_alive():  # a session that does not read: the connections are shut, which ends the sender
+            d = at[0]
+            while sender.is_alive():
+                with contextlib.suppress(OSError):
+                    self.ctl[at[0] or d].shutdown(socket.SHUT_RDWR)
+                sender.join(0.1)
+            raise DeployError(f"device {d!r} did not take its part within the startup timeout")
+        if failed:  # the session is gone: _diagnose names how
+            raise _Failure()
 
     def check_alive(self, raise_: bool = True) -> None:
         """Records every process that exited without its bye as an error; _Failure when there is one (with

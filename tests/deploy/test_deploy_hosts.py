@@ -147,15 +147,36 @@ def test_hosts_on_loopback_equal_the_whole_network(tiny, tmp_path):
             assert last[i]["c1"] <= t_out + raw["clock"]["cloud"]["uncertainty_ms"] / 1e3
         _no_session_left()
     finally:
-        for p in procs:
+        for p in procs:  # their logs are shown when the test fails
             p.terminate()
-            p.wait()
+            print(f"---- {p.args[-1]}\n{p.communicate()[0]}")
+
+
+class _ModeWatched:
+    """A socket that records every change of its blocking mode (settimeout, setblocking)."""
+
+    def __init__(self, sock):
+        self.sock, self.changes = sock, []
+
+    def settimeout(self, t):
+        self.changes.append(("settimeout", t))
+        self.sock.settimeout(t)
+
+    def setblocking(self, flag):
+        self.changes.append(("setblocking", flag))
+        self.sock.setblocking(flag)
+
+    def __getattr__(self, name):
+        return getattr(self.sock, name)
 
 
 def test_every_worker_hears_from_the_coordinator_before_any_part_is_sent(tmp_path):
     """A worker without a secret closes a connection that stays silent for its handshake time, and a session
     takes its part's files only once it has started: every session gets its first frame before any gets its files,
-    so the last device does not wait for the others' sessions to start (here the first never reads at all)."""
+    so the last device does not wait for the others' sessions to start (here the first never reads at all).
+    The sends never change a control connection's blocking mode: the coordinator's reader thread of that connection
+    is in a blocking recv meanwhile, and one that found the descriptor non-blocking failed with EAGAIN, which read
+    as 'device ... died or was cut off' on a loaded machine."""
     from jmsnas.deploy.pipeline import _Cluster
     order = ["a", "b", "c"]
     for d in order:
@@ -165,13 +186,25 @@ def test_every_worker_hears_from_the_coordinator_before_any_part_is_sent(tmp_pat
     cl = object.__new__(_Cluster)
     cl.manifest, cl.order = manifest, order
     pairs = {d: socket.socketpair() for d in order}
-    cl.ctl = {d: pairs[d][0] for d in order}
+    cl.ctl = {d: _ModeWatched(pairs[d][0]) for d in order}
+    read_errors = []
+
+    def reader(sock):  # as _Cluster._reader: a blocking recv on the connection the frames are sent on
+        try:
+            while sock.recv(1 << 16):
+                pass
+        except OSError as e:
+            read_errors.append(e)
+    for d in order:
+        threading.Thread(target=reader, args=(pairs[d][0],), daemon=True).start()
     try:
         with pytest.raises(DeployError, match="device 'a' did not take its part within the startup timeout"):
             cl.send_parts(str(tmp_path), time.time() + 1.0)
         for d in order:  # the worker end of every connection has its session's first frame
             pairs[d][1].settimeout(5.0)
             assert L.recv_frame(pairs[d][1]).value["part"] == d
+        assert {d: cl.ctl[d].changes for d in order} == {d: [] for d in order}
+        assert not [e for e in read_errors if isinstance(e, BlockingIOError)], read_errors
     finally:
         for a, b in pairs.values():
             a.close(), b.close()
