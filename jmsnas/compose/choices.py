@@ -74,6 +74,11 @@ class Choices(NamedTuple):
         return (np.ones(len(self.weight_bits), bool), np.array([self.module_optional] + [True] * len(self.modules)),
                 np.ones(len(self.act_bits), bool))
 
+    def row_masks(self, groups) -> tuple:
+        """The masks of ``group_masks`` broadcast to the shapes of ``groups``, the logits (or probabilities) of
+        (weight bits, module, transmitted bits): one mask row per layer or link."""
+        return tuple(jnp.broadcast_to(jnp.asarray(m), jnp.shape(a)) for a, m in zip(groups, self.group_masks()))
+
     @property
     def off(self) -> bool:
         return not self.modules and self.weight_bits == (FLOAT_BITS,) and self.act_bits == (FLOAT_BITS,)
@@ -133,9 +138,8 @@ def logits_shapes(space, choices: Choices) -> ChoiceProbs:
 
 def probs_from_logits(space, choices: Choices, logits: ChoiceProbs) -> ChoiceProbs:
     """softmax of every group of logits over its valid candidates (the ops' mask, ``Choices.group_masks``)."""
-    soft = lambda a, m: probabilities(a, jnp.broadcast_to(jnp.asarray(m), a.shape))
     return ChoiceProbs(probabilities(logits.ops, jnp.asarray(space.mask())),
-                       *(soft(a, m) for a, m in zip(logits[1:], choices.group_masks())))
+                       *(probabilities(a, m) for a, m in zip(logits[1:], choices.row_masks(logits[1:]))))
 
 
 def onehot(space, choices: Choices, config: Config) -> ChoiceProbs:

@@ -44,9 +44,9 @@ from jmsnas import ops as O
 from jmsnas import supernet
 from jmsnas.compose.choices import FLOAT_BITS, Choices, Config
 from jmsnas.compose.cost import link_boundaries
+from jmsnas.compose.network import composed_apply
 from jmsnas.compose.terms import boundary_shapes, module_channels
 from jmsnas.quant import quantizers as Q
-from jmsnas.space import OPS
 from jmsnas.splitnets import module as M
 
 QUANTIZED = ("expand", "dw", "project")  # the convolution weights of an MBConv layer that take the weight bits
@@ -212,30 +212,25 @@ def apply(space, choices: Choices, split: str, params, state, gates: G.Gates, cg
 
 # ------------------------------------------------------------------------------------------------ the gates
 
-def _rows(mask, shape):
-    return jnp.broadcast_to(jnp.asarray(mask), shape)
-
-
-def weight_gates(key, logits, masks) -> ComposedGates:
+def weight_gates(key, logits, choices: Choices) -> ComposedGates:
     """One sampled candidate per row of every composed group (a weight step), from logits (weight_bits, module,
-    act_bits) over their valid candidates (``Choices.group_masks()``)."""
+    act_bits) over their valid candidates (``Choices.row_masks``)."""
     keys = jax.random.split(key, 3)
-    return ComposedGates(*(G.single_path_gates(k, a, _rows(m, a.shape)) for k, a, m in zip(keys, logits, masks)))
+    return ComposedGates(*(G.single_path_gates(k, a, m) for k, a, m in zip(keys, logits, choices.row_masks(logits))))
 
 
-def arch_gates(mode: str, key, logits, masks, tau=1.0) -> ComposedGates:
+def arch_gates(mode: str, key, logits, choices: Choices, tau=1.0) -> ComposedGates:
     """The gates of an architecture step in the ops' gate mode (``jmsnas.gates.arch_gates``) over every group's
-    valid candidates (``Choices.group_masks()``); a group with one valid candidate has that one, with gate 1."""
+    valid candidates (``Choices.row_masks``); a group with one valid candidate has that one, with gate 1."""
     keys = jax.random.split(key, 3)
     out = []
-    for k, a, m in zip(keys, logits, masks):
-        m = np.asarray(m)
+    for k, a, m, rows in zip(keys, logits, choices.group_masks(), choices.row_masks(logits)):
         if m.sum() == 1:
             col = int(np.flatnonzero(m)[0])
             out.append(G.Gates(jax.nn.one_hot(jnp.full(a.shape[:-1], col), a.shape[-1], dtype=a.dtype),
                                jnp.full(a.shape[:-1] + (1,), col, jnp.int32)))
         else:
-            out.append(G.arch_gates(mode, k, a, _rows(m, a.shape), tau))
+            out.append(G.arch_gates(mode, k, a, rows, tau))
     return ComposedGates(*out)
 
 
@@ -250,13 +245,17 @@ def onehot_gates(choices: Choices, config: Config) -> ComposedGates:
 class Derived(NamedTuple):
     """The static description of a derived composed network (hashable): ops, the weight bits each layer runs at
     (32 where its device does not quantize), and per link (topology order) its boundary, reduction r (0: none)
-    and transmitted bits."""
+    and transmitted bits; ``choices``, ``config`` (``Config`` as tuples) and ``assignment`` are what
+    ``compose.network.composed_apply`` computes it from."""
 
     ops: tuple
     weight_bits: tuple
     bounds: tuple
     reductions: tuple
     act_bits: tuple
+    choices: Choices
+    config: tuple
+    assignment: tuple
 
 
 def derived(space, choices: Choices, config: Config, assignment) -> Derived:
@@ -267,7 +266,8 @@ def derived(space, choices: Choices, config: Config, assignment) -> Derived:
     bounds = tuple(int(j) for j in np.asarray(link_boundaries(space, a)))
     red = tuple(0 if int(k) == 0 else choices.modules[int(k) - 1] for k in config.module)
     return Derived(tuple(int(i) for i in config.ops), wb, bounds, red,
-                   tuple(choices.act_bits[int(b)] for b in config.act_bits))
+                   tuple(choices.act_bits[int(b)] for b in config.act_bits), choices,
+                   tuple(tuple(int(v) for v in np.asarray(g)) for g in config), tuple(int(d) for d in a))
 
 
 def extract(space, params, state, net: Derived):
@@ -279,38 +279,10 @@ def extract(space, params, state, net: Derived):
 
 
 def compact_apply(space, net: Derived, params, state, x, *, train: bool, dw_impl: str = "auto"):
-    """Forward of the derived network: its ops with weights fake-quantized at their bits, and at every cut its
-    module (reduce -> fake-quantized transmitted tensor -> recover) or the fake-quantized tensor itself."""
-    shapes = boundary_shapes(space)
-
-    def cut(j, h):
-        for l, (bj, r, a) in enumerate(zip(net.bounds, net.reductions, net.act_bits)):
-            if bj != j:
-                continue
-            if r:
-                p = params["modules"][str(j)]
-                d = module_channels(shapes[j][1], r)
-                valid = M.channel_mask(d, p["reduce"].shape[-1])
-                h = M.recover(p, fake_quant_act(M.reduce(p, h, d), a, valid))
-            else:
-                h = fake_quant_act(h, a)
-        return h
-
-    new_state = {}
-    h, new_state["stem"] = O.conv_bn_apply(params["stem"], state["stem"], x, space.stem_stride, train)
-    h = cut(0, h)
-    outputs, layer_states = {}, []
-    for s, i, b in zip(space.layers, net.ops, net.weight_bits):
-        srcs = [h if k < 0 else outputs[k] for k in space.input_of(s.index)]
-        inp = srcs[0] if len(srcs) == 1 else sum(srcs) / len(srcs)
-        p = dict(params["layers"][s.index])
-        if b != FLOAT_BITS:
-            for name in QUANTIZED:
-                if name in p:
-                    p[name] = fake_quant_weight(p[name], b)
-        y, st = O.op_apply(p, state["layers"][s.index], inp, OPS[i], s.stride, train, dw_impl)
-        outputs[s.index] = cut(s.index + 1, y)
-        layer_states.append(st)
-    new_state["layers"] = tuple(layer_states)
-    logits, new_state["head"] = O.head_apply(params["head"], state["head"], outputs[space.num_layers - 1], train)
-    return logits, new_state
+    """Forward of the derived network (``extract``'s parameters, modules included): the deployed network,
+    ``compose.network.composed_apply`` (its ops with weights fake-quantized at their bits, and on every link its
+    module, reduce -> transmitted tensor at its bits -> recover, or the tensor at its bits), so stage 2 trains
+    exactly what the parts compute."""
+    config = Config(*(np.asarray(g, np.int64) for g in net.config))
+    return composed_apply(space, net.choices, config, np.asarray(net.assignment), params, state, params["modules"],
+                          x, train, dw_impl)

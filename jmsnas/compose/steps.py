@@ -75,10 +75,9 @@ def current_split(space, table, terms: Terms, choices: Choices, logits: ChoicePr
 
 def derive_config(space, choices: Choices, logits: ChoiceProbs):
     """The argmax of every group (traced) over its valid candidates: ops int32[N] over the valid ops, the others
-    over ``Choices.group_masks()``."""
-    rows = lambda a, m: jnp.broadcast_to(jnp.asarray(m), a.shape)
+    over ``Choices.row_masks``."""
     return Config(G.derive(logits.ops, jnp.asarray(space.mask())),
-                  *(G.derive(a, rows(a, m)) for a, m in zip(logits[1:], choices.group_masks())))
+                  *(G.derive(a, m) for a, m in zip(logits[1:], choices.row_masks(logits[1:]))))
 
 
 def make_steps(space, table, terms: Terms, choices: Choices, hp, limits=None, dw_impl: str = "auto",
@@ -95,7 +94,7 @@ def make_steps(space, table, terms: Terms, choices: Choices, hp, limits=None, dw
     def weight_step(st: ComposedState, x, y):
         key, k_ops, k_rest = jax.random.split(st.key, 3)
         gates = G.single_path_gates(k_ops, st.logits.ops, mask)
-        cg = N.weight_gates(k_rest, st.logits[1:], choices.group_masks())
+        cg = N.weight_gates(k_rest, st.logits[1:], choices)
         a = current_split(space, table, terms, choices, st.logits, hp.split)
 
         def loss_fn(params):
@@ -116,7 +115,7 @@ def make_steps(space, table, terms: Terms, choices: Choices, hp, limits=None, dw
 
         def loss_fn(lg: ChoiceProbs):
             gates = G.arch_gates(hp.gate_mode, k_ops, lg.ops, mask, tau)
-            cg = N.arch_gates(hp.gate_mode, k_rest, lg[1:], choices.group_masks(), tau)
+            cg = N.arch_gates(hp.gate_mode, k_rest, lg[1:], choices, tau)
             logits, _ = fwd(st.params, st.bn, gates, cg, a, x, train=True)
             ce = cross_entropy(logits, y)
             costs = step_costs(space, table, terms, choices, lg, hp.split, use_limits)

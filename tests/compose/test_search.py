@@ -135,7 +135,7 @@ def test_all_off_forward_is_the_supernet():
     hp = pipeline._hparams(cfg, space, table)
     st = S.init_state(jax.random.PRNGKey(0), space, ch, hp, "fixed")
     gates = G.single_path_gates(jax.random.PRNGKey(1), st.logits.ops, jnp.asarray(space.mask()))
-    cg = N.weight_gates(jax.random.PRNGKey(2), st.logits[1:], ch.group_masks())
+    cg = N.weight_gates(jax.random.PRNGKey(2), st.logits[1:], ch)
     x = ds.train.images[:8]
     want, _ = supernet.apply(space, {k: v for k, v in st.params.items() if k != "modules"}, st.bn, gates, x,
                              train=True)
