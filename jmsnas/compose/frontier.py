@@ -53,9 +53,10 @@ def union(fronts):
     return pareto(np.concatenate([f[0] for f in fronts]), np.concatenate([f[1] for f in fronts]))
 
 
-def cheapest(front, budget):
-    """The picks of the least last coordinate among the points whose first is within ``budget``, or None."""
+def cheapest(front, budget, base=0.0):
+    """The picks of the least last coordinate among the points whose first plus ``base`` is within ``budget``
+    (``within``: the allowance is the whole budget's, not the part left after ``base``), or None."""
     if front is None:
         return None
-    ok = np.flatnonzero(within(front[0][:, 0], budget))
+    ok = np.flatnonzero(within(base + front[0][:, 0], budget))
     return None if not len(ok) else front[1][ok[np.argmin(front[0][ok, -1])]]

@@ -212,8 +212,8 @@ def _mesh(space, P: _Problem, terms):
     return front_a, branches
 
 
-def _mesh_best(front_a, branches, budget):
-    """(cheapest picks with A + max_b B_b <= budget or None, least A + max B)."""
+def _mesh_best(front_a, branches, budget, base=0.0):
+    """(cheapest picks with base + A + max_b B_b within budget or None, least A + max B, its picks)."""
     caps = np.unique(np.concatenate([f[0][:, 0] for f in branches]))
     best, t_min, fastest = None, np.inf, None
     for cap in caps:
@@ -228,7 +228,7 @@ def _mesh_best(front_a, branches, budget):
             continue
         if cap + total[0][0, 0] < t_min:
             t_min, fastest = cap + total[0][0, 0], total[1][0]
-        ok = np.flatnonzero(F.within(total[0][:, 0], budget - cap))
+        ok = np.flatnonzero(F.within(base + cap + total[0][:, 0], budget))
         if len(ok):
             j = ok[np.argmin(total[0][ok, 1])]
             if best is None or total[0][j, 1] < best[0]:
@@ -296,11 +296,11 @@ def repair(space, table, terms: Terms, choices: Choices, logits: ChoiceProbs, t_
             if front is None:
                 raise LimitsError("no configuration of the composed space keeps every device within its memory and "
                                   "energy limits under this split")
-        best = F.cheapest(front, t_const_ms - const)
+        best = F.cheapest(front, t_const_ms, const)
         t_min, fastest = const + front[0][0, 0], front[1][0]
     else:
         front_a, branches = _mesh(space, P, terms)
-        best, t_min, fastest = _mesh_best(front_a, branches, t_const_ms - const)
+        best, t_min, fastest = _mesh_best(front_a, branches, t_const_ms, const)
         t_min += const
     ok, t_derived = _fits(space, table, terms, choices, limits, derived, assignment, t_const_ms)
     if ok:

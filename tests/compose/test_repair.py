@@ -3,11 +3,11 @@ memory and energy limit equals the enumeration of every configuration (hypothesi
 import jax
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from jmsnas.compose import anysplit as A
 from jmsnas.compose import choices as C
-from jmsnas.compose.frontier import slack
+from jmsnas.compose.frontier import cheapest, slack
 from jmsnas.compose import repair as R
 from jmsnas.limits import DeviceLimits, LimitsError
 from jmsnas.space import build_space
@@ -120,6 +120,11 @@ def test_chain_repair_equals_enumeration(n_dev, bws, mem_bws, mech, seed, q_t, l
 @given(st.lists(st.floats(0.5, 20.0), min_size=4, max_size=4), st.sampled_from(MECHANISMS[:3] + [REQUIRED]),
        st.integers(0, 1000),
        st.floats(-0.1, 1.0))
+# T_const at the least T (and near it), where the mesh's branch time is most of T: the rounding allowance is the
+# whole T_const's, not that of what is left after the branches (which missed the fastest configuration)
+@example([1.5, 1.0, 1.0, 2.0], MECHANISMS[1], 0, 0.0)
+@example([1.5, 1.0, 1.0, 2.0], MECHANISMS[1], 0, 0.03125)
+@example([20.0, 1.0, 1.5, 2.0], MECHANISMS[1], 919, 0.0)
 def test_mesh_repair_equals_enumeration(bws, mech, seed, q_t):
     _run(_mesh(bws), mech, seed, q_t, None, 0.0)
 
@@ -144,6 +149,15 @@ def test_derived_is_kept_when_it_fits_and_bad_logits_are_refused():
     bad = logits._replace(module=np.full_like(logits.module, np.nan))
     with pytest.raises(ValueError, match="NaN"):
         R.repair(space, table, terms, ch, bad, 1e9)
+
+
+def test_the_rounding_allowance_is_the_whole_budget_s():
+    """A point whose total (base + its latency) exceeds the budget by less than the budget's float32 allowance is
+    within it, however small the part of the budget left after the base (by hand: budget 50, allowance 5e-5)."""
+    front = (np.array([[0.5 + 3e-5, 1.0], [0.4, 2.0]]), np.array([[0], [1]]))
+    assert cheapest(front, 50.0, 49.5)[0] == 0  # 50.00003 <= 50 + 5e-5
+    assert cheapest(front, 50.0, 49.5 + 1e-4)[0] == 1  # 50.00013 is over: the slower, cheaper point is out
+    assert cheapest(front, 50.0, 49.7) is None
 
 
 def test_no_configuration_within_the_limits_or_the_budget():
@@ -213,9 +227,9 @@ def test_a_required_module_is_never_sampled_or_derived_as_none():
     assert int(S.derive_config(space, ch, lg).module[0]) == 1 and int(R.derive(space, ch, lg).module[0]) == 1
     key = jax.random.PRNGKey(0)
     for k in jax.random.split(key, 5):
-        assert int(N.weight_gates(k, lg[1:], ch.group_masks()).module.paths[0, 0]) == 1
+        assert int(N.weight_gates(k, lg[1:], ch).module.paths[0, 0]) == 1
         for mode in ("two_path", "gumbel_soft", "gumbel_hard", "softmax"):
-            g = N.arch_gates(mode, k, lg[1:], ch.group_masks(), 1.0).module
+            g = N.arch_gates(mode, k, lg[1:], ch, 1.0).module
             np.testing.assert_array_equal(np.asarray(g.weights), [[0.0, 1.0]])
     with pytest.raises(ValueError, match="module_optional: false needs at least one reduction"):
         C.make_choices(space.topology, modules=(), module_optional=False)
