@@ -26,7 +26,7 @@ from jmsnas import cli
 from jmsnas.deploy import auth, links as L, timer
 
 from paths import REPO
-from test_deploy_hosts import _marked_sessions, tiny  # noqa: F401 - tiny: an exported 4-device chain (a fixture)
+from test_deploy_hosts import _marked_sessions, mark_value, tiny  # noqa: F401 - tiny: an exported 4-device chain (a fixture)
 from certs import make_tls
 MARK = "JMSNAS_TEST_AUTH_MARK"
 SECRET = b"correct-horse-battery-staple-0123456789"
@@ -46,7 +46,7 @@ def _daemon(tmp_path, *flags, secret=SECRET, env=None, limit_files=None):
     argv = [sys.executable, "-m", "jmsnas.cli", "worker", "--listen", f"127.0.0.1:{port}", *flags]
     tmp = tmp_path / "tmp"
     tmp.mkdir(exist_ok=True)
-    env = {**os.environ, MARK: "1", "TMPDIR": str(tmp), "PYTHONPATH": REPO + os.pathsep + os.environ.get(
+    env = {**os.environ, MARK: mark_value(), "TMPDIR": str(tmp), "PYTHONPATH": REPO + os.pathsep + os.environ.get(
         "PYTHONPATH", ""), **(env or {})}
     env.pop(auth.ENV, None)
     if secret is not None:

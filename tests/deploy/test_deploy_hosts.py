@@ -63,7 +63,7 @@ def _daemon(listen: str, env=None, lab=None, device=None, wait=True, flags=()):
     """A ``jmsnas worker --listen`` process (in ``lab``'s namespace of ``device`` if given), once it listens (with
     ``wait``)."""
     argv = [sys.executable, "-m", "jmsnas.cli", "worker", "--listen", listen, *flags]
-    env = {**os.environ, MARK: "1", "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    env = {**os.environ, MARK: mark_value(), "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
            **(env or {})}
     kw = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
     proc = netlab.spawn(lab, device, argv, **kw) if lab else subprocess.Popen(argv, **kw)
@@ -73,9 +73,16 @@ def _daemon(listen: str, env=None, lab=None, device=None, wait=True, flags=()):
     return proc
 
 
+def mark_value() -> str:
+    """The value of a test file's mark in the environment of the daemons this test process starts: its pid, so
+    that the tests another pytest worker runs at the same time (their own daemons and sessions) are not counted."""
+    return str(os.getpid())
+
+
 def _marked_sessions(mark: str = MARK) -> list:
     """Live session processes (``jmsnas.deploy.worker``) started by the daemons of a test file (its ``mark`` in
-    their environment), in any namespace."""
+    their environment, set to ``mark_value()``) in this test process, in any namespace."""
+    entry = f"{mark}={mark_value()}".encode()
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -87,7 +94,7 @@ def _marked_sessions(mark: str = MARK) -> list:
                 state = f.read().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if f"{mark}=1".encode() in env and b"jmsnas.deploy.worker" in cmd and state != "Z":
+        if entry in env.split(b"\0") and b"jmsnas.deploy.worker" in cmd and state != "Z":
             found.append(int(pid))
     return found
 
