@@ -243,10 +243,16 @@ class _Cluster:
                 for d in self.order:
                     at[0] = d
                     for entry, key in part_files(self.manifest["parts"][d]):
-                        with open(os.path.join(export_dir, entry[key]), "rb") as f:
-                            L.send_frame(self.ctl[d], L.ARRAY, value=np.frombuffer(f.read(), np.uint8))
+                        path = os.path.join(export_dir, entry[key])
+                        try:
+                            with open(path, "rb") as f:
+                                data = np.frombuffer(f.read(), np.uint8)
+                        except OSError as e:  # the export's fault, not the session's
+                            raise DeployError(f"part file {path!r} of device {d!r} cannot be read: "
+                                              f"{e.strerror or e}") from None
+                        L.send_frame(self.ctl[d], L.ARRAY, value=data)
                 at[0] = None
-            except OSError as e:
+            except BaseException as e:  # noqa: BLE001 - handed to the calling thread below
                 failed.append(e)
         sender = threading.Thread(target=send_all, daemon=True)
         sender.start()
@@ -258,6 +264,8 @@ class _Cluster:
                     self.ctl[at[0] or d].shutdown(socket.SHUT_RDWR)
                 sender.join(0.1)
             raise DeployError(f"device {d!r} did not take its part within the startup timeout")
+        if failed and not isinstance(failed[0], OSError):  # not the connection's fault: raised here as it is
+            raise failed[0]
         if failed:  # the session is gone: _diagnose names how
             raise _Failure()
 

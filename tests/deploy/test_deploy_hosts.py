@@ -217,6 +217,35 @@ def test_every_worker_hears_from_the_coordinator_before_any_part_is_sent(tmp_pat
             a.close(), b.close()
 
 
+def test_a_fault_while_the_parts_go_out_is_raised_to_the_caller(tmp_path, monkeypatch):
+    """The sender thread's errors reach send_parts' caller: a part file that cannot be read as the export's own
+    error naming the file and the device (not as a session that died), any other fault as it is."""
+    from jmsnas.deploy.pipeline import _Cluster
+    order = ["a", "b"]
+    (tmp_path / "a.program").write_bytes(b"\0" * 16)
+    (tmp_path / "a.weights").write_bytes(b"\0" * 16)
+    manifest = {"order": order, "parts": {d: {"program": f"{d}.program", "weights": f"{d}.weights"} for d in order}}
+    cl = object.__new__(_Cluster)
+    cl.manifest, cl.order = manifest, order
+    pairs = {d: socket.socketpair() for d in order}
+    cl.ctl = {d: pairs[d][0] for d in order}
+    for _, far in pairs.values():  # the sessions read everything, so only the faults below stop the sends
+        threading.Thread(target=lambda s: [None for _ in iter(lambda: s.recv(1 << 16), b"")], args=(far,),
+                         daemon=True).start()
+    try:
+        with pytest.raises(DeployError, match=r"part file '.*b\.program' of device 'b' cannot be read"):
+            cl.send_parts(str(tmp_path), time.time() + 10.0)
+
+        def broken(*args, **kwargs):
+            raise ValueError("not a frame")
+        monkeypatch.setattr(L, "send_frame", broken)
+        with pytest.raises(ValueError, match="not a frame"):
+            cl.send_parts(str(tmp_path), time.time() + 10.0)
+    finally:
+        for a, b in pairs.values():
+            a.close(), b.close()
+
+
 def test_refused_unresolvable_and_malformed_hosts_are_one_line(tiny, tmp_path, capsys):
     free = L.listen(0)
     port = free.getsockname()[1]

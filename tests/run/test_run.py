@@ -123,14 +123,9 @@ def test_a_kill_while_writing_leaves_the_previous_file_or_none(tmp_path):
 
 @pytest.fixture(scope="module")
 def splitnets_ref(start, tmp_path_factory):
-    """The uninterrupted one-process run of each SplitNets config (by config), made once."""
-    made = {}
-
-    def ref(config):
-        if config not in made:
-            made[config] = tmp_path_factory.mktemp("ref")
-            procs.finish(start("evolve", config + ":tiny", made[config], *SPLITNETS_FLAGS))
-        return made[config]
+    """The uninterrupted one-process run of the single-view SplitNets config, made once for the module."""
+    ref = tmp_path_factory.mktemp("ref")
+    procs.finish(start("evolve", SINGLE + ":tiny", ref, *SPLITNETS_FLAGS))
     return ref
 
 
@@ -138,9 +133,8 @@ def splitnets_ref(start, tmp_path_factory):
 def test_splitnets_killed_in_supernet_and_evolution_resumes_to_the_same_result(start, splitnets_ref, tmp_path):
     """The single-view config (its reference run serves the two-process test too); the multi-view one checkpoints
     through the same run layer, and its end-to-end runs are tests/splitnets' and tests/deploy's."""
-    config = SINGLE
-    ref, run = splitnets_ref(config), tmp_path / "run"
-    args = ("evolve", config + ":tiny")
+    ref, run = splitnets_ref, tmp_path / "run"
+    args = ("evolve", SINGLE + ":tiny")
     # killed mid-epoch in the supernet training
     step = _kill_when(start(*args, run, *SPLITNETS_FLAGS),
                       lambda: [s for s in _steps(run, "supernet") if _meta(run, "supernet", s)["batch"] > 0])
@@ -158,7 +152,7 @@ def test_splitnets_two_processes_give_the_one_process_result(start, splitnets_re
     """Two processes on 127.0.0.1 share each generation's population out (5 and 4 rows) and process 0 writes: from
     the same trained supernet (the one-process run's checkpoint, resumed by two processes) the outputs are the
     one-process outputs exactly, each written once."""
-    one, two = splitnets_ref(SINGLE), tmp_path / "two"
+    one, two = splitnets_ref, tmp_path / "two"
     (two / "checkpoints").mkdir(parents=True)
     shutil.copy(one / "config.json", two / "config.json")
     shutil.copytree(one / "checkpoints" / "supernet", two / "checkpoints" / "supernet")
