@@ -44,11 +44,13 @@ def choices_of(cfg, topology) -> Choices:
 
 
 def check(cfg, topology) -> Choices:
-    """``choices_of``, with the composed search's own limits: modules and transmitted bits on chains only."""
+    """``choices_of``, with the composed search's own limit: on a mesh, modules and transmitted bits under the
+    fixed split (D^m) only."""
     ch = choices_of(cfg, topology)
-    if N.links_active(ch) and topology.kind != "chain":
-        raise ValueError(f"compose.modules / compose.activation_bits run on chains; topology {topology.name!r} is a "
-                         f"{topology.kind} (its weight bits, compose.weight_bits, may be searched)")
+    if N.links_active(ch) and topology.kind != "chain" and cfg.get("split", "fixed") != "fixed":
+        raise ValueError(f"compose.modules / compose.activation_bits on a mesh need split='fixed' (D^m); got "
+                         f"split={cfg.split!r} on topology {topology.name!r} (its weight bits, compose.weight_bits, "
+                         f"may be searched with any split)")
     return ch
 
 

@@ -44,7 +44,7 @@ from jmsnas import ops as O
 from jmsnas import supernet
 from jmsnas.compose.choices import FLOAT_BITS, Choices, Config
 from jmsnas.compose.cost import link_boundaries
-from jmsnas.compose.network import composed_apply
+from jmsnas.compose.network import composed_apply, link_path
 from jmsnas.compose.terms import boundary_shapes, module_channels
 from jmsnas.quant import quantizers as Q
 from jmsnas.splitnets import module as M
@@ -172,13 +172,42 @@ def _cuts(space, choices: Choices, modules: dict, cg: ComposedGates, bounds, js:
     return h
 
 
+def _mesh_deliver(space, choices: Choices, modules: dict, cg: ComposedGates, a: np.ndarray, bounds: np.ndarray,
+                  outputs: dict):
+    """``deliver(src, dev)``: layer src's output (-1: the stem's) as device ``dev`` holds it on a mesh under the
+    fixed split, every link on the way from src's device applied in path order (``_link``), each (src, receiving
+    device) computed once: a fork's branches each receive the root's tensor through their own link (its module and
+    bits), as ``compose.network.composed_apply`` routes the derived network."""
+    topo, shapes, held = space.topology, boundary_shapes(space), {}
+    first = topo.path_order()[0]
+    names = topo.device_names
+
+    def deliver(src: int, dev: int):
+        y = outputs[src]
+        if not links_active(choices):
+            return y
+        for l in link_path(topo, first if src < 0 else int(a[src]), dev):
+            j = src + 1
+            assert int(bounds[l]) == j, (l, int(bounds[l]), j)  # the fixed split D^m: every link carries its own
+            key = (src, names.index(topo.links[l].dst))
+            if key not in held:
+                held[key] = _link(choices, modules.get(str(j)), shapes[j][1], cg, l, y)
+            y = held[key]
+        return y
+    return deliver
+
+
 def apply(space, choices: Choices, split: str, params, state, gates: G.Gates, cg: ComposedGates, assignment, x, *,
           train: bool, dw_impl: str = "auto", impl: str = "auto"):
     """Logits float32[B, classes] and the new batch-norm state of the composed supernet under the op gates
     ``gates``, the composed gates ``cg`` and the split ``assignment`` (int32[N], may be traced; ignored under the
-    fixed split, D^m). A chain: every
-    link's module and bits apply at the boundary it crosses; a mesh: only the weight bits (``links_active`` is
-    refused there by the configuration check)."""
+    fixed split, D^m). A chain: every link's module and bits apply at the boundary it crosses (in link order, as
+    the tensor travels); a mesh (the fixed split only: ``flow.check`` refuses a searched one with modules or
+    transmitted bits): every layer receives each of its inputs through the links from the input's device to its
+    own (``_mesh_deliver``)."""
+    mesh = space.topology.kind != "chain"
+    if mesh and split != "fixed" and links_active(choices):
+        raise ValueError("compose: modules and transmitted bits on a mesh need the fixed split (split='fixed')")
     if split == "fixed":  # known when tracing: no conditional per link, no select per layer
         a = np.asarray(space.layer_devices(), np.int32)
         quantizes = np.asarray(choices.quantize)[a]
@@ -192,21 +221,28 @@ def apply(space, choices: Choices, split: str, params, state, gates: G.Gates, cg
     qbits = choices.weight_bits != (FLOAT_BITS,) and any(choices.quantize)
     new_state = {}
     h, new_state["stem"] = O.conv_bn_apply(params["stem"], state["stem"], x, space.stem_stride, train)
-    h = _cuts(space, choices, params["modules"], cg, bounds, js, 0, h)
-    outputs, layer_states = {}, []
+    outputs, layer_states = {-1: h}, []
+    if mesh:
+        deliver = _mesh_deliver(space, choices, params["modules"], cg, a, bounds, outputs)
+    else:
+        outputs[-1] = _cuts(space, choices, params["modules"], cg, bounds, js, 0, h)
+        deliver = lambda src, dev: outputs[src]  # noqa: E731 - a chain's links apply where the tensor leaves
     for s in space.layers:
         n = s.index
-        srcs = [h if i < 0 else outputs[i] for i in space.input_of(n)]
+        srcs = [deliver(i, int(a[n]) if mesh else None) for i in space.input_of(n)]
         inp = srcs[0] if len(srcs) == 1 else sum(srcs) / len(srcs)
         p_n = _quantize_layer(params["layers"][n], cg.weight_bits, n, quantizes[n], choices.weight_bits) \
             if qbits else params["layers"][n]
         paths_n = None if gates.paths is None else gates.paths[n]
         y, st = supernet.mixed_op(space, n, p_n, state["layers"][n], gates.weights[n], paths_n, inp, train,
                                   dw_impl, impl)
-        outputs[n] = _cuts(space, choices, params["modules"], cg, bounds, js, n + 1, y)
+        outputs[n] = y if mesh else _cuts(space, choices, params["modules"], cg, bounds, js, n + 1, y)
         layer_states.append(st)
     new_state["layers"] = tuple(layer_states)
-    logits, new_state["head"] = O.head_apply(params["head"], state["head"], outputs[space.num_layers - 1], train)
+    last = space.num_layers - 1
+    logits, new_state["head"] = O.head_apply(params["head"], state["head"],
+                                             deliver(last, space.topology.path_order()[-1]) if mesh else outputs[last],
+                                             train)
     return logits, new_state
 
 

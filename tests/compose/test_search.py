@@ -39,10 +39,17 @@ def _config_of(result, choices, space) -> C.Config:
                     np.array([choices.act_bits.index(c["activation_bits"]) for c in cuts]))
 
 
-@pytest.mark.parametrize("split,gate_mode", [("fixed", "two_path"), ("searched", "gumbel_hard")])
-def test_the_composed_search_runs_and_lists_every_cut_and_every_layer(tmp_path, capsys, split, gate_mode):
+@pytest.mark.parametrize("split,gate_mode,topology", [("fixed", "two_path", "chain"),
+                                                      ("searched", "gumbel_hard", "chain"),
+                                                      ("fixed", "gumbel_soft", "mesh")])
+def test_the_composed_search_runs_and_lists_every_cut_and_every_layer(tmp_path, capsys, split, gate_mode, topology):
+    """On the chain with D^m and with the split searched, and on the mesh (its parts run as one process per device
+    in tests/compose/test_network.py)."""
     cfg = _tiny(split=split, gate_mode=gate_mode)
-    cfg.tensorboard = split == "fixed"  # its logs are checked on one of the two runs
+    if topology == "mesh":
+        cfg.topology, cfg.layers_per_device = "mesh", (1,) * 6
+        cfg.space.device_channels, cfg.space.device_strides = (8,) * 6, (1, 2, 1, 1, 1, 2)
+    cfg.tensorboard = split == "fixed" and topology == "chain"  # its logs are checked on one of the runs
     result = pipeline.search(cfg, str(tmp_path / "run"), progress=False)
     space, table = pipeline.build(cfg, pipeline.load_data(cfg))
     ch = flow.choices_of(cfg, space.topology)
@@ -50,7 +57,7 @@ def test_the_composed_search_runs_and_lists_every_cut_and_every_layer(tmp_path, 
     assert [c["link"] for c in comp["cuts"]] == list(space.topology.link_names)
     assert all(c["activation_bits"] in (8, 32) and (c["module"] is None or c["module"]["reduction"] in (2, 4))
                for c in comp["cuts"])
-    assert comp["quantize"] == [True, True, True, False]
+    assert comp["quantize"] == [True] * (space.topology.num_devices - 1) + [False]
     assert all(e["weight_bits"] in ((4, 32) if e["device"] != "cloud" else (32,)) for e in result["architecture"])
     # T is the composed cost of the reported configuration under the reported split (one-hot probabilities)
     config = _config_of(result, ch, space)
@@ -70,7 +77,7 @@ def test_the_composed_search_runs_and_lists_every_cut_and_every_layer(tmp_path, 
     assert [c["reduction"] for c in manifest["cuts"]] == [0 if c["module"] is None else c["module"]["reduction"]
                                                          for c in comp["cuts"]]
     assert os.path.isfile(tmp_path / "run" / "latency_breakdown.png")
-    if split == "fixed":
+    if cfg.tensorboard:
         _logs_every_epoch_the_gates_and_the_result(str(tmp_path / "run"), cfg, space, result)
         _exports_and_passes_the_pipeline_check(str(tmp_path / "run"), result, space, terms, ch, capsys)
 
@@ -143,6 +150,34 @@ def test_all_off_forward_is_the_supernet():
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
+@pytest.mark.parametrize("kind", ["chain", "mesh"])
+def test_the_supernet_at_one_configuration_computes_the_derived_network(kind):
+    """The stage-1 forward with one-hot gates (ops, modules, transmitted bits) equals the deployed network's forward
+    (``compose.network.composed_apply``) of that configuration, on a chain and on a mesh where each branch receives
+    the root's tensor through its own link: b0 with an r = 2 module at 4 bits, b1 with none at 8 bits."""
+    from spaces import chain_space, mesh_space
+    space = chain_space() if kind == "chain" else mesh_space()
+    ch = C.make_choices(space.topology, (2, 4), (32,), (4, 8, 32))
+    params, bn = supernet.init(jax.random.PRNGKey(0), space)
+    params = {**params, "modules": N.init_modules(jax.random.PRNGKey(1), space, ch, "fixed")}
+    bn = jax.tree_util.tree_map(lambda v: v + 0.1 * jax.random.uniform(jax.random.PRNGKey(2), v.shape), bn)
+    mask = space.mask()
+    ops = np.array([np.flatnonzero(mask[n])[(3 * n + 1) % mask[n].sum()] for n in range(space.num_layers)])
+    mod, ab = ([1], [0]) if kind == "chain" else ([1, 0, 2, 1], [0, 1, 2, 0])
+    config = C.Config(ops, np.zeros(space.num_layers, int), np.array(mod), np.array(ab))
+    x = jax.random.normal(jax.random.PRNGKey(3), (4, 8, 8, 1))
+    gates, cg = G.onehot_gates(jnp.asarray(ops), len(OP_NAMES)), N.onehot_gates(ch, config)
+    got = N.apply(space, ch, "fixed", params, bn, gates, cg, None, x, train=False)[0]
+    net = N.derived(space, ch, config, None)
+    cp, cs = N.extract(space, params, bn, net)
+    want = N.compact_apply(space, net, cp, cs, x, train=False)[0]
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+    plain = N.compact_apply(space, N.derived(space, ch, config._replace(module=np.zeros(len(mod), int),
+                                                                            act_bits=np.full(len(ab), 2)), None),
+                            cp, cs, x, train=False)[0]
+    assert np.max(np.abs(np.asarray(want) - np.asarray(plain))) > 1e-3  # the links' transforms are in both
+
+
 @pytest.mark.parametrize("gate_mode", ["two_path", "gumbel_soft", "softmax"])
 def test_the_sampled_gates_reach_every_group(gate_mode):
     """One architecture step with the latency term off (lambda2 = 0): only the cross-entropy through the sampled
@@ -212,7 +247,7 @@ def _topology_file(tmp_path, quantize):
     return path
 
 
-def test_bad_quantize_field_and_mesh_modules_exit_2(capsys, tmp_path):
+def test_bad_quantize_field_and_mesh_modules_under_a_searched_split_exit_2(capsys, tmp_path):
     bad = _topology_file(tmp_path, '"yes"')
     err = cli_error(capsys, ["search", "--workdir", str(tmp_path / "a"), f"--config.topology={bad}",
                               "--config.layers_per_device=[2, 2]"])
@@ -221,8 +256,9 @@ def test_bad_quantize_field_and_mesh_modules_exit_2(capsys, tmp_path):
     err = cli_error(capsys, ["search", "--workdir", str(tmp_path / "b"), "--config.topology=mesh",
                               "--config.layers_per_device=[2, 2, 2, 2, 2, 2]",
                               "--config.space.device_channels=[24, 32, 48, 48, 48, 64]",
-                              "--config.space.device_strides=[1, 2, 1, 1, 1, 2]", "--config.compose.modules=[2]"])
-    assert "mesh" in err and "compose.modules" in err
+                              "--config.space.device_strides=[1, 2, 1, 1, 1, 2]", "--config.compose.modules=[2]",
+                              "--config.split=searched"])
+    assert "mesh" in err and "compose.modules" in err and "split='fixed'" in err and "'searched'" in err
     assert not (tmp_path / "b").exists()
 
 
