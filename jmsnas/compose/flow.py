@@ -130,7 +130,7 @@ def decide(cfg, space, table, terms, choices: Choices, logits: ChoiceProbs, lim:
     t_const = float(cfg.t_const_ms)
     topo = space.topology
     binds = L.binding(space, table, lim, any_split=cfg.split == "searched")
-    limits = lim if binds and topo.kind == "chain" else None
+    limits = lim if binds and topo.kind in ("chain", "mesh") else None
     if cfg.split == "fixed":
         return R.repair(space, table, terms, choices, logits, t_const, None, limits), None, "fixed (D^m)"
     count = sum(1 for _ in anysplit.splits(space))

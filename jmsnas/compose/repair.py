@@ -130,61 +130,116 @@ class _Device(NamedTuple):
     energy_limit: float
 
 
+class _Limited(NamedTuple):
+    """What a device's frontier within its limits reads besides its layers and its links' options."""
+
+    space: object
+    table: object
+    terms: Terms
+    limits: DeviceLimits
+    P: _Problem
+    na: int
+    weight: np.ndarray  # [N, R * Bw] bytes of every layer option's weights on the layer's own device
+    act: np.ndarray  # [N, R * Bw] bytes of its activations
+    energy: np.ndarray  # [N, R * Bw] mJ of its compute
+    active: np.ndarray  # [M] W computing
+    tx: np.ndarray  # [L] W transmitting
+    rx: np.ndarray  # [L] W receiving
+    air: np.ndarray  # [L, K * Ba] ms on the air of every link option
+
+
+def _limited(space, table, terms, limits: DeviceLimits, P: _Problem, nb: int, na: int) -> _Limited:
+    f = lambda x: np.asarray(x, np.float64)
+    n = space.num_layers
+    active, tx, rx = powers(space.topology)
+    return _Limited(space, table, terms, limits, P, na, f(terms.weight_bytes)[P.dev, np.arange(n)].reshape(n, -1),
+                    np.repeat(f(limits.mem.act_bytes)[:, :, None], nb, -1).reshape(n, -1),
+                    active[P.dev][:, None] * P.lat, active, tx, rx,
+                    P.wire * 8.0 / (f(table.bandwidth_mbps)[:, None] * 1e3))
+
+
+def _link_side(X: _Limited, m: int, l: int, c: int, sending: bool) -> tuple:
+    """(bytes held, activation floor, mJ) device m spends on link l's option c: the wire buffer and its end of the
+    module (Conv-Reduce when ``sending``, else Conv-Recover), and the radio's energy."""
+    P, t = X.P, X.terms
+    j, k = P.bounds[l], c // X.na
+    weight, act = (t.send_weight, t.send_act) if sending else (t.recv_weight, t.recv_act)
+    ms = P.send[l, c] if sending else P.recv[l, c]
+    power = X.tx[l] if sending else X.rx[l]
+    return (float(np.asarray(weight)[j, k]) + P.wire[l, c], float(np.asarray(act)[j, k]),
+            X.active[m] * ms + power * X.air[l, c])
+
+
+def _device_front(X: _Limited, m: int, ins=(), outs=(), extra=(0.0, 0.0, 0.0)):
+    """Device m's exact (latency, cost) frontier within its limits (``jmsnas.limits.device_frontier``, which
+    enumerates the largest working set), its incoming links ``ins`` and outgoing ``outs`` at the given options
+    [(link, option)], plus ``extra`` (bytes held, activation floor, mJ) of links counted elsewhere."""
+    P, mem, table = X.P, X.limits.mem, X.table
+    topo = X.space.topology
+    first, last = topo.path_order()[0], topo.path_order()[-1]
+    const = float(table.input_bytes) * (m == first) + float(mem.stem_weight_bytes) * (m == first) \
+        + float(mem.head_weight_bytes) * (m == last) + extra[0]
+    floor = max([float(mem.stem_act_bytes)] * (m == first) + [float(mem.head_act_bytes)] * (m == last)
+                + [0.0, extra[1]])
+    e = X.active[m] * (float(table.stem_ms[m]) * (m == first) + float(table.head_ms[m]) * (m == last)) + extra[2]
+    for (l, c), sending in [(io, False) for io in ins] + [(io, True) for io in outs]:
+        b, a, en = _link_side(X, m, l, c, sending)
+        const, floor, e = const + b, max(floor, a), e + en
+    d = _Device(np.flatnonzero(P.dev == m), X.weight, X.act, X.energy, const, floor, e,
+                F.slack(X.limits.memory_bytes[m]), F.slack(X.limits.energy_mj[m]))
+    lat, cost, picks = L.device_frontier(d, P.lat, P.cost, P.valid)
+    rows = np.full((len(lat), P.width), -1, np.int64)
+    rows[:, d.layers] = picks
+    return np.stack([lat, cost], 1), rows
+
+
+def _link_option(P: _Problem, l: int, c: int):
+    """Link l at option c as a (latency on the chain part, cost) frontier of one point."""
+    n = len(P.dev)
+    return _group(P, n + l, np.array([c]), [P.eps[l] + P.send[l] + P.recv[l], P.link_cost[l]])
+
+
+def _chain_dp(X: _Limited, order: list, head=None, tail=None):
+    """The exact (latency, cost) frontier of the devices ``order`` (a chain: consecutive devices joined by a link)
+    within their limits, as a dict keyed by the option of the link ``head`` into the first device (None: none) and
+    of the link ``tail`` out of the last (None: none): {(c_head, c_tail): frontier}; the links between them
+    included, ``head`` and ``tail`` not. The DP runs along the chain over the link options."""
+    P, topo = X.P, X.space.topology
+    opts = np.flatnonzero(P.link_valid)
+    links = [topo.link_index(order[p], order[p + 1]) for p in range(len(order) - 1)]
+    out = {}
+    for c_head in (opts if head is not None else [None]):
+        ins = [] if head is None else [(head, c_head)]
+        for c_tail in (opts if tail is not None else [None]):
+            outs = [] if tail is None else [(tail, c_tail)]
+            if not links:
+                out[c_head, c_tail] = _device_front(X, order[0], ins, outs)
+                continue
+            fronts = {c: F.add(_device_front(X, order[0], ins, [(links[0], c)]), _link_option(P, links[0], c))
+                      for c in opts}
+            for p in range(1, len(order)):
+                l_in = links[p - 1]
+                l_out = links[p] if p < len(links) else None
+                new = {}
+                for c_out in (opts if l_out is not None else [None]):
+                    o = [(l_out, c_out)] if l_out is not None else outs
+                    parts = [F.add(fronts[c], _device_front(X, order[p], [(l_in, c)], o)) for c in fronts]
+                    u = F.union(parts)
+                    if u is not None and l_out is not None:
+                        u = F.add(u, _link_option(P, l_out, c_out))
+                    new[c_out] = u
+                fronts = {c: v for c, v in new.items() if v is not None}
+                if not fronts:
+                    break
+            if fronts:
+                out[c_head, c_tail] = fronts[None]
+    return {k: v for k, v in out.items() if v is not None and len(v[0])}
+
+
 def _chain_with_limits(space, table, terms, limits: DeviceLimits, P: _Problem, nb, na):
     """The exact (latency, cost) frontier of a chain within every device's limits (the DP over link options)."""
-    topo, mem, n = space.topology, limits.mem, space.num_layers
-    f = lambda x: np.asarray(x, np.float64)
-    order = list(topo.pre)
-    first, last = topo.path_order()[0], topo.path_order()[-1]
-    active, tx, rx = powers(topo)
-    wb = f(terms.weight_bytes)[P.dev, np.arange(n)].reshape(n, -1)  # on the layer's own device
-    act = np.repeat(f(mem.act_bytes)[:, :, None], nb, -1).reshape(n, -1)
-    energy = active[P.dev][:, None] * P.lat
-    k_of = lambda c: c // na
-    air = P.wire * 8.0 / (f(table.bandwidth_mbps)[:, None] * 1e3)
-
-    def device(m, c_in, l_in, c_out, l_out):
-        const = float(table.input_bytes) * (m == first) + float(mem.stem_weight_bytes) * (m == first) \
-            + float(mem.head_weight_bytes) * (m == last)
-        floor = max([float(mem.stem_act_bytes)] * (m == first) + [float(mem.head_act_bytes)] * (m == last) + [0.0])
-        e = active[m] * (float(table.stem_ms[m]) * (m == first) + float(table.head_ms[m]) * (m == last))
-        if l_in is not None:
-            j, k = P.bounds[l_in], k_of(c_in)
-            const += f(terms.recv_weight)[j, k] + P.wire[l_in, c_in]
-            floor = max(floor, f(terms.recv_act)[j, k])
-            e += active[m] * P.recv[l_in, c_in] + rx[l_in] * air[l_in, c_in]
-        if l_out is not None:
-            j, k = P.bounds[l_out], k_of(c_out)
-            const += f(terms.send_weight)[j, k] + P.wire[l_out, c_out]
-            floor = max(floor, f(terms.send_act)[j, k])
-            e += active[m] * P.send[l_out, c_out] + tx[l_out] * air[l_out, c_out]
-        d = _Device(np.flatnonzero(P.dev == m), wb, act, energy, const, floor, e,
-                    F.slack(limits.memory_bytes[m]), F.slack(limits.energy_mj[m]))
-        lat, cost, picks = L.device_frontier(d, P.lat, P.cost, P.valid)
-        rows = np.full((len(lat), P.width), -1, np.int64)
-        rows[:, d.layers] = picks
-        return np.stack([lat, cost], 1), rows
-
-    links = [topo.link_index(order[p], order[p + 1]) for p in range(len(order) - 1)]
-    link_opt = lambda l, c: _group(P, n + l, np.array([c]), [P.eps[l] + P.send[l] + P.recv[l], P.link_cost[l]])
-    if not links:
-        return device(order[0], None, None, None, None)
-    opts = np.flatnonzero(P.link_valid)
-    fronts = {c: F.add(device(order[0], None, None, c, links[0]), link_opt(links[0], c)) for c in opts}
-    for p in range(1, len(order)):
-        l_in = links[p - 1]
-        l_out = links[p] if p < len(links) else None
-        new = {}
-        for c_out in (opts if l_out is not None else [None]):
-            parts = [F.add(fronts[c], device(order[p], c, l_in, c_out, l_out)) for c in fronts if fronts[c] is not None]
-            u = F.union(parts)
-            if u is not None and l_out is not None:
-                u = F.add(u, link_opt(l_out, c_out))
-            new[c_out] = u
-        fronts = {c: v for c, v in new.items() if v is not None}
-        if not fronts:
-            return None
-    return fronts[None]
+    X = _limited(space, table, terms, limits, P, nb, na)
+    return _chain_dp(X, list(space.topology.pre)).get((None, None))
 
 
 def _mesh(space, P: _Problem, terms):
@@ -210,6 +265,123 @@ def _mesh(space, P: _Problem, terms):
         fb = F.add(fb, _group(P, n + up, cols, [P.eps[up] + P.send[up], P.recv[up], P.link_cost[up]]))
         branches.append(fb)
     return front_a, branches
+
+
+def _sum_max(f, g, maxcols: int):
+    """Minkowski combination of two (points, picks) frontiers whose last ``maxcols`` coordinates combine by max (the
+    other ones add), pruned."""
+    a, b = f[0][:, None], g[0][None]
+    k = f[0].shape[1] - maxcols
+    pts = np.concatenate([(a[..., :k] + b[..., :k]), np.maximum(a[..., k:], b[..., k:])], -1).reshape(-1,
+                                                                                                     f[0].shape[1])
+    picks = np.maximum(f[1][:, None], g[1][None]).reshape(-1, f[1].shape[1])
+    return F.pareto(pts, picks)
+
+
+def _mesh_with_limits(space, table, terms, limits: DeviceLimits, P: _Problem, nb, na, budget, base):
+    """(cheapest picks with base + T within budget or None, least T - base, its picks) of a mesh within every
+    device's limits, exact (module docstring); None when no configuration is within them.
+
+    T - base = A + max_b B_b. The root's and the aggregator's memory and energy depend on every branch's fork (merge)
+    link option together, through sums (bytes held, mJ) and a max (the activation floor): each branch option
+    carries the part it adds to the root's and the aggregator's (only the coordinates of a device with a finite
+    limit), the branches combine by sum and max, and the root's and aggregator's frontiers are computed for each
+    combination that remains (once per distinct value). For every candidate value c of the max, each branch keeps
+    per (fork option, merge option) its cheapest point with B <= c."""
+    X = _limited(space, table, terms, limits, P, nb, na)
+    topo = space.topology
+    opts = np.flatnonzero(P.link_valid)
+    root, agg = topo.root, topo.post[0]
+    n = space.num_layers
+    pre, post = list(topo.pre), list(topo.post)
+    l_in = topo.link_index(pre[-1], root) if pre else None
+    l_out = topo.link_index(post[0], post[1]) if len(post) > 1 else None
+    up = {c: f for (_, c), f in _chain_dp(X, pre, tail=l_in).items()} if pre else {None: None}
+    down = {c: f for (c, _), f in _chain_dp(X, post[1:], head=l_out).items()} if l_out is not None else {None: None}
+    if not up or not down:
+        return None, np.inf, None
+    up = {c: f if c is None else F.add(f, _link_option(P, l_in, c)) for c, f in up.items()}  # with the root's link
+    used = lambda m: [bool(np.isfinite(limits.memory_bytes[m]))] * 2 + [bool(np.isfinite(limits.energy_mj[m]))]
+    r_use, a_use = used(root), used(agg)
+
+    options = []  # per branch: rows [B, A, cost, root sums/max..., agg sums/max...] and picks
+    for b in topo.branches:
+        d, u = topo.link_index(root, b), topo.link_index(b, agg)
+        pts, picks = [], []
+        for cd in opts:
+            rs = np.compress(r_use, _link_side(X, root, d, cd, True))
+            for cu in opts:
+                fb = _device_front(X, b, [(d, cd)], [(u, cu)])
+                if not len(fb[0]):
+                    continue
+                as_ = np.compress(a_use, _link_side(X, agg, u, cu, False))
+                big = fb[0][:, 0] + P.eps[d, cd] + P.recv[d, cd] + P.eps[u, cu] + P.send[u, cu]
+                small = P.send[d, cd] + P.recv[u, cu]
+                cost = fb[0][:, 1] + P.link_cost[d, cd] + P.link_cost[u, cu]
+                k = len(big)
+                pts.append(np.column_stack([big, np.full(k, small), cost, np.tile(rs, (k, 1)), np.tile(as_, (k, 1))]))
+                pk = fb[1].copy()
+                pk[:, n + d], pk[:, n + u] = cd, cu
+                picks.append(pk)
+        if not pts:
+            return None, np.inf, None
+        options.append((np.concatenate(pts), np.concatenate(picks)))
+
+    # the coordinates after (A, cost): root's [bytes, floor, mJ] then the aggregator's, those in use; floors take max
+    names = [("r", i) for i in range(3) if r_use[i]] + [("a", i) for i in range(3) if a_use[i]]
+    sums = [q for q, (_, i) in enumerate(names) if i != 1]
+    maxes = [q for q, (_, i) in enumerate(names) if i == 1]
+    perm = [0, 1] + [2 + q for q in sums] + [2 + q for q in maxes]  # (A, cost, sums..., maxima...)
+
+    def sides(row):  # the root's and the aggregator's extra (bytes, floor, mJ) of a combined row
+        extra = {"r": [0.0, 0.0, 0.0], "a": [0.0, 0.0, 0.0]}
+        for q, (who, i) in enumerate(names):
+            extra[who][i] = float(row[perm.index(2 + q)])
+        return tuple(extra["r"]), tuple(extra["a"])
+
+    ends = {}
+
+    def end_front(extra_r, extra_a):  # up + root + aggregator + down, within their limits (None: none fits)
+        key = (extra_r, extra_a)
+        if key not in ends:
+            root_f = F.union([F.add(up[c], _device_front(X, root, [(l_in, c)], [], extra_r)) if c is not None else
+                              _device_front(X, root, [], [], extra_r) for c in up])
+            agg_f = F.union([F.add(F.add(_device_front(X, agg, [], [(l_out, c)], extra_a), _link_option(P, l_out, c)),
+                                   down[c]) if c is not None else _device_front(X, agg, [], [], extra_a)
+                             for c in down])
+            ends[key] = None if root_f is None or agg_f is None else F.add(root_f, agg_f)
+        return ends[key]
+
+    caps = np.unique(np.concatenate([o[0][:, 0] for o in options]))
+    best, t_min, fastest = None, np.inf, None
+    for cap in caps:
+        total = (np.zeros((1, len(perm))), np.full((1, P.width), -1, np.int64))
+        for pts, picks in options:
+            ok = pts[:, 0] <= cap
+            if not ok.any():
+                total = None
+                break
+            rows = pts[ok][:, 1:][:, perm]
+            total = _sum_max(total, F.pareto(rows, picks[ok]), len(maxes))
+        if total is None:
+            continue
+        for row, pk in zip(*total):
+            end = end_front(*sides(row))
+            if end is None:
+                continue
+            lat = cap + row[0] + end[0][:, 0]
+            cost = row[1] + end[0][:, 1]
+            i = int(np.argmin(lat))
+            if lat[i] < t_min:
+                t_min, fastest = lat[i], np.maximum(pk, end[1][i])
+            ok = np.flatnonzero(F.within(base + lat, budget))
+            if len(ok):
+                j = ok[np.argmin(cost[ok])]
+                if best is None or cost[j] < best[0]:
+                    best = (cost[j], np.maximum(pk, end[1][j]))
+    if fastest is None:
+        return None, np.inf, None
+    return (None if best is None else best[1]), t_min, fastest
 
 
 def _mesh_best(front_a, branches, budget, base=0.0):
@@ -276,9 +448,9 @@ def repair(space, table, terms: Terms, choices: Choices, logits: ChoiceProbs, t_
     nb, na = len(choices.weight_bits), len(choices.act_bits)
     derived = derive(space, choices, logits)
     if limits is not None and (np.isfinite(limits.memory_bytes).any() or np.isfinite(limits.energy_mj).any()):
-        if topo.kind != "chain":
-            raise ValueError(f"the composed repair with memory or energy limits is exact on chains only; topology "
-                             f"{topo.name!r} is a {topo.kind}: remove its devices' limits or fix the modules and bits")
+        if topo.kind not in ("chain", "mesh"):
+            raise ValueError(f"the composed repair with memory or energy limits is exact on chains and meshes; "
+                             f"topology {topo.name!r} is a {topo.kind}: remove its devices' limits")
     else:
         limits = None
     const = float(table.stem_ms[topo.path_order()[0]]) + float(table.head_ms[topo.path_order()[-1]])
@@ -298,9 +470,15 @@ def repair(space, table, terms: Terms, choices: Choices, logits: ChoiceProbs, t_
                                   "energy limits under this split")
         best = F.cheapest(front, t_const_ms, const)
         t_min, fastest = const + front[0][0, 0], front[1][0]
-    else:
+    elif limits is None:
         front_a, branches = _mesh(space, P, terms)
         best, t_min, fastest = _mesh_best(front_a, branches, t_const_ms, const)
+        t_min += const
+    else:
+        best, t_min, fastest = _mesh_with_limits(space, table, terms, limits, P, nb, na, t_const_ms, const)
+        if fastest is None:
+            raise LimitsError("no configuration of the composed space keeps every device within its memory and "
+                              "energy limits under this split")
         t_min += const
     ok, t_derived = _fits(space, table, terms, choices, limits, derived, assignment, t_const_ms)
     if ok:

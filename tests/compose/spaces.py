@@ -68,6 +68,12 @@ def boundaries(space, a):
             out[topo.link_index(order[p], order[p + 1])] = sum(order.index(d) <= p for d in a)
         return out
     seg = mesh_segments(space)
+    before = list(topo.pre) + [topo.root]
+    for p in range(len(before) - 1):  # the chain before the fork: the layers done on its devices so far
+        out[topo.link_index(before[p], before[p + 1])] = sum(d in before[:p + 1] for d in a)
+    for q in range(len(topo.post) - 1):  # after the merge: past the last layer done there so far
+        out[topo.link_index(topo.post[q], topo.post[q + 1])] = max(n for n in range(space.num_layers)
+                                                                   if a[n] in topo.post[:q + 1]) + 1
     for b in topo.branches:
         out[topo.link_index(topo.root, b)] = seg.prefix
         out[topo.link_index(b, topo.post[0])] = max(n for n in range(space.num_layers) if a[n] == b) + 1
@@ -120,7 +126,10 @@ def reference(space, table, terms, mem, ops, wb, mod, ab, a):
         agg = topo.post[0]
         branch = np.stack([dev_ms[:, topo.root] + per_link[:, topo.link_index(topo.root, b)] + dev_ms[:, b]
                            + per_link[:, topo.link_index(b, agg)] for b in topo.branches], 1)
-        total = sum(dev_ms[:, x] for x in list(topo.pre) + list(topo.post)) + branch.max(1)
+        forks = {topo.link_index(topo.root, b) for b in topo.branches} | {topo.link_index(b, agg)
+                                                                          for b in topo.branches}
+        total = sum(dev_ms[:, x] for x in list(topo.pre) + list(topo.post)) + branch.max(1) \
+            + sum(per_link[:, l] for l in range(len(topo.links)) if l not in forks)
     active, tx, rx = CE.powers(topo)
     en = active * dev_ms
     for l, link in enumerate(topo.links):

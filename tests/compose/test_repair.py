@@ -32,14 +32,20 @@ def _chain(n_dev, bws, mem_bws, lpd=None):
                        device_strides=(1,) * n_dev, stem_channels=8, head_channels=8)
 
 
-def _mesh(bws):
-    names = ["root", "b0", "b1", "agg"]
-    devs = [DeviceProfile(n, p, 1e9, mem_bandwidth_gbs=0.2) for n, p in zip(names, (1.0, 3.0, 2.0, 30.0))]
-    links = [LinkProfile(a, b, bw, 0.1, False) for (a, b), bw in
-             zip([("root", "b0"), ("root", "b1"), ("b0", "agg"), ("b1", "agg")], bws)]
-    topo = make_topology("m", devs, links, (1, 1, 1, 1))
-    return build_space(topo, image_size=8, in_channels=1, num_classes=10, device_channels=(12, 16, 16, 20),
-                       device_strides=(1, 1, 1, 1), stem_channels=8, head_channels=8)
+def _mesh(bws, end=None):
+    """root -> b0, b1 -> agg, every device and link drawing power; ``end="pre"``: a device p0 before the root,
+    ``"post"``: a device q0 after the aggregator (one layer each, the enumeration's size)."""
+    names = ["p0"] * (end == "pre") + ["root", "b0", "b1", "agg"] + ["q0"] * (end == "post")
+    speed = dict(p0=1.5, root=1.0, b0=3.0, b1=2.0, agg=30.0, q0=5.0)
+    devs = [DeviceProfile(n, speed[n], 1e9, mem_bandwidth_gbs=0.2, active_power_w=1.0 + i)
+            for i, n in enumerate(names)]
+    pairs = [("p0", "root")] * (end == "pre") + [("root", "b0"), ("root", "b1"), ("b0", "agg"), ("b1", "agg")] \
+        + [("agg", "q0")] * (end == "post")
+    links = [LinkProfile(a, b, bw, 0.1, False, 2.0, 0.5) for (a, b), bw in zip(pairs, bws)]
+    chans = dict(p0=8, root=12, b0=16, b1=16, agg=20, q0=20)
+    topo = make_topology("m", devs, links, (1,) * len(names))
+    return build_space(topo, image_size=8, in_channels=1, num_classes=10, device_channels=[chans[n] for n in names],
+                       device_strides=(1,) * len(names), stem_channels=8, head_channels=8)
 
 
 def _enumerate(space, ch, probs):
@@ -96,7 +102,7 @@ def _run(space, mech, seed, q_t, limit_kind, q_lim):
     t_const = float(np.quantile(ref["T"], q_t)) if q_t >= 0 else float(ref["T"].min()) * (0.9 + q_t)  # < 0: none
     limits = None
     if limit_kind:
-        m = space.num_layers - 1 - seed % space.num_layers  # one device, walking through them with the seed
+        m = space.topology.num_devices - 1 - seed % space.topology.num_devices  # one device, walking through them
         lim_mem, lim_en = np.full(space.topology.num_devices, np.inf), np.full(space.topology.num_devices, np.inf)
         if limit_kind in ("memory", "both"):
             lim_mem[m] = np.quantile(ref["memory"][:, m], q_lim)
@@ -129,13 +135,15 @@ def test_mesh_repair_equals_enumeration(bws, mech, seed, q_t):
     _run(_mesh(bws), mech, seed, q_t, None, 0.0)
 
 
-def test_mesh_with_limits_is_refused_in_one_line():
-    space = _mesh([2.0] * 4)
-    table, ch, terms, mem = setup(space, modules=(2,))
-    limits = DeviceLimits(np.array([1e6, np.inf, np.inf, np.inf]), np.full(4, np.inf), mem)
-    with pytest.raises(ValueError, match="exact on chains only") as e:
-        R.repair(space, table, terms, ch, _logits(space, ch, 0), 5.0, limits=limits)
-    assert "\n" not in str(e.value)
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(st.floats(0.5, 20.0), min_size=5, max_size=5), st.sampled_from(MECHANISMS[:3] + [REQUIRED]),
+       st.integers(0, 1000), st.floats(-0.1, 1.0), st.sampled_from(["memory", "energy", "both"]),
+       st.floats(-0.05, 0.6), st.sampled_from([None, "pre", "post"]))
+def test_mesh_repair_with_limits_equals_enumeration(bws, mech, seed, q_t, limit_kind, q_lim, end):
+    """Within every device's memory and energy limits on a mesh: the root's and the aggregator's depend on both
+    branches' link options together; a device before the root or after the aggregator joins through its link."""
+    end = None if mech is REQUIRED else end  # with a device more, its enumeration has 8 million configurations
+    _run(_mesh(bws[:4 + (end is not None)], end), mech, seed, q_t, limit_kind, max(q_lim, 0.0))
 
 
 def test_derived_is_kept_when_it_fits_and_bad_logits_are_refused():

@@ -262,6 +262,41 @@ def test_bad_quantize_field_and_mesh_modules_under_a_searched_split_exit_2(capsy
     assert not (tmp_path / "b").exists()
 
 
+def test_a_mesh_search_keeps_the_root_within_its_memory(tmp_path):
+    """flow.decide on a mesh whose root (sbs) has less memory than the derived configuration needs there: the repair
+    runs within the limit (it was dropped on a mesh) and the configuration it returns fits every device."""
+    topo = tmp_path / "mesh.yaml"
+    cfg = _tiny(modules=(2, 4), weight_bits=(4, 32), act_bits=(4, 32))
+    cfg.topology, cfg.layers_per_device = str(topo), (1,) * 6
+    cfg.space.device_channels, cfg.space.device_strides = (8,) * 6, (1, 2, 1, 1, 1, 2)
+
+    def run(limit):
+        body = open(os.path.join(os.path.dirname(configs.__file__), "..", "experiments", "topologies",
+                                 "paper_mesh.yaml")).read()
+        body = body.replace("{name: sbs, preset: xps15_rtx3050}",
+                            "{name: sbs, preset: xps15_rtx3050" + (f", memory_bytes: {limit}}}" if limit else "}"))
+        topo.write_text(body.replace("layers_per_device: {ue: 2, sbs: 2, mbs1: 2, mbs2: 2, mbs3: 2, cloud: 2}",
+                                     "layers_per_device: [1, 1, 1, 1, 1, 1]"))
+        ds = pipeline.load_data(cfg)
+        space, table = pipeline.build(cfg, ds)
+        ch = flow.choices_of(cfg, space.topology)
+        terms = TT.build_terms(space, table, ch)
+        from jmsnas import limits as L
+        lim = L.device_limits(space, cfg.cost.activation_bits)
+        rng = np.random.default_rng(4)
+        logits = C.ChoiceProbs(*(rng.normal(scale=2.0, size=x).astype(np.float32)
+                                 for x in C.logits_shapes(space, ch)))
+        fix, split, _ = flow.decide(cfg, space, table, terms, ch, logits, lim)
+        used = K.memory(space, lim.mem, table, terms, C.onehot(space, ch, fix.config), None).total
+        return fix, np.asarray(used, np.float64), space
+    free, used_free, space = run(None)
+    root = space.topology.root
+    limit = int(used_free[root]) - 1  # the unconstrained answer does not fit
+    fix, used, _ = run(limit)
+    assert used[root] <= limit * (1 + 1e-6) and used_free[root] > limit
+    assert fix.repaired and fix.logprob_loss > 0
+
+
 def test_the_quantize_field_reaches_the_choices(tmp_path):
     from jmsnas.topology import file as TF
     topo = TF.load(_topology_file(tmp_path, "false"))
