@@ -135,10 +135,11 @@ class _Limited(NamedTuple):
 
     space: object
     table: object
-    terms: Terms
     limits: DeviceLimits
     P: _Problem
     na: int
+    send: tuple  # (weight bytes [J, K], activation bytes [J, K]) of the Conv-Reduce at boundary j, reduction k
+    recv: tuple  # the same of the Conv-Recover
     weight: np.ndarray  # [N, R * Bw] bytes of every layer option's weights on the layer's own device
     act: np.ndarray  # [N, R * Bw] bytes of its activations
     energy: np.ndarray  # [N, R * Bw] mJ of its compute
@@ -152,7 +153,8 @@ def _limited(space, table, terms, limits: DeviceLimits, P: _Problem, nb: int, na
     f = lambda x: np.asarray(x, np.float64)
     n = space.num_layers
     active, tx, rx = powers(space.topology)
-    return _Limited(space, table, terms, limits, P, na, f(terms.weight_bytes)[P.dev, np.arange(n)].reshape(n, -1),
+    return _Limited(space, table, limits, P, na, (f(terms.send_weight), f(terms.send_act)),
+                    (f(terms.recv_weight), f(terms.recv_act)), f(terms.weight_bytes)[P.dev, np.arange(n)].reshape(n, -1),
                     np.repeat(f(limits.mem.act_bytes)[:, :, None], nb, -1).reshape(n, -1),
                     active[P.dev][:, None] * P.lat, active, tx, rx,
                     P.wire * 8.0 / (f(table.bandwidth_mbps)[:, None] * 1e3))
@@ -161,13 +163,12 @@ def _limited(space, table, terms, limits: DeviceLimits, P: _Problem, nb: int, na
 def _link_side(X: _Limited, m: int, l: int, c: int, sending: bool) -> tuple:
     """(bytes held, activation floor, mJ) device m spends on link l's option c: the wire buffer and its end of the
     module (Conv-Reduce when ``sending``, else Conv-Recover), and the radio's energy."""
-    P, t = X.P, X.terms
+    P = X.P
     j, k = P.bounds[l], c // X.na
-    weight, act = (t.send_weight, t.send_act) if sending else (t.recv_weight, t.recv_act)
+    weight, act = X.send if sending else X.recv
     ms = P.send[l, c] if sending else P.recv[l, c]
     power = X.tx[l] if sending else X.rx[l]
-    return (float(np.asarray(weight)[j, k]) + P.wire[l, c], float(np.asarray(act)[j, k]),
-            X.active[m] * ms + power * X.air[l, c])
+    return float(weight[j, k]) + P.wire[l, c], float(act[j, k]), X.active[m] * ms + power * X.air[l, c]
 
 
 def _device_front(X: _Limited, m: int, ins=(), outs=(), extra=(0.0, 0.0, 0.0)):
@@ -233,7 +234,7 @@ def _chain_dp(X: _Limited, order: list, head=None, tail=None):
                     break
             if fronts:
                 out[c_head, c_tail] = fronts[None]
-    return {k: v for k, v in out.items() if v is not None and len(v[0])}
+    return {k: v for k, v in out.items() if len(v[0])}
 
 
 def _chain_with_limits(space, table, terms, limits: DeviceLimits, P: _Problem, nb, na):
@@ -332,11 +333,12 @@ def _mesh_with_limits(space, table, terms, limits: DeviceLimits, P: _Problem, nb
     sums = [q for q, (_, i) in enumerate(names) if i != 1]
     maxes = [q for q, (_, i) in enumerate(names) if i == 1]
     perm = [0, 1] + [2 + q for q in sums] + [2 + q for q in maxes]  # (A, cost, sums..., maxima...)
+    at = [perm.index(2 + q) for q in range(len(names))]  # where each of ``names`` sits in a combined row
 
     def sides(row):  # the root's and the aggregator's extra (bytes, floor, mJ) of a combined row
         extra = {"r": [0.0, 0.0, 0.0], "a": [0.0, 0.0, 0.0]}
-        for q, (who, i) in enumerate(names):
-            extra[who][i] = float(row[perm.index(2 + q)])
+        for (who, i), pos in zip(names, at):
+            extra[who][i] = float(row[pos])
         return tuple(extra["r"]), tuple(extra["a"])
 
     ends = {}
