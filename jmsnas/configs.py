@@ -36,8 +36,10 @@ def default_config() -> ml_collections.ConfigDict:
     c.retrain = ml_collections.ConfigDict(dict(epochs=15, lr=2e-3))
     # the composed search (docs/composed.md): split-module reductions at every cut, weight bit widths of the layers
     # on quantizing devices (topology field quantize), bit widths of the transmitted tensors; all [] = JMSNAS alone;
-    # module_optional=False: every cut carries one of the modules (SplitNets' fixed module when modules has one r)
-    c.compose = ml_collections.ConfigDict(dict(modules=(), weight_bits=(), activation_bits=(), module_optional=True))
+    # module_optional=False: every cut carries one of the modules (SplitNets' fixed module when modules has one r);
+    # send_input=True (a chain, split="searched"): a split may send the input image, the stem moving along the chain
+    c.compose = ml_collections.ConfigDict(dict(modules=(), weight_bits=(), activation_bits=(), module_optional=True,
+                                               send_input=False))
     c.eval_batch_size = 256
     c.checkpoint_every = 50
     # epoch-end checkpoints: written when this many seconds have passed since the stage's last checkpoint, and

@@ -9,8 +9,9 @@ Methods (``experiments/composed.py`` runs them all and adds "JMSNAS then Auto-Sp
 * ``jmsnas``: JMSNAS alone (every ``compose`` switch off: the main job's code path);
 * ``module``: JMSNAS with a fixed split module at every cut: SplitNets' Conv-Reduce/Conv-Recover with reduction
   r = 4 on every link (``compose.modules=[4]``, ``compose.module_optional=False``), trained with the ops;
-* ``composed``: the composed search: ops, modules r in {2, 4, 8} or none at every cut, weight bits {4, 6, 8, 32}
-  per layer on the quantizing devices (every device but the cloud), transmitted bits {4, 6, 8, 32} at every cut.
+* ``composed``: the composed search: ops, the split (``split="searched"``, the input image sendable:
+  ``compose.send_input``), modules r in {2, 4, 8} or none at every cut, weight bits {4, 6, 8, 32} per layer on the
+  quantizing devices (every device but the cloud), transmitted bits {4, 6, 8, 32} at every cut.
 
 ``ue80k``: the topology ``experiments/topologies/ue_memory_80k.yaml`` (the same chain with 80,000 bytes of UE
 memory, below the 112,928 bytes the main job's result needs there).
@@ -28,8 +29,9 @@ METHODS = {
     "jmsnas": dict(modules=(), weight_bits=(), activation_bits=(), module_optional=True),
     "module": dict(modules=(4,), weight_bits=(), activation_bits=(), module_optional=False),
     "composed": dict(modules=(2, 4, 8), weight_bits=(4, 6, 8, 32), activation_bits=(4, 6, 8, 32),
-                     module_optional=True),
+                     module_optional=True, send_input=True),
 }
+SPLIT = {"jmsnas": "fixed", "module": "fixed", "composed": "searched"}
 UE80K = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "topologies",
                      "ue_memory_80k.yaml")
 
@@ -57,6 +59,7 @@ def get_config(arg: str = "composed:2.8:0"):
     cfg.seed = seed
     for key, value in METHODS[method].items():
         cfg.compose[key] = value
+    cfg.split = SPLIT[method]
     if ue80k:
         cfg.topology = UE80K
     return cfg

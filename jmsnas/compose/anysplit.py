@@ -12,9 +12,11 @@ from jmsnas.cost.latency import mesh_segments
 from jmsnas.limits import DeviceLimits, LimitsError
 
 
-def splits(space):
+def splits(space, send_input: bool = False):
     """Every split of the family ``compose.cost.best_assignment`` searches, int32[N] each: a chain's contiguous
-    ranges along the chain (a device may take no layer), a mesh's ``cost.latency.MeshSegments`` family."""
+    ranges along the chain (a device may take no layer), a mesh's ``cost.latency.MeshSegments`` family. With
+    ``send_input`` (a chain), int32[N + 1] each: the stem one more item before the layers, its device last
+    (``compose.cost.split_devices``)."""
     topo = space.topology
 
     def contiguous(devices, n):
@@ -22,8 +24,8 @@ def splits(space):
             yield np.repeat(np.asarray(devices), np.diff((0,) + cuts + (n,)))
 
     if topo.kind == "chain":
-        for a in contiguous(list(topo.pre), space.num_layers):
-            yield a.astype(np.int32)
+        for a in contiguous(list(topo.pre), space.num_layers + bool(send_input)):
+            yield (np.append(a[1:], a[:1]) if send_input else a).astype(np.int32)
         return
     seg, dev = mesh_segments(space), space.layer_devices()
     for a in contiguous(list(seg.prefix_devices), seg.prefix):
@@ -35,11 +37,12 @@ def repair_any_split(space, table, terms: Terms, choices: Choices, logits: Choic
                      limits: DeviceLimits | None = None) -> tuple:
     """(ComposedRepair, split int32[N]): the most probable configuration and split together, T <= t_const_ms and
     every device within ``limits``, exact: ``repair`` under every split of ``splits`` (C(N + M - 1, M - 1) of them
-    on an M-device chain of N layers: 165 for the main job's), the least -log P kept (the shorter T on a tie).
+    on an M-device chain of N layers: 165 for the main job's; 220 where ``choices.send_input`` moves the stem
+    too), the least -log P kept (the shorter T on a tie).
     When no split meets T_const: the fastest configuration of any split. ``LimitsError`` when no split keeps every
     device within its limits."""
     best, fastest, errors = None, None, []
-    for a in splits(space):
+    for a in splits(space, choices.send_input):
         try:
             fix = repair(space, table, terms, choices, logits, t_const_ms, a, limits)
         except LimitsError as e:

@@ -55,6 +55,9 @@ class Choices(NamedTuple):
       quantize: bool per device: whether its layers' weights take ``weight_bits`` (others stay float32).
       module_optional: whether a link may carry no module; False: "none" is masked out of every link's module
         choice (probability 0, never sampled or derived), so every cut carries one of ``modules``.
+      send_input: whether a split may hand on the input itself (a chain under a searched split): the stem then
+        runs on the device of the first layer or on one before it, and the links before it carry the image, at
+        boundary ``input_boundary(space)`` (N + 1), with that cut's module and transmitted bits.
     """
 
     modules: tuple = ()
@@ -62,6 +65,7 @@ class Choices(NamedTuple):
     act_bits: tuple = (FLOAT_BITS,)
     quantize: tuple = ()
     module_optional: bool = True
+    send_input: bool = False
 
     @property
     def num_modules(self) -> int:
@@ -81,18 +85,24 @@ class Choices(NamedTuple):
 
     @property
     def off(self) -> bool:
-        return not self.modules and self.weight_bits == (FLOAT_BITS,) and self.act_bits == (FLOAT_BITS,)
+        return (not self.modules and self.weight_bits == (FLOAT_BITS,) and self.act_bits == (FLOAT_BITS,)
+                and not self.send_input)
 
 
 def make_choices(topology, modules=(), weight_bits=(), act_bits=(), quantize=None,
-                 module_optional=True) -> Choices:
+                 module_optional=True, send_input=False) -> Choices:
     """Validated ``Choices`` for ``topology``: ``modules`` reductions (ints >= 2, [] = off), ``weight_bits`` /
     ``act_bits`` bit widths ([] or [32] = off), ``quantize`` (bool per device; default: every device but the
-    last in execution order) and ``module_optional`` (False: every cut carries a module). A ValueError names the
-    bad value."""
+    last in execution order), ``module_optional`` (False: every cut carries a module) and ``send_input`` (True: a
+    split may send the input itself; a chain only). A ValueError names the bad value."""
     mods = _ints("modules", modules, least=2)
     if not isinstance(module_optional, (bool, np.bool_)):
         raise ValueError(f"module_optional must be true or false, got {module_optional!r}")
+    if not isinstance(send_input, (bool, np.bool_)):
+        raise ValueError(f"send_input must be true or false, got {send_input!r}")
+    if send_input and topology.kind != "chain":
+        raise ValueError(f"send_input: true needs a chain (the stem moves along it); topology {topology.name!r} "
+                         f"is a {topology.kind}")
     if not module_optional and not mods:
         raise ValueError("module_optional: false needs at least one reduction in modules, got modules []")
     wb = _ints("weight_bits", weight_bits, WEIGHT_BITS) or (FLOAT_BITS,)
@@ -105,7 +115,8 @@ def make_choices(topology, modules=(), weight_bits=(), act_bits=(), quantize=Non
     if len(quantize) != m or any(not isinstance(q, (bool, np.bool_)) for q in quantize):
         raise ValueError(f"quantize must be one true/false per device {list(topology.device_names)}, got "
                          f"{list(quantize)}")
-    return Choices(mods, tuple(sorted(wb)), tuple(sorted(ab)), tuple(bool(q) for q in quantize), bool(module_optional))
+    return Choices(mods, tuple(sorted(wb)), tuple(sorted(ab)), tuple(bool(q) for q in quantize), bool(module_optional),
+                   bool(send_input))
 
 
 class ChoiceProbs(NamedTuple):

@@ -13,6 +13,11 @@ expected branch latencies (each branch term exact; their max a lower bound of E[
 whose expectation is exact by the distribution function of a max of independent variables (the layers' working
 sets and the modules' on the device), as ``cost.memory.device_memory``. Energy is linear in the terms (exact).
 
+A split (``assignment``) is int32[N], the device of every layer, the stem on the first device; or, where the
+choices send the input (``Choices.send_input``, a chain), int32[N + 1] whose last entry is the stem's device
+(``split_devices``): the links before it carry the input image (boundary N + 1), and the stem's compute,
+weights and working set are charged there.
+
 One-hot probabilities give one configuration's exact cost. With every mechanism off (one module choice "none",
 one bit width 32) each function equals today's ``cost.latency.latency``, ``cost.memory.device_memory`` and
 ``cost.energy.energy``. Differentiable in every probability (the split is an argmin: no gradient through it).
@@ -72,19 +77,39 @@ def layer_ms(terms: Terms, probs: ChoiceProbs) -> jnp.ndarray:
     return jnp.einsum("mnib,ni,nb->mn", terms.layer_ms, probs.ops, probs.weight_bits)
 
 
+def split_devices(space, assignment=None) -> tuple:
+    """(the layers' devices int32[N], the stem's device) of a split (D^m by default; may be traced): an int[N]
+    split keeps the stem on the first device in execution order (a Python int), an int[N + 1] one names it last."""
+    a = jnp.asarray(space.layer_devices() if assignment is None else assignment)
+    n = space.num_layers
+    if a.shape[0] == n + 1:
+        return a[:n], a[n]
+    return a, space.topology.path_order()[0]
+
+
+def input_split(space, stem_device: int) -> np.ndarray:
+    """int32[N + 1]: the layers' D^m devices with the stem on ``stem_device`` (a split that sends the input)."""
+    return np.append(np.asarray(space.layer_devices(), np.int32), np.int32(stem_device))
+
+
 def link_boundaries(space, assignment=None) -> jnp.ndarray:
     """int32[L]: the boundary j each link crosses under ``assignment`` (D^m by default; may be traced): j = 0 the
-    stem's output, j = n + 1 layer n's output (chain: the layers done before it; mesh: see ``MeshSegments``)."""
+    stem's output, j = n + 1 layer n's output (chain: the layers done before it; mesh: see ``MeshSegments``);
+    j = N + 1 the input image, on a chain's links before the stem's device (``split_devices``)."""
     topo = space.topology
-    a = jnp.asarray(space.layer_devices() if assignment is None else assignment)
+    a, stem = split_devices(space, assignment)
     out = jnp.zeros((len(topo.links),), jnp.int32)
 
     def segment(devices, lo, hi, out):
         lookup = np.full(topo.num_devices, -1, np.int32)
         lookup[list(devices)] = np.arange(len(devices))
         pos = jnp.asarray(lookup)[a[lo:hi]]
+        stem_pos = jnp.asarray(lookup)[stem] if lo == 0 else 0
         for p in range(len(devices) - 1):
-            out = out.at[topo.link_index(devices[p], devices[p + 1])].set(lo + jnp.sum(pos <= p))
+            j = lo + jnp.sum(pos <= p)
+            if lo == 0 and not isinstance(stem, int):
+                j = jnp.where(stem_pos > p, space.num_layers + 1, j)
+            out = out.at[topo.link_index(devices[p], devices[p + 1])].set(j)
         return out
 
     if topo.kind == "chain":
@@ -106,9 +131,10 @@ def _at(rows, bounds):
 def _per_device_ms(space, table, terms, probs, assignment, lt, bounds):
     topo = space.topology
     tau = layer_ms(terms, probs)
-    dev = jnp.asarray(space.layer_devices() if assignment is None else assignment)
+    dev, stem = split_devices(space, assignment)
     per_device = jnp.einsum("mn,nm->m", tau, jax.nn.one_hot(dev, topo.num_devices, dtype=tau.dtype))
-    per_device = device_fixed_ms(space, table, per_device)  # stem, head, every part's call cost
+    per_device = device_fixed_ms(space, table, per_device,  # stem, head, every part's call cost
+                                 None if isinstance(stem, int) else stem)
     if len(topo.links):
         src, dst = _ends(topo)
         per_device = per_device.at[src].add(_at(lt.send, bounds)).at[dst].add(_at(lt.recv, bounds))
@@ -132,15 +158,18 @@ def latency(space, table, terms: Terms, probs: ChoiceProbs, assignment=None) -> 
 def memory(space, mem: SpaceMemory, table, terms: Terms, probs: ChoiceProbs, assignment=None) -> DeviceMemory:
     """E[M_m] in bytes for every device: weights (layers at their bits on quantizing devices, modules, stem/head)
     + link buffers (the expected bytes of every link it sends or receives, and the input image on the first
-    device) + E[largest activation working set] (its layers', the stem's/head's, its modules' halves)."""
+    device) + E[largest activation working set] (its layers', the stem's/head's, its modules' halves). The stem's
+    weights and working set are on the stem's device (``split_devices``)."""
     topo = space.topology
     bounds = link_boundaries(space, assignment)
     lt = link_terms(space, table, terms, probs)
-    dev = jnp.asarray(space.layer_devices() if assignment is None else assignment)
+    dev, stem = split_devices(space, assignment)
     onehot = jax.nn.one_hot(dev, topo.num_devices, dtype=jnp.float32)  # [N, M]
     order = topo.path_order()
     first, last = np.zeros(topo.num_devices, np.float32), np.zeros(topo.num_devices, np.float32)
     first[order[0]], last[order[-1]] = 1.0, 1.0
+    if not isinstance(stem, int):  # the stem's weights and working set on its device (the image stays on the first)
+        first = jax.nn.one_hot(stem, topo.num_devices, dtype=jnp.float32)
     w_layer = jnp.einsum("mnib,ni,nb->mn", terms.weight_bytes, probs.ops, probs.weight_bits)
     weights = jnp.einsum("mn,nm->m", w_layer, onehot) + first * mem.stem_weight_bytes + last * mem.head_weight_bytes
     buffers = jnp.zeros(topo.num_devices, jnp.float32).at[order[0]].add(table.input_bytes)
@@ -199,15 +228,29 @@ def _segment_dp(tau, eps):
     return jnp.sum(jnp.arange(n)[:, None] >= starts[None, :], axis=1)
 
 
+def sends_input(space, terms: Terms) -> bool:
+    """Whether ``terms`` hold the input boundary (built with ``Choices.send_input``)."""
+    return terms.wire_bytes.shape[0] == space.num_layers + 2
+
+
 def best_assignment(space, table, terms: Terms, probs: ChoiceProbs) -> jnp.ndarray:
     """The split minimising E[T] (exact DP, as ``cost.latency.best_assignment``, with every link's expected eps
     and module compute at every boundary): chain contiguous along the chain, mesh the ``MeshSegments`` family.
-    int32[N]; jit-friendly, no gradient (an argmin)."""
+    int32[N]; where the terms send the input (``sends_input``), int32[N + 1], the stem placed by the same DP as
+    one more item before the layers (the links before it carry the image). jit-friendly, no gradient."""
     topo = space.topology
     probs = jax.lax.stop_gradient(probs)
     tau = layer_ms(terms, probs)
     lt = link_terms(space, table, terms, probs)
     cross = lt.eps + lt.send + lt.recv  # [L, J]
+    if topo.kind == "chain" and sends_input(space, terms):
+        devices, n = list(topo.pre), space.num_layers
+        stem = jnp.asarray(table.stem_ms, tau.dtype)[:, None]
+        items = jnp.concatenate([stem, tau], axis=1)[jnp.asarray(devices)]  # [P, N + 1]: the stem first
+        order = jnp.asarray([n + 1] + list(range(n + 1)))  # the input, the stem's output, the layers' outputs
+        eps = [cross[topo.link_index(devices[p], devices[p + 1])][order] for p in range(len(devices) - 1)]
+        dev = jnp.asarray(devices, jnp.int32)[_segment_dp(items, eps)]
+        return jnp.concatenate([dev[1:], dev[:1]])
 
     def split(devices, lo, hi):
         eps = [cross[topo.link_index(devices[p], devices[p + 1]), lo:hi + 1] for p in range(len(devices) - 1)]

@@ -19,7 +19,7 @@ from jmsnas import ahead as A, budget, data, limits as L, programs, supernet, te
 from jmsnas.checkpoint import Checkpointer
 from jmsnas.compose import anysplit, cost as K, net as N, network as CN, repair as R, steps as S
 from jmsnas.compose.choices import ChoiceProbs, Choices, make_choices, onehot, probs_from_logits
-from jmsnas.compose.terms import boundary_shapes, build_terms, module_channels
+from jmsnas.compose.terms import boundary_shapes, build_terms, input_boundary, module_channels
 from jmsnas.cost.latency import breakdown_dict
 from jmsnas.run import directory, loop
 from jmsnas.runcheck import ConfigError
@@ -31,7 +31,7 @@ ANY_SPLIT_MAX = 400  # splits: above this many, the repair runs under the best s
 
 def choices_of(cfg, topology) -> Choices:
     """The configuration's ``Choices`` (``compose.modules``, ``compose.weight_bits``, ``compose.activation_bits``,
-    ``compose.module_optional``;
+    ``compose.module_optional``, ``compose.send_input``;
     all off when the configuration has no ``compose``) on ``topology``, whose devices' ``quantize`` fields (None:
     make_choices' default for that device) say which quantize. ValueError naming the bad value."""
     c = cfg.get("compose") or {}
@@ -40,13 +40,19 @@ def choices_of(cfg, topology) -> Choices:
     given = [d.quantize for d in topology.devices]
     quantize = None if all(q is None for q in given) else tuple(d if q is None else q for q, d in zip(given, default))
     optional = True if c.get("module_optional") is None else c.get("module_optional")
-    return make_choices(topology, get("modules"), get("weight_bits"), get("activation_bits"), quantize, optional)
+    send_input = False if c.get("send_input") is None else c.get("send_input")
+    return make_choices(topology, get("modules"), get("weight_bits"), get("activation_bits"), quantize, optional,
+                        send_input)
 
 
 def check(cfg, topology) -> Choices:
-    """``choices_of``, with the composed search's own limit: on a mesh, modules and transmitted bits under the
-    fixed split (D^m) only."""
+    """``choices_of``, with the composed search's own limits: on a mesh, modules and transmitted bits under the
+    fixed split (D^m) only; sending the input under a searched split only (D^m keeps the stem on the first
+    device)."""
     ch = choices_of(cfg, topology)
+    if ch.send_input and cfg.get("split", "fixed") != "searched":
+        raise ValueError(f"compose.send_input=True moves the stem, which needs split='searched'; got "
+                         f"split={cfg.get('split', 'fixed')!r} (D^m keeps the stem on the first device)")
     if N.links_active(ch) and topology.kind != "chain" and cfg.get("split", "fixed") != "fixed":
         raise ValueError(f"compose.modules / compose.activation_bits on a mesh need split='fixed' (D^m); got "
                          f"split={cfg.split!r} on topology {topology.name!r} (its weight bits, compose.weight_bits, "
@@ -130,10 +136,12 @@ def decide(cfg, space, table, terms, choices: Choices, logits: ChoiceProbs, lim:
     t_const = float(cfg.t_const_ms)
     topo = space.topology
     binds = L.binding(space, table, lim, any_split=cfg.split == "searched")
+    if choices.send_input:  # the plain space's bounds keep the stem on the first device: any finite limit may bind
+        binds = bool(np.isfinite(lim.memory_bytes).any() or np.isfinite(lim.energy_mj).any())
     limits = lim if binds and topo.kind in ("chain", "mesh") else None
     if cfg.split == "fixed":
         return R.repair(space, table, terms, choices, logits, t_const, None, limits), None, "fixed (D^m)"
-    count = sum(1 for _ in anysplit.splits(space))
+    count = sum(1 for _ in anysplit.splits(space, choices.send_input))
     if limits is None and count <= ANY_SPLIT_MAX:
         fix, split = anysplit.repair_any_split(space, table, terms, choices, logits, t_const)
         return fix, np.asarray(split), f"searched with the configuration over all {count} splits"
@@ -185,14 +193,17 @@ def composed_entries(space, choices: Choices, config, net: N.Derived) -> dict:
     reads back), the candidates searched, and every cut (link, boundary, module, channels sent of those there,
     transmitted bits)."""
     topo = space.topology
-    shapes = boundary_shapes(space)
+    shapes = boundary_shapes(space, True)
     cuts = []
     for l, (j, r, a) in enumerate(zip(net.bounds, net.reductions, net.act_bits)):
         c = shapes[j][1]
-        cuts.append({"link": topo.link_names[l], "boundary": int(j), "module": None if not r else {"reduction": int(r)},
+        tensor = "input" if j == input_boundary(space) else "stem" if j == 0 else f"layer {j - 1}"
+        cuts.append({"link": topo.link_names[l], "boundary": int(j), "tensor": tensor,
+                     "module": None if not r else {"reduction": int(r)},
                      "channels_sent": int(module_channels(c, r) if r else c), "channels": int(c),
                      "activation_bits": int(a)})
-    return {**CN.to_result(space, choices, config),
+    stem = {"stem_device": topo.device_names[CN.stem_device(space, net.assignment)]} if choices.send_input else {}
+    return {**CN.to_result(space, choices, config), **stem,
             "candidates": {"modules": list(choices.modules), "weight_bits": list(choices.weight_bits),
                            "activation_bits": list(choices.act_bits)}, "cuts": cuts}
 
@@ -232,12 +243,16 @@ def _finish(cfg, space, table, terms, choices, lim, ds, mesh, rt, net: N.Derived
 
 def _write_parts(space, params, bn, net: N.Derived, workdir: str, assignment) -> dict:
     """parts/ as the plain search writes them (``supernet.device_parts``: every device's layers, the stem with
-    the first, the head with the last), plus every cut's module: its ``reduce`` weights in the sender's part and
+    its device (the first unless the split sends the input), the head with the last), plus every cut's module: its ``reduce`` weights in the sender's part and
     its ``recover`` weights in the receiver's, under ``modules/<boundary>``; the manifest records every cut."""
     topo = space.topology
     compact = {k: v for k, v in params.items() if k != "modules"}
-    parts = supernet.device_parts(space, compact, net.ops, assignment)
-    bn_parts = supernet.device_parts(space, bn, net.ops, assignment)
+    layers_a = np.asarray(assignment)[:space.num_layers]
+    parts = supernet.device_parts(space, compact, net.ops, layers_a)
+    bn_parts = supernet.device_parts(space, bn, net.ops, layers_a)
+    first, stem = topo.device_names[topo.path_order()[0]], topo.device_names[CN.stem_device(space, assignment)]
+    for tree in (parts, bn_parts):  # the stem runs where the split puts it (the first device unless it sends the input)
+        tree[stem]["params"]["stem"] = tree[first]["params"].pop("stem")
     out = {}
     for dev, part in parts.items():
         layers = part["layers"]

@@ -2,7 +2,8 @@
 and, at every cut between devices, a gate over the split module and one over the transmitted tensor's bit width.
 
 Parameters are the supernet's (``stem``, ``layers``, ``head``) plus ``modules``: a dict keyed by the boundary index
-``str(j)`` (j = 0 the stem's output, j = n + 1 layer n's output; ``module_boundaries``) of one
+``str(j)`` (j = 0 the stem's output, j = n + 1 layer n's output, j = N + 1 the input image where
+``Choices.send_input``; ``module_boundaries``) of one
 ``jmsnas.splitnets.module.init(key, c_j, d_max=max(1, c_j // min(modules)))`` each (one view, 1x1, split-aware
 geometric initialisation). A module of reduction r at boundary j runs ``module.reduce(p, x, d)`` and
 ``module.recover(p, z)`` with d = max(1, c_j // r) (``terms.module_channels``); its weights belong to the boundary,
@@ -45,7 +46,7 @@ from jmsnas import supernet
 from jmsnas.compose.choices import FLOAT_BITS, Choices, Config
 from jmsnas.compose.cost import link_boundaries
 from jmsnas.compose.network import composed_apply, link_path
-from jmsnas.compose.terms import boundary_shapes, module_channels
+from jmsnas.compose.terms import boundary_shapes, module_channels, reduces
 from jmsnas.quant import quantizers as Q
 from jmsnas.splitnets import module as M
 
@@ -90,12 +91,13 @@ def fake_quant_act(x, bits, valid=None):
     return q if valid is None else q * valid
 
 
-def module_boundaries(space, split: str) -> tuple:
-    """The boundaries j where a cut can fall: D^m's under the fixed split, every j = 0..N when it is searched."""
+def module_boundaries(space, split: str, send_input: bool = False) -> tuple:
+    """The boundaries j where a cut can fall: D^m's under the fixed split, every j = 0..N when it is searched
+    (and N + 1, the input image, with ``send_input``)."""
     if split == "fixed":
         with jax.ensure_compile_time_eval():  # constants, also when called under a trace
             return tuple(sorted({int(j) for j in np.asarray(link_boundaries(space))}))
-    return tuple(range(space.num_layers + 1))
+    return tuple(range(space.num_layers + 1 + bool(send_input)))
 
 
 def init_modules(key, space, choices: Choices, split: str) -> dict:
@@ -103,11 +105,11 @@ def init_modules(key, space, choices: Choices, split: str) -> dict:
     modules)."""
     if not choices.modules:
         return {}
-    shapes = boundary_shapes(space)
-    js = module_boundaries(space, split)
+    shapes = boundary_shapes(space, choices.send_input)
+    js = module_boundaries(space, split, choices.send_input)
     r_min = min(choices.modules)
     return {str(j): M.init(k, shapes[j][1], module_channels(shapes[j][1], r_min))
-            for j, k in zip(js, jax.random.split(key, len(js)))}
+            for j, k in zip(js, jax.random.split(key, len(js))) if reduces(shapes[j][1], r_min)}
 
 
 def _group_paths(g: G.Gates, row: int, num: int):
@@ -139,7 +141,7 @@ def _link(choices: Choices, params_j, c: int, cg: ComposedGates, l: int, h):
         return sum(gv * fake_quant_act(z, abits[a], valid) for a, gv in _group_paths(cg.act_bits, l, len(abits)))
 
     none = send(h)
-    if not choices.modules:
+    if not choices.modules or params_j is None:  # no module, or none that reduces here (``terms.reduces``)
         return none
     d_max = params_j["reduce"].shape[-1]
     d_of = jnp.asarray([d_max] + [module_channels(c, r) for r in choices.modules], jnp.int32)
@@ -162,7 +164,7 @@ def _cuts(space, choices: Choices, modules: dict, cg: ComposedGates, bounds, js:
     tracing; where it is traced (a searched split) each link runs under a ``lax.cond`` on its boundary."""
     if not links_active(choices) or j not in js:
         return h
-    c = boundary_shapes(space)[j][1]
+    c = boundary_shapes(space, True)[j][1]
     p = modules.get(str(j))
     for l in range(len(space.topology.links)):
         if isinstance(bounds, np.ndarray):
@@ -215,11 +217,13 @@ def apply(space, choices: Choices, split: str, params, state, gates: G.Gates, cg
             bounds = np.asarray(link_boundaries(space, a))
     else:
         a = jnp.asarray(assignment, jnp.int32)
-        quantizes = jnp.asarray(choices.quantize)[a]
+        quantizes = jnp.asarray(choices.quantize)[a[:space.num_layers]]
         bounds = link_boundaries(space, a)
-    js = module_boundaries(space, split)
+    js = module_boundaries(space, split, choices.send_input)
     qbits = choices.weight_bits != (FLOAT_BITS,) and any(choices.quantize)
     new_state = {}
+    if choices.send_input and split != "fixed":  # the links before the stem's device carry the image
+        x = _cuts(space, choices, params["modules"], cg, bounds, js, space.num_layers + 1, x)
     h, new_state["stem"] = O.conv_bn_apply(params["stem"], state["stem"], x, space.stem_stride, train)
     outputs, layer_states = {-1: h}, []
     if mesh:
@@ -300,7 +304,9 @@ def derived(space, choices: Choices, config: Config, assignment) -> Derived:
     wb = tuple(choices.weight_bits[int(b)] if choices.quantize[int(d)] else FLOAT_BITS
                for b, d in zip(config.weight_bits, a))
     bounds = tuple(int(j) for j in np.asarray(link_boundaries(space, a)))
-    red = tuple(0 if int(k) == 0 else choices.modules[int(k) - 1] for k in config.module)
+    shapes = boundary_shapes(space, True)
+    red = tuple(0 if int(k) == 0 or not reduces(shapes[j][1], choices.modules[int(k) - 1])
+                else choices.modules[int(k) - 1] for k, j in zip(config.module, bounds))
     return Derived(tuple(int(i) for i in config.ops), wb, bounds, red,
                    tuple(choices.act_bits[int(b)] for b in config.act_bits), choices,
                    tuple(tuple(int(v) for v in np.asarray(g)) for g in config), tuple(int(d) for d in a))

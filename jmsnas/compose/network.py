@@ -11,7 +11,9 @@
   ``terms.module_channels(c, r)``, ``splitnets.module.reduce`` on the first d channels of the boundary's weights),
   the transmitted tensor at its bits (``wire_values``: 1..8 bits asymmetric over the [min, max] of the whole batch
   of the d channels sent, not of zero padding, and back, ``quantizers.act_codes``/``act_dequant``; 16 float16; 32
-  unchanged), then the Conv-Recover d -> c.
+  unchanged), then the Conv-Recover d -> c. Where the split sends the input (an ``assignment`` of N + 1 entries,
+  the last the stem's device: ``cost.split_devices``), the links from the first device to the stem's carry the
+  image (boundary N + 1, ``terms.input_boundary``) with their module and bits, and the stem runs on what arrives.
 
 A tensor that crosses several links (a device without layers relays it) takes every link's transform in path
 order. With no module, 32-bit transmitted tensors and float weights it computes exactly what ``compact_apply``
@@ -37,7 +39,7 @@ from jmsnas import ops as O
 from jmsnas import space as S
 from jmsnas.compose.choices import ACT_BITS, FLOAT_BITS, WEIGHT_BITS, Choices, Config, make_choices
 from jmsnas.compose.cost import link_boundaries
-from jmsnas.compose.terms import boundary_shapes, module_channels
+from jmsnas.compose.terms import boundary_shapes, module_channels, reduces
 from jmsnas.quant.quantizers import act_codes, act_dequant, fake_quant_weight
 from jmsnas.run import directory
 from jmsnas.space import OP_NAMES, OPS
@@ -60,14 +62,15 @@ class Cut(NamedTuple):
 
 
 def init_modules(key, space, choices: Choices) -> dict:
-    """{str(j): split-module parameters} for every boundary j = 0..N ({} without modules): ``reduce``
-    float32[1, 1, c_j, d_max] and ``recover`` float32[1, 1, d_max, c_j], d_max = max(1, c_j // min(modules))."""
+    """{str(j): split-module parameters} for every boundary j = 0..N (and N + 1, the input, with
+    ``choices.send_input``; {} without modules): ``reduce`` float32[1, 1, c_j, d_max] and ``recover``
+    float32[1, 1, d_max, c_j], d_max = max(1, c_j // min(modules))."""
     if not choices.modules:
         return {}
-    shapes = boundary_shapes(space)
+    shapes = boundary_shapes(space, choices.send_input)
     keys = jax.random.split(key, len(shapes))
     return {str(j): SM.init(k, c, module_channels(c, min(choices.modules))) for j, (k, (_, c)) in
-            enumerate(zip(keys, shapes))}
+            enumerate(zip(keys, shapes)) if reduces(c, min(choices.modules))}
 
 
 def _bounds(space, a) -> np.ndarray:
@@ -77,23 +80,35 @@ def _bounds(space, a) -> np.ndarray:
 
 
 def _assignment(space, assignment) -> np.ndarray:
+    """The split as int64[N] (the stem on the first device) or int64[N + 1] (the stem's device last); ValueError
+    naming it when it is neither."""
     a = np.asarray(space.layer_devices() if assignment is None else assignment).astype(np.int64)
-    if a.shape != (space.num_layers,) or a.min() < 0 or a.max() >= space.topology.num_devices:
+    n = space.num_layers
+    if a.shape not in ((n,), (n + 1,)) or a.min() < 0 or a.max() >= space.topology.num_devices:
         raise ValueError(f"assignment must be one device index in 0..{space.topology.num_devices - 1} per layer "
-                         f"({space.num_layers}), got {a.tolist()}")
+                         f"({n}), and optionally the stem's last, got {a.tolist()}")
+    if len(a) == n + 1 and space.topology.kind != "chain":
+        raise ValueError(f"a split that sends the input needs a chain; topology {space.topology.name!r} is a "
+                         f"{space.topology.kind}")
     return a
+
+
+def stem_device(space, assignment) -> int:
+    """The device that runs the stem under ``assignment`` (``cost.split_devices``)."""
+    a = _assignment(space, assignment)
+    return int(a[space.num_layers]) if len(a) > space.num_layers else space.topology.path_order()[0]
 
 
 def cuts(space, choices: Choices, config: Config, assignment=None) -> tuple:
     """A ``Cut`` per link, in the topology's link order."""
     topo, a = space.topology, _assignment(space, assignment)
     bounds = _bounds(space, a)
-    shapes, names = boundary_shapes(space), topo.device_names
+    shapes, names = boundary_shapes(space, True), topo.device_names
     out = []
     for l, link in enumerate(topo.links):
         j, k, ab = int(bounds[l]), int(config.module[l]), int(config.act_bits[l])
         hw, c = shapes[j]
-        r = 0 if k == 0 else int(choices.modules[k - 1])
+        r = 0 if k == 0 or not reduces(c, int(choices.modules[k - 1])) else int(choices.modules[k - 1])
         out.append(Cut(l, j, names.index(link.src), names.index(link.dst), hw, c, r,
                        c if r == 0 else module_channels(c, r), int(choices.act_bits[ab])))
     return tuple(out)
@@ -189,13 +204,18 @@ def composed_apply(space, choices: Choices, config: Config, assignment, params, 
     ops = tuple(int(i) for i in np.asarray(config.ops))
     space.validate_arch(ops)
     plan, bits = cuts(space, choices, config, a), layer_bits(space, choices, config, a)
-    first, last = topo.path_order()[0], topo.path_order()[-1]
+    first, last, stem = topo.path_order()[0], topo.path_order()[-1], stem_device(space, a)
+    for l in link_path(topo, first, stem):  # the image on its way to the stem's device
+        if plan[l].boundary != space.num_layers + 1:
+            raise ValueError(f"link {topo.links[l].src}->{topo.links[l].dst} carries boundary {plan[l].boundary}, "
+                             f"but the stem runs after it (assignment {a.tolist()})")
+        x = transmit(plan[l], module_params, x)
     new_state = {}
     h, new_state["stem"] = O.conv_bn_apply(params["stem"], state["stem"], x, space.stem_stride, train)
     outputs, held = {-1: h}, {}
 
     def deliver(src: int, dev: int):  # layer src's output (-1: the stem's) as device dev holds it
-        at = first if src < 0 else int(a[src])
+        at = stem if src < 0 else int(a[src])
         y = outputs[src]
         for l in link_path(topo, at, dev):
             if plan[l].boundary != src + 1:
@@ -284,11 +304,11 @@ def device_parts(space, config: Config, assignment, params, state, module_params
         part["ops"].append(OP_NAMES[int(i)])
         part["params"]["layers"][str(s.index)] = params["layers"][s.index]
         part["bn"]["layers"][str(s.index)] = state["layers"][s.index]
-    for key, m in (("stem", topo.path_order()[0]), ("head", topo.path_order()[-1])):
+    for key, m in (("stem", stem_device(space, a)), ("head", topo.path_order()[-1])):
         part = parts[topo.device_names[m]]
         part["params"][key], part["bn"][key] = params[key], state[key]
     for l, link in enumerate(topo.links):
-        if int(config.module[l]) == 0:
+        if int(config.module[l]) == 0 or str(int(bounds[l])) not in module_params:  # none, or none that reduces
             continue
         p = module_params[str(int(bounds[l]))]
         for dev, side in ((link.src, "reduce"), (link.dst, "recover")):

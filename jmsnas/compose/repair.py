@@ -57,6 +57,7 @@ class _Problem(NamedTuple):
     """float64 views of the terms under a fixed split. Layer options: column i * Bw + b; link options: k * Ba + a."""
 
     dev: np.ndarray  # int[N] device of every layer
+    stem: int  # the stem's device
     bounds: np.ndarray  # int[L] boundary of every link
     lat: np.ndarray  # [N, R * Bw] ms on the layer's device
     cost: np.ndarray  # [N, R * Bw] -log p - log w
@@ -73,7 +74,7 @@ class _Problem(NamedTuple):
 def _problem(space, table, terms: Terms, choices: Choices, probs: ChoiceProbs, assignment) -> _Problem:
     f = lambda x: np.asarray(x, np.float64)
     topo, n = space.topology, space.num_layers
-    dev = space.layer_devices() if assignment is None else np.asarray(assignment)
+    dev, stem = (np.asarray(x) for x in K.split_devices(space, assignment))
     bounds = np.asarray(K.link_boundaries(space, None if assignment is None else jnp.asarray(assignment)))
     lm = f(terms.layer_ms)[dev, np.arange(n)]  # [N, R, Bw]
     nb = lm.shape[-1]
@@ -92,7 +93,7 @@ def _problem(space, table, terms: Terms, choices: Choices, probs: ChoiceProbs, a
     recv = rep(f(terms.recv_ms)[dst, bounds]) if links else wire
     lcost = -(logp(probs.module)[:, :, None] + logp(probs.act_bits)[:, None, :])
     link_valid = np.repeat(choices.group_masks()[1], na)
-    return _Problem(dev, bounds, lm.reshape(n, -1), cost.reshape(n, -1), valid.reshape(n, -1), ka(lcost), ka(eps),
+    return _Problem(dev, int(stem), bounds, lm.reshape(n, -1), cost.reshape(n, -1), valid.reshape(n, -1), ka(lcost), ka(eps),
                     ka(send), ka(recv), ka(wire), link_valid, n + links)
 
 
@@ -177,12 +178,12 @@ def _device_front(X: _Limited, m: int, ins=(), outs=(), extra=(0.0, 0.0, 0.0)):
     [(link, option)], plus ``extra`` (bytes held, activation floor, mJ) of links counted elsewhere."""
     P, mem, table = X.P, X.limits.mem, X.table
     topo = X.space.topology
-    first, last = topo.path_order()[0], topo.path_order()[-1]
-    const = float(table.input_bytes) * (m == first) + float(mem.stem_weight_bytes) * (m == first) \
+    first, last, stem = topo.path_order()[0], topo.path_order()[-1], P.stem
+    const = float(table.input_bytes) * (m == first) + float(mem.stem_weight_bytes) * (m == stem) \
         + float(mem.head_weight_bytes) * (m == last) + extra[0]
-    floor = max([float(mem.stem_act_bytes)] * (m == first) + [float(mem.head_act_bytes)] * (m == last)
+    floor = max([float(mem.stem_act_bytes)] * (m == stem) + [float(mem.head_act_bytes)] * (m == last)
                 + [0.0, extra[1]])
-    e = X.active[m] * (float(table.stem_ms[m]) * (m == first) + float(table.head_ms[m]) * (m == last)) + extra[2]
+    e = X.active[m] * (float(table.stem_ms[m]) * (m == stem) + float(table.head_ms[m]) * (m == last)) + extra[2]
     for (l, c), sending in [(io, False) for io in ins] + [(io, True) for io in outs]:
         b, a, en = _link_side(X, m, l, c, sending)
         const, floor, e = const + b, max(floor, a), e + en
@@ -455,7 +456,7 @@ def repair(space, table, terms: Terms, choices: Choices, logits: ChoiceProbs, t_
                              f"topology {topo.name!r} is a {topo.kind}: remove its devices' limits")
     else:
         limits = None
-    const = float(table.stem_ms[topo.path_order()[0]]) + float(table.head_ms[topo.path_order()[-1]])
+    const = float(table.stem_ms[P.stem]) + float(table.head_ms[topo.path_order()[-1]])
     if topo.kind == "chain":
         if limits is None:
             front = (np.zeros((1, 2)), np.full((1, P.width), -1, np.int64))

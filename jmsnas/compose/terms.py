@@ -1,7 +1,9 @@
 """The per-choice cost terms of a composed space, built once (numpy, then float32 arrays: a pytree).
 
 Boundaries: a cut between devices falls at a layer boundary j in 0..N: j = 0 is the stem's output (the first
-device runs no layer), j = n + 1 is layer n's output. The tensor at boundary j has hw x hw x c elements per image.
+device runs no layer), j = n + 1 is layer n's output. With ``Choices.send_input`` one more, j = N + 1
+(``input_boundary``): the input image itself, sent before the stem (which then runs on a later device). The tensor
+at boundary j has hw x hw x c elements per image.
 
 * Layers: ``layer_ms[m, n, i, b]`` is the compute latency (ms) of op i at slot n on device m with its weights at
   ``weight_bits[b]``. It is the cost table's U_n^m(v_i) for float weights, on devices that do not quantize and on
@@ -38,7 +40,8 @@ from jmsnas.space import OPS, op_flops, op_params
 
 class Terms(NamedTuple):
     """Per-choice terms (float32 arrays; ms and bytes per image). Shapes: M devices, N slots, R ops, Bw weight
-    bit widths, J = N + 1 boundaries, K module choices ("none" first), Ba transmitted bit widths."""
+    bit widths, J = N + 1 boundaries (N + 2 with ``Choices.send_input``), K module choices ("none" first), Ba
+    transmitted bit widths."""
 
     layer_ms: jnp.ndarray  # [M, N, R, Bw]
     weight_bytes: jnp.ndarray  # [M, N, R, Bw]
@@ -52,14 +55,28 @@ class Terms(NamedTuple):
     act_values: jnp.ndarray  # [V]: the distinct non-zero module working sets (where E[max] is evaluated)
 
 
-def boundary_shapes(space) -> list:
-    """(hw, c) of the tensor at every boundary j = 0..N (0: the stem's output)."""
-    return [(space.stem_out_hw, space.stem_channels)] + [(s.out_hw, s.out_ch) for s in space.layers]
+def boundary_shapes(space, send_input: bool = False) -> list:
+    """(hw, c) of the tensor at every boundary j = 0..N (0: the stem's output), and with ``send_input`` at
+    j = N + 1, the input image."""
+    out = [(space.stem_out_hw, space.stem_channels)] + [(s.out_hw, s.out_ch) for s in space.layers]
+    return out + [(space.image_size, space.in_channels)] * bool(send_input)
+
+
+def input_boundary(space) -> int:
+    """The boundary index of the input image (N + 1; it exists where ``Choices.send_input``)."""
+    return space.num_layers + 1
 
 
 def module_channels(c: int, r: int) -> int:
     """Channels a module of reduction r sends from a c-channel tensor: max(1, c // r)."""
     return max(1, c // r)
+
+
+def reduces(c: int, r: int) -> bool:
+    """Whether a module of reduction r has something to reduce in a c-channel tensor (d < c). Where it has not
+    (a one-channel image: d = c = 1) the cut carries no module: no Conv-Reduce/Recover, no weights, the whole
+    tensor on the wire, whatever the module choice."""
+    return module_channels(c, r) < c
 
 
 def _packed(elems, bits) -> float:
@@ -99,17 +116,18 @@ def _op_act_elems(o, s) -> int:
 
 def _module_terms(space, choices: Choices, activation_bits: int):
     devices = space.topology.devices
-    shapes = boundary_shapes(space)
+    shapes = boundary_shapes(space, choices.send_input)
     j, k, m = len(shapes), choices.num_modules, len(devices)
     send_ms, recv_ms = np.zeros((m, j, k)), np.zeros((m, j, k))
     weight, act = np.zeros((j, k)), np.zeros((j, k))
     wire = np.zeros((j, k, len(choices.act_bits)))
     for jj, (hw, c) in enumerate(shapes):
         for kk in range(k):
-            d = c if kk == 0 else module_channels(c, choices.modules[kk - 1])
+            none = kk == 0 or not reduces(c, choices.modules[kk - 1])
+            d = c if none else module_channels(c, choices.modules[kk - 1])
             for a, bits in enumerate(choices.act_bits):
                 wire[jj, kk, a] = frame_bytes(hw * hw * d, bits)
-            if kk == 0:
+            if none:
                 continue
             flops, traffic = 2.0 * hw * hw * c * d, 4.0 * (hw * hw * (c + d) + c * d)
             for mm, dev in enumerate(devices):

@@ -62,11 +62,15 @@ def link_ms(table: CostTable, link: int, nbytes):
                   _at(table.handoff_ms_per_byte, link))
 
 
-def device_fixed_ms(space: SearchSpace, table: CostTable, per_device):
-    """``per_device`` float[M] (ms) plus the once-per-image terms: the stem on the first device in execution order,
-    the head on the last, and every device's part call cost (``call_ms``, 0 in a table without one)."""
+def device_fixed_ms(space: SearchSpace, table: CostTable, per_device, stem_device=None):
+    """``per_device`` float[M] (ms) plus the once-per-image terms: the stem on ``stem_device`` (default the first
+    device in execution order; may be traced), the head on the last, and every device's part call cost
+    (``call_ms``, 0 in a table without one)."""
     order = space.topology.path_order()
-    per_device = per_device.at[order[0]].add(table.stem_ms[order[0]])
+    if stem_device is None:
+        per_device = per_device.at[order[0]].add(table.stem_ms[order[0]])
+    else:
+        per_device = per_device.at[stem_device].add(jnp.asarray(table.stem_ms)[stem_device])
     per_device = per_device.at[order[-1]].add(table.head_ms[order[-1]])
     return per_device + table.call_ms
 

@@ -11,7 +11,9 @@ device:
   stem, head and modules float32; a link's module weights cut to its d channels (``compose.network.module_slice``):
   the Conv-Reduce in the sender's part, the Conv-Recover in the receiver's;
 * inputs: the image (first device) or, per incoming link, its wire bytes uint8[n], which the program decodes and
-  recovers (several: averaged, the mesh aggregator); then the device's layers (and the head on the last);
+  recovers (several: averaged, the mesh aggregator); then the stem where the split puts it (the first device,
+  or, where result.json's ``compose.stem_device`` names another, that one: the links before it carry the image),
+  the device's layers, and the head on the last;
 * output: the logits (last device) or, per outgoing link in ``to`` order, the Conv-Reduce of the tensor at the
   link's boundary encoded at its bits, concatenated into one uint8 vector; the manifest's ``send_slices`` {device:
   [start, stop]} sends each destination its slice. A link's wire format (``links[i]["wire"]``): at 1..8 bits the
@@ -63,7 +65,13 @@ def _assignment(space, result: dict, run: str) -> np.ndarray:
                           f"topology's devices {list(names)} ({e})") from None
     if a.shape != (space.num_layers,):
         raise DeployError(f"{run}/result.json: architecture lists {len(a)} layers, its space has {space.num_layers}")
-    return a
+    stem = (result.get("compose") or {}).get("stem_device")
+    if stem is None:
+        return a
+    if stem not in names:
+        raise DeployError(f"{run}/result.json: compose.stem_device {stem!r} is not one of the topology's devices "
+                          f"{list(names)}")
+    return np.append(a, names.index(stem))
 
 
 def load(run: str) -> tuple:
@@ -153,14 +161,16 @@ def part_forward(space, dev: int, plan: tuple, layers, ops, bits, shapes: dict, 
 
     def f(params, state, *xs):
         links = params.get("links", {})
-        if stem:
-            h, _ = O.conv_bn_apply(params["stem"], state["stem"], xs[0], space.stem_stride, False)
+        if not ins:  # the first device: the image
+            h = xs[0]
         else:
             ys = []
             for c, x in zip(ins, xs):
                 z = decode(x, c.bits, batch, (c.hw, c.hw, c.d))
                 ys.append(z if c.r == 0 else CN.receive_side(links[str(c.link)], z))
             h = ys[0] if len(ys) == 1 else sum(ys) / len(ys)
+        if stem:
+            h, _ = O.conv_bn_apply(params["stem"], state["stem"], h, space.stem_stride, False)
         for n, i, b in zip(layers, ops, bits):
             p = _loaded(params.get("layers", {}).get(str(n), {}), b, shapes.get(n, {}))
             st = state.get("layers", {}).get(str(n), {})
@@ -174,12 +184,11 @@ def part_forward(space, dev: int, plan: tuple, layers, ops, bits, shapes: dict, 
 
 def _part_weights(space, dev_name, m, plan, entry_layers, ops, bits, weights, run, ends):
     params, state, shapes = {"layers": {}}, {"layers": {}}, {}
-    for what in ends:  # "stem" on the first device, "head" on the last
+    for what in ends:  # "stem" on its device (the first unless the split sends the input), "head" on the last
         p, st = weights[dev_name].get("params", {}).get(what), weights[dev_name].get("bn", {}).get(what)
         if p is None or st is None:
-            which = "first" if what == "stem" else "last"
-            raise DeployError(f"{run}/parts/{dev_name}.npz lacks the {what} (the {which} device in execution order "
-                              "runs it)")
+            which = "device the split gives the stem" if what == "stem" else "last device in execution order"
+            raise DeployError(f"{run}/parts/{dev_name}.npz lacks the {what} (the {which} runs it)")
         params[what], state[what] = p, st
     for n, i, b in zip(entry_layers, ops, bits):
         p, st = _layer_weights(weights, dev_name, n, OPS[i].name, run)
@@ -208,13 +217,14 @@ def export_composed(run: str, out: str | None = None, *, platforms=("cpu",), bat
     predicted = result.get("latency_ms", {})
     image = [batch, space.image_size, space.image_size, space.in_channels]
     programs, parts, conventions = {}, {}, set()
+    stem_at = CN.stem_device(space, a)
     for k, dev in enumerate(order):
         m = topo.device_names.index(dev)
         layers = [n for n in range(space.num_layers) if int(a[n]) == m]
         ops, bits = [int(cfg.ops[n]) for n in layers], [lbits[n] for n in layers]
-        ends = ["stem"] * (k == 0) + ["head"] * (k == len(order) - 1)
+        ends = ["stem"] * (m == stem_at) + ["head"] * (k == len(order) - 1)
         params, state, shapes = _part_weights(space, dev, m, plan, layers, ops, bits, weights, run, ends)
-        fwd, ins, outs = part_forward(space, m, plan, layers, ops, bits, shapes, stem=k == 0,
+        fwd, ins, outs = part_forward(space, m, plan, layers, ops, bits, shapes, stem=m == stem_at,
                                       head=k == len(order) - 1, batch=batch)
         nbytes = {c.link: frame_bytes(c.hw * c.hw * c.d, c.bits, batch) for c in plan}
         in_shapes = [image] if k == 0 else [[nbytes[c.link]] for c in ins]
@@ -232,7 +242,7 @@ def export_composed(run: str, out: str | None = None, *, platforms=("cpu",), bat
             raise DeployError(f"part {dev!r} encodes {shape} bytes, its links' wire formats make {at}")
         programs[dev] = (exp.serialize(), flat)
         parts[dev] = {"device": dev, "layers": layers, "ops": [OPS[i].name for i in ops], "weight_bits": bits,
-                      "stem": k == 0, "head": k == len(order) - 1, "weight_names": sorted(flat),
+                      "stem": m == stem_at, "head": k == len(order) - 1, "weight_names": sorted(flat),
                       "inputs": [{"from": s, "shape": shp, "dtype": in_dtype} for s, shp in zip(srcs[dev], in_shapes)],
                       "output": {"shape": shape, "dtype": str(exp.out_avals[0].dtype)}, "to": dsts[dev],
                       "send_slices": send, "predicted_compute_ms": predicted.get("per_device", {}).get(dev)}

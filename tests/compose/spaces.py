@@ -46,10 +46,10 @@ def with_deployed_terms(table, space):
 
 
 def setup(space, modules=(2,), weight_bits=(4, 32), act_bits=(8, 32), quantize=None, deployed=False,
-          module_optional=True):
+          module_optional=True, send_input=False):
     table = analytic_table(space)
     table = with_deployed_terms(table, space) if deployed else table
-    ch = C.make_choices(space.topology, modules, weight_bits, act_bits, quantize, module_optional)
+    ch = C.make_choices(space.topology, modules, weight_bits, act_bits, quantize, module_optional, send_input)
     return table, ch, TT.build_terms(space, table, ch), CM.space_memory(space)
 
 
@@ -58,14 +58,23 @@ def configs(supports):
     return np.array(list(itertools.product(*supports)), np.int64).reshape(-1, len(supports))
 
 
+def split_of(space, a):
+    """(layer devices int[N], the stem's device) of an assignment of N or N + 1 entries (the stem's last)."""
+    a, n = np.asarray(a), space.num_layers
+    return (a[:n], int(a[n])) if len(a) == n + 1 else (a, space.topology.path_order()[0])
+
+
 def boundaries(space, a):
-    """Boundary j of every link under assignment ``a`` (an independent count)."""
+    """Boundary j of every link under assignment ``a`` (an independent count): a chain's link before the stem's
+    device carries the input (N + 1), any other the output of the last layer done before it (0: the stem's)."""
     topo = space.topology
+    a, stem = split_of(space, a)
     out = np.zeros(len(topo.links), np.int64)
     if topo.kind == "chain":
         order = list(topo.pre)
         for p in range(len(order) - 1):
-            out[topo.link_index(order[p], order[p + 1])] = sum(order.index(d) <= p for d in a)
+            done = sum(order.index(d) <= p for d in a)
+            out[topo.link_index(order[p], order[p + 1])] = space.num_layers + 1 if order.index(stem) > p else done
         return out
     seg = mesh_segments(space)
     before = list(topo.pre) + [topo.root]
@@ -88,8 +97,8 @@ def reference(space, table, terms, mem, ops, wb, mod, ab, a):
     lm, wbytes, send, recv = f(terms.layer_ms), f(terms.weight_bytes), f(terms.send_ms), f(terms.recv_ms)
     wire = f(terms.wire_bytes)
     c, m = len(ops), topo.num_devices
-    a = np.asarray(a)
     j = boundaries(space, a)
+    a, stem = split_of(space, a)
     order = topo.path_order()
     dev_ms, weights = np.zeros((c, m)), np.zeros((c, m))
     buffers = np.zeros((c, m))
@@ -98,12 +107,12 @@ def reference(space, table, terms, mem, ops, wb, mod, ab, a):
         dev_ms[:, a[n]] += lm[a[n], n, ops[:, n], wb[:, n]]
         weights[:, a[n]] += wbytes[a[n], n, ops[:, n], wb[:, n]]
         acts[:, a[n]] = np.maximum(acts[:, a[n]], f(mem.act_bytes)[n, ops[:, n]])
-    dev_ms[:, order[0]] += float(table.stem_ms[order[0]])
+    dev_ms[:, stem] += float(table.stem_ms[stem])
     dev_ms[:, order[-1]] += float(table.head_ms[order[-1]])
     dev_ms += np.broadcast_to(np.asarray(table.call_ms, np.float64), (m,))  # every part's call cost (0: none)
-    weights[:, order[0]] += float(mem.stem_weight_bytes)
+    weights[:, stem] += float(mem.stem_weight_bytes)
     weights[:, order[-1]] += float(mem.head_weight_bytes)
-    acts[:, order[0]] = np.maximum(acts[:, order[0]], float(mem.stem_act_bytes))
+    acts[:, stem] = np.maximum(acts[:, stem], float(mem.stem_act_bytes))
     acts[:, order[-1]] = np.maximum(acts[:, order[-1]], float(mem.head_act_bytes))
     buffers[:, order[0]] += float(table.input_bytes)
     per_link, air = np.zeros((c, len(topo.links))), np.zeros((c, len(topo.links)))

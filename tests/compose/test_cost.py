@@ -196,6 +196,43 @@ def test_searched_split_is_the_least_expected_latency_of_every_split(make):
         assert len({round(v, 5) for v in all_t.values()}) > 1
 
 
+def relay_chain():
+    """ue -> relay -> cloud, one layer each; the input image (8x8x1) is smaller than any tensor inside."""
+    devs = [DeviceProfile("ue", 1.0, 1e9, mem_bandwidth_gbs=0.1, active_power_w=2.0),
+            DeviceProfile("relay", 4.0, 1e9, mem_bandwidth_gbs=0.5, active_power_w=3.0),
+            DeviceProfile("cloud", 50.0, 1e9, active_power_w=30.0)]
+    links = [LinkProfile("ue", "relay", 2.0, 0.2, True, 3.0, 0.5), LinkProfile("relay", "cloud", 5.0, 0.1, True,
+                                                                                 2.0, 0.5)]
+    topo = make_topology("r", devs, links, (1, 1, 1))
+    return build_space(topo, image_size=8, in_channels=1, num_classes=10, device_channels=(8, 12, 12),
+                       device_strides=(1, 1, 1), stem_channels=8, head_channels=8)
+
+
+@pytest.mark.parametrize("deployed", [False, True], ids=["paper_terms", "deployed_terms"])
+def test_sending_the_input_equals_enumeration_under_every_split(deployed):
+    """``send_input``: the stem is one more item of the split; under every split (the stem on any device, the
+    links before it carrying the image with their module and bits) the closed form equals the enumeration, and
+    the DP's split is the least E[T] of them all."""
+    space = relay_chain()
+    table, ch, terms, mem = setup(space, modules=(2,), weight_bits=(4, 32), act_bits=(4, 32), deployed=deployed,
+                                  send_input=True)
+    assert terms.wire_bytes.shape[0] == space.num_layers + 2
+    assert float(terms.wire_bytes[-1, 0, 0]) == 8 * 8 / 2 + 8  # the image at 4 bits, and its range
+    all_splits = list(A.splits(space, send_input=True))
+    assert len(all_splits) == 15  # the stem and 3 layers contiguous over 3 devices: C(6, 2)
+    assert {int(a[-1]) for a in all_splits} == {0, 1, 2}
+    probs = C.probs_from_logits(space, ch, _logits(space, ch, 4, support=2))
+    all_t = {}
+    for a in all_splits:
+        ref, w, lat = _check_against(space, table, ch, terms, mem, probs, a)
+        np.testing.assert_allclose(float(lat.total), w @ ref["T"], rtol=2e-5)
+        all_t[tuple(a.tolist())] = float(_lat(space, table, terms, probs, jnp.asarray(a)).total)
+    best = tuple(np.asarray(_best(space, table, terms, probs)).tolist())
+    assert best in all_t and all_t[best] <= min(all_t.values()) * (1 + 1e-6)
+    first = [t for a, t in all_t.items() if a[-1] == 0]  # the stem on the UE: today's splits
+    assert min(all_t.values()) < min(first)  # here sending the 64-byte image is faster than any tensor inside
+
+
 def test_choices_are_validated_in_one_line_naming_the_value():
     topo = chain_space().topology
     for kwargs, bad in ((dict(modules=[1]), "1"), (dict(modules=[2, 2]), "[2, 2]"), (dict(modules=["x"]), "'x'"),

@@ -61,6 +61,8 @@ def write_run(d, space, ch, cfg, a, cp, cs, mp):
               "space": S.to_dict(space), "compose": N.to_result(space, ch, cfg),
               "architecture": [{"layer": n, "op": OP_NAMES[int(cfg.ops[n])], "device": names[int(a[n])]}
                                for n in range(space.num_layers)]}
+    if len(a) > space.num_layers:  # a split that sends the input: the stem's device, as the composed search writes it
+        result["compose"]["stem_device"] = names[int(a[-1])]
     with open(os.path.join(d, "result.json"), "w") as f:
         json.dump(result, f)
     return d
@@ -167,6 +169,62 @@ def test_chain_parts_with_a_relay_compute_composed_apply(tmp_path):
     assert np.max(np.abs(D.whole_network(d, 4)(x) - want)) > 0  # the range is the batch's: another batch, another net
 
 
+def _input_run(tmp, input_bits=8):
+    """3-device chain whose UE runs nothing: it sends the 8x8x1 image (``input_bits``; the module chosen there, r 2,
+    has nothing to reduce in one channel: none) to the SBS, which runs the stem and layers 0, 1 and sends layer 1's
+    output to the MBS (r 2, 4 bits)."""
+    space = chain3()
+    ops, cp, cs = compact(space, seed=6)
+    ch = C.make_choices(space.topology, modules=(2,), weight_bits=(4, 32), act_bits=tuple(sorted({input_bits, 4})),
+                        send_input=True)
+    mp = N.init_modules(jax.random.PRNGKey(7), space, ch)
+    a = np.array([1, 1, 2, 1])  # the layers' devices, then the stem's
+    cfg = C.Config(np.array(ops), np.zeros(3, int), np.array([1, 1]),
+                   np.array([ch.act_bits.index(input_bits), ch.act_bits.index(4)]))
+    return write_run(str(tmp), space, ch, cfg, a, cp, cs, mp), space, ch, cfg, a
+
+
+def test_parts_that_send_the_input_compute_composed_apply(tmp_path):
+    """The stem moves to the SBS: the UE's part sends the image at its bits, the SBS's runs the stem on what
+    arrives; the parts compute composed_apply within 1e-5 and the input link carries the predicted bytes."""
+    d, space, ch, cfg, a = _input_run(tmp_path / "run")
+    plan = N.cuts(space, ch, cfg, a)
+    assert [(c.boundary, c.r, c.c, c.d, c.bits) for c in plan] == [(4, 0, 1, 1, 8), (2, 2, 12, 6, 4)]
+    m = D.export_composed(d, batch=1)
+    assert [m["parts"][dev]["stem"] for dev in ("ue", "sbs", "mbs")] == [False, True, False]
+    assert m["parts"]["ue"]["layers"] == [] and m["links"][0]["bytes"] == 8 + 64
+    terms = TT.build_terms(space, analytic_table(space), ch)
+    j = TT.input_boundary(space)
+    assert int(terms.wire_bytes[j, 0, ch.act_bits.index(8)]) == int(terms.wire_bytes[j, 1, ch.act_bits.index(8)]) \
+        == 8 + 64 and float(terms.send_ms[0, j, 1]) == 0.0  # the module does not reduce one channel: none
+    assert "4" not in N.init_modules(jax.random.PRNGKey(0), space, ch)
+    sbs = dict(np.load(os.path.join(d, "export", "sbs.npz")))
+    assert any(k.startswith("params/stem/") for k in sbs)
+    parts = {dev: load_part(os.path.join(d, "export"), dev) for dev in m["order"]}
+    x = images(3)
+    got = np.concatenate([parts["mbs"](parts["sbs"](parts["ue"](x[i:i + 1]))) for i in range(3)])
+    want = D.whole_network(d, 1)(x)
+    assert np.max(np.abs(got - want)) <= 1e-5
+
+
+def test_where_the_stem_runs_does_not_change_a_float_network():
+    """With float32 on the wire, sending the image and running the stem on the SBS computes what running it on the
+    UE computes; at 4 bits the image's quantization changes the logits."""
+    space = chain3()
+    ops, cp, cs = compact(space, seed=6)
+    ch = C.make_choices(space.topology, act_bits=(4, 32), send_input=True)
+    x = images(3)
+    run = lambda a, bits0: np.asarray(N.composed_apply(space, ch, C.Config(np.array(ops), np.zeros(3, int),
+                                                                             np.zeros(2, int), np.array([bits0, 1])),
+                                                       np.array(a), cp, cs, {}, x)[0])
+    on_ue, on_sbs = run([1, 1, 2], 1), run([1, 1, 2, 1], 1)
+    np.testing.assert_allclose(on_sbs, on_ue, rtol=1e-6, atol=1e-6)
+    assert np.max(np.abs(run([1, 1, 2, 1], 0) - on_ue)) > 1e-4
+    with pytest.raises(ValueError, match="optionally the stem's last"):
+        N.composed_apply(space, ch, C.Config(np.array(ops), np.zeros(3, int), np.zeros(2, int), np.ones(2, int)),
+                         np.array([1, 1, 2, 1, 0]), cp, cs, {}, x)
+
+
 def _mesh_run(tmp):
     """The tiny mesh: root -> b0 (r 2, 4 bits), root -> b1 (no module, 8 bits), b0 -> agg (r 4, float32), b1 -> agg
     (r 2, 4 bits); root and branches quantize at 5 bits."""
@@ -198,10 +256,10 @@ def test_mesh_parts_compute_composed_apply(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["chain", "mesh"])
+@pytest.mark.parametrize("kind", ["chain", "mesh", "input"])
 def test_pipeline_check_runs_the_parts_and_every_link_carries_the_predicted_bytes(tmp_path, capsys, kind):
     d, space, ch, cfg, a = (_chain_run(tmp_path / "run", bits=(4, 4)) if kind == "chain" else
-                            _mesh_run(tmp_path / "run"))
+                            _input_run(tmp_path / "run", 4) if kind == "input" else _mesh_run(tmp_path / "run"))
     assert cli.main(["pipeline", "--workdir", d, "--images", "4", "--phase", "latency", "--bandwidth-scale", "100",
                      "--check", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)[0]

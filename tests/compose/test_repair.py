@@ -182,15 +182,18 @@ def test_no_configuration_within_the_limits_or_the_budget():
 
 @settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(st.floats(0.5, 20.0), min_size=1, max_size=1), st.lists(st.floats(0.05, 5.0), min_size=2, max_size=2),
-       st.sampled_from(MECHANISMS), st.integers(0, 1000), st.floats(-0.1, 1.0), st.booleans(), st.floats(0.0, 0.5))
-def test_repair_over_every_split_equals_enumeration(bws, mem_bws, mech, seed, q_t, limited, q_lim):
-    """Configuration and split together: enumeration of every (split x ops x bits x modules) configuration."""
+       st.sampled_from(MECHANISMS), st.integers(0, 1000), st.floats(-0.1, 1.0), st.booleans(), st.floats(0.0, 0.5),
+       st.booleans())
+@example([0.6], [0.3, 2.0], MECHANISMS[3], 5, 0.02, True, 0.3, True)  # the image sent, the UE's memory binding
+def test_repair_over_every_split_equals_enumeration(bws, mem_bws, mech, seed, q_t, limited, q_lim, send_input):
+    """Configuration and split together: enumeration of every (split x ops x bits x modules) configuration; with
+    ``send_input`` the splits also move the stem (the link before it carrying the image)."""
     space = _chain(2, bws, mem_bws, (2, 1))
-    table, ch, terms, mem = setup(space, **mech)
+    table, ch, terms, mem = setup(space, **mech, send_input=send_input)
     logits = _logits(space, ch, seed)
     idx, cost = _enumerate(space, ch, C.probs_from_logits(space, ch, logits))
-    all_splits = list(A.splits(space))
-    assert len(all_splits) == 4  # 3 layers over 2 devices, contiguous
+    all_splits = list(A.splits(space, send_input))
+    assert len(all_splits) == 4 + send_input  # 3 layers (and the stem) over 2 devices, contiguous
     refs = [reference(space, table, terms, mem, *idx, a) for a in all_splits]
     t = np.stack([r["T"] for r in refs])  # [S, C]
     t_const = float(np.quantile(t, q_t)) if q_t >= 0 else float(t.min()) * (0.9 + q_t)

@@ -43,9 +43,11 @@ def _config_of(result, choices, space) -> C.Config:
                                                       ("searched", "gumbel_hard", "chain"),
                                                       ("fixed", "gumbel_soft", "mesh")])
 def test_the_composed_search_runs_and_lists_every_cut_and_every_layer(tmp_path, capsys, split, gate_mode, topology):
-    """On the chain with D^m and with the split searched, and on the mesh (its parts run as one process per device
-    in tests/compose/test_network.py)."""
+    """On the chain with D^m and with the split searched (the input sent where that is faster:
+    ``compose.send_input``), and on the mesh (its parts run as one process per device in
+    tests/compose/test_network.py)."""
     cfg = _tiny(split=split, gate_mode=gate_mode)
+    cfg.compose.send_input = split == "searched"
     if topology == "mesh":
         cfg.topology, cfg.layers_per_device = "mesh", (1,) * 6
         cfg.space.device_channels, cfg.space.device_strides = (8,) * 6, (1, 2, 1, 1, 1, 2)
@@ -64,6 +66,10 @@ def test_the_composed_search_runs_and_lists_every_cut_and_every_layer(tmp_path, 
     wb = np.array([0 if b is None else b for b in config.weight_bits])
     names = space.topology.device_names
     a = np.array([names.index(e["device"]) for e in sorted(result["architecture"], key=lambda e: e["layer"])])
+    assert ("stem_device" in comp) == (split == "searched")
+    if split == "searched":  # the stem's device, last: a split that may send the input
+        a = np.append(a, names.index(comp["stem_device"]))
+        assert {c["tensor"] for c in comp["cuts"]} <= {"input", "stem"} | {f"layer {n}" for n in range(8)}
     bounds = np.asarray(K.link_boundaries(space, a))
     assert [c["boundary"] for c in comp["cuts"]] == bounds.tolist()
     terms = TT.build_terms(space, table, ch)
@@ -150,30 +156,33 @@ def test_all_off_forward_is_the_supernet():
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
-@pytest.mark.parametrize("kind", ["chain", "mesh"])
+@pytest.mark.parametrize("kind", ["chain", "mesh", "input"])
 def test_the_supernet_at_one_configuration_computes_the_derived_network(kind):
     """The stage-1 forward with one-hot gates (ops, modules, transmitted bits) equals the deployed network's forward
-    (``compose.network.composed_apply``) of that configuration, on a chain and on a mesh where each branch receives
-    the root's tensor through its own link: b0 with an r = 2 module at 4 bits, b1 with none at 8 bits."""
+    (``compose.network.composed_apply``) of that configuration, on a chain, on a mesh where each branch receives
+    the root's tensor through its own link (b0 with an r = 2 module at 4 bits, b1 with none at 8 bits), and on a
+    chain whose UE sends the image at 4 bits (a searched split with the stem on the cloud)."""
     from spaces import chain_space, mesh_space
-    space = chain_space() if kind == "chain" else mesh_space()
-    ch = C.make_choices(space.topology, (2, 4), (32,), (4, 8, 32))
+    space = mesh_space() if kind == "mesh" else chain_space()
+    ch = C.make_choices(space.topology, (2, 4), (32,), (4, 8, 32), send_input=kind == "input")
+    split = "searched" if kind == "input" else "fixed"
+    a = np.array([1, 1, 1, 1]) if kind == "input" else None  # every layer and the stem on the cloud
     params, bn = supernet.init(jax.random.PRNGKey(0), space)
-    params = {**params, "modules": N.init_modules(jax.random.PRNGKey(1), space, ch, "fixed")}
+    params = {**params, "modules": N.init_modules(jax.random.PRNGKey(1), space, ch, split)}
     bn = jax.tree_util.tree_map(lambda v: v + 0.1 * jax.random.uniform(jax.random.PRNGKey(2), v.shape), bn)
     mask = space.mask()
     ops = np.array([np.flatnonzero(mask[n])[(3 * n + 1) % mask[n].sum()] for n in range(space.num_layers)])
-    mod, ab = ([1], [0]) if kind == "chain" else ([1, 0, 2, 1], [0, 1, 2, 0])
+    mod, ab = ([1, 0, 2, 1], [0, 1, 2, 0]) if kind == "mesh" else ([1], [0])
     config = C.Config(ops, np.zeros(space.num_layers, int), np.array(mod), np.array(ab))
     x = jax.random.normal(jax.random.PRNGKey(3), (4, 8, 8, 1))
     gates, cg = G.onehot_gates(jnp.asarray(ops), len(OP_NAMES)), N.onehot_gates(ch, config)
-    got = N.apply(space, ch, "fixed", params, bn, gates, cg, None, x, train=False)[0]
-    net = N.derived(space, ch, config, None)
+    got = N.apply(space, ch, split, params, bn, gates, cg, a, x, train=False)[0]
+    net = N.derived(space, ch, config, a)
     cp, cs = N.extract(space, params, bn, net)
     want = N.compact_apply(space, net, cp, cs, x, train=False)[0]
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
     plain = N.compact_apply(space, N.derived(space, ch, config._replace(module=np.zeros(len(mod), int),
-                                                                            act_bits=np.full(len(ab), 2)), None),
+                                                                            act_bits=np.full(len(ab), 2)), a),
                             cp, cs, x, train=False)[0]
     assert np.max(np.abs(np.asarray(want) - np.asarray(plain))) > 1e-3  # the links' transforms are in both
 
@@ -233,6 +242,7 @@ def test_the_fake_quantizers_pass_the_gradient_straight_through():
     ("--config.compose.activation_bits=[12]", "12"),
     ("--config.compose.modules=[true]", "True"),
     ("--config.compose.module_optional=False", "compose.module_optional: false needs at least one reduction"),
+    ("--config.compose.send_input=True", "needs split='searched'"),
 ])
 def test_bad_values_exit_2_with_one_line_and_write_nothing(capsys, tmp_path, override, needle):
     assert needle in refused_writing_nothing(capsys, tmp_path, "search", [override])
@@ -260,6 +270,13 @@ def test_bad_quantize_field_and_mesh_modules_under_a_searched_split_exit_2(capsy
                               "--config.split=searched"])
     assert "mesh" in err and "compose.modules" in err and "split='fixed'" in err and "'searched'" in err
     assert not (tmp_path / "b").exists()
+    err = cli_error(capsys, ["search", "--workdir", str(tmp_path / "c"), "--config.topology=mesh",
+                              "--config.layers_per_device=[2, 2, 2, 2, 2, 2]",
+                              "--config.space.device_channels=[24, 32, 48, 48, 48, 64]",
+                              "--config.space.device_strides=[1, 2, 1, 1, 1, 2]", "--config.compose.send_input=True",
+                              "--config.split=searched"])
+    assert "send_input" in err and "needs a chain" in err and "'mesh'" in err
+    assert not (tmp_path / "c").exists()
 
 
 def test_a_mesh_search_keeps_the_root_within_its_memory(tmp_path):
