@@ -267,7 +267,10 @@ def composed_lines(result) -> list:
     for c in comp["cuts"]:
         mod = "no module" if not c["module"] else (f"module r={c['module']['reduction']} "
                                                    f"({c['channels_sent']} of {c['channels']} channels)")
-        lines.append(f"  {c['link']} @ {c['boundary']}: {mod}, {c['activation_bits']}-bit")
+        what = f" ({c['tensor']})" if c.get("tensor") else ""
+        lines.append(f"  {c['link']} @ {c['boundary']}{what}: {mod}, {c['activation_bits']}-bit")
+    if comp.get("stem_device"):
+        lines.append(f"The stem runs on {comp['stem_device']} (the links before it carry the input image)")
     return lines
 
 

@@ -135,9 +135,7 @@ def decide(cfg, space, table, terms, choices: Choices, logits: ChoiceProbs, lim:
     binds; otherwise under the best split of the current expectations."""
     t_const = float(cfg.t_const_ms)
     topo = space.topology
-    binds = L.binding(space, table, lim, any_split=cfg.split == "searched")
-    if choices.send_input:  # the plain space's bounds keep the stem on the first device: any finite limit may bind
-        binds = bool(np.isfinite(lim.memory_bytes).any() or np.isfinite(lim.energy_mj).any())
+    binds = L.binding(space, table, lim, any_split=cfg.split == "searched")  # (its bounds put the stem anywhere)
     limits = lim if binds and topo.kind in ("chain", "mesh") else None
     if cfg.split == "fixed":
         return R.repair(space, table, terms, choices, logits, t_const, None, limits), None, "fixed (D^m)"

@@ -77,8 +77,9 @@ def test_the_composed_search_runs_and_lists_every_cut_and_every_layer(tmp_path, 
     np.testing.assert_allclose(result["latency_ms"]["total"], float(t), rtol=1e-6)
     assert result["budget"]["met"] == (result["latency_ms"]["total"] <= cfg.t_const_ms * (1 + 1e-6))
     summary = open(tmp_path / "run" / "summary.txt").read()
-    assert "Weight bits per layer" in summary and all(f"{c['link']} @ {c['boundary']}:" in summary
+    assert "Weight bits per layer" in summary and all(f"{c['link']} @ {c['boundary']} ({c['tensor']}):" in summary
                                                        for c in comp["cuts"])
+    assert (f"The stem runs on {comp['stem_device']}" in summary) == (split == "searched")
     manifest = json.load(open(tmp_path / "run" / "parts" / "manifest.json"))
     assert [c["reduction"] for c in manifest["cuts"]] == [0 if c["module"] is None else c["module"]["reduction"]
                                                          for c in comp["cuts"]]
