@@ -52,7 +52,8 @@ def validate_config(cfg) -> None:
     try:  # the composed search's switches and the topology's quantize fields (docs/composed.md)
         composed.check(cfg, topo)
     except ValueError as e:
-        raise ConfigError(f"compose.{e}" if str(e).startswith(("modules", "weight_bits", "activation_bits", "module_optional"))
+        raise ConfigError(f"compose.{e}" if str(e).startswith(("modules", "weight_bits", "activation_bits", "module_optional",
+                                                                  "send_input"))
                           else str(e)) from None
     try:  # the per-device schedule on this topology (shapes only; the data's sizes are not known yet)
         _space(cfg, topo, image_size=8, channels=1, num_classes=2)

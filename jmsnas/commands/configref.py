@@ -61,6 +61,8 @@ MAIN = {
                                         "32 (float); `[]`: float32 on the wire"),
     "compose.module_optional": ("", "whether a cut may carry no split module; `false`: every cut carries one of "
                                     "`compose.modules` (one reduction there: a fixed module at every cut)"),
+    "compose.send_input": ("", "with `split=\"searched\"` on a chain: a split may send the input image itself, the "
+                               "stem moving to the device that runs it ([composed search](composed.md#the-choices))"),
     "retrain.epochs": ("epochs", "second stage: training the derived network from scratch"),
     "retrain.lr": ("", "Adam learning rate of the second stage"),
     "eval_batch_size": ("images", "batch of the evaluations"),

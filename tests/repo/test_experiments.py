@@ -169,8 +169,10 @@ def test_composed_configs_are_the_main_job_but_for_the_method_budget_and_seed():
         pipeline.validate_config(cfg)
         mine = cfg.to_dict()
         assert mine.pop("t_const_ms") == 1.2 and mine.pop("seed") == 2
-        assert {k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in mine.pop("compose").items()} == switches
-        assert mine == {k: v for k, v in base.items() if k not in ("t_const_ms", "seed", "compose")}
+        assert {k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in mine.pop("compose").items()} == \
+            {**base["compose"], **switches}
+        assert mine.pop("split") == mod.SPLIT[method] == ("searched" if method == "composed" else "fixed")
+        assert mine == {k: v for k, v in base.items() if k not in ("t_const_ms", "seed", "compose", "split")}
     mem = load_config(f"{COMPOSED}:composed:2.8:0:ue80k")
     assert mem.topology.endswith("ue_memory_80k.yaml") and os.path.isfile(mem.topology)
     for bad in ("composed:1.2", "autosplit:1.2:0", "composed:-1:0", "composed:fast:0", "composed:1.2:0:big"):
