@@ -46,17 +46,12 @@ def choices_of(cfg, topology) -> Choices:
 
 
 def check(cfg, topology) -> Choices:
-    """``choices_of``, with the composed search's own limits: on a mesh, modules and transmitted bits under the
-    fixed split (D^m) only; sending the input under a searched split only (D^m keeps the stem on the first
-    device)."""
+    """``choices_of``, with the composed search's own limit: sending the input under a searched split only (D^m
+    keeps the stem on the first device)."""
     ch = choices_of(cfg, topology)
     if ch.send_input and cfg.get("split", "fixed") != "searched":
         raise ValueError(f"compose.send_input=True moves the stem, which needs split='searched'; got "
                          f"split={cfg.get('split', 'fixed')!r} (D^m keeps the stem on the first device)")
-    if N.links_active(ch) and topology.kind != "chain" and cfg.get("split", "fixed") != "fixed":
-        raise ValueError(f"compose.modules / compose.activation_bits on a mesh need split='fixed' (D^m); got "
-                         f"split={cfg.split!r} on topology {topology.name!r} (its weight bits, compose.weight_bits, "
-                         f"may be searched with any split)")
     return ch
 
 

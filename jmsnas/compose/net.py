@@ -47,6 +47,7 @@ from jmsnas.compose.choices import FLOAT_BITS, Choices, Config
 from jmsnas.compose.cost import link_boundaries
 from jmsnas.compose.network import composed_apply, link_path
 from jmsnas.compose.terms import boundary_shapes, module_channels, reduces
+from jmsnas.cost.latency import mesh_segments
 from jmsnas.quant import quantizers as Q
 from jmsnas.splitnets import module as M
 
@@ -158,15 +159,16 @@ def links_active(choices: Choices) -> bool:
     return bool(choices.modules) or choices.act_bits != (FLOAT_BITS,)
 
 
-def _cuts(space, choices: Choices, modules: dict, cg: ComposedGates, bounds, js: tuple, j: int, h):
+def _cuts(space, choices: Choices, modules: dict, cg: ComposedGates, bounds, js: tuple, j: int, h, links=None):
     """h at boundary j after every link crossing it (in link order; a relay device without layers puts two links
-    on one boundary): where ``bounds`` is a NumPy array (the fixed split) the links crossing j are known when
-    tracing; where it is traced (a searched split) each link runs under a ``lax.cond`` on its boundary."""
+    on one boundary; ``links``: only these, default all): where ``bounds`` is a NumPy array (the fixed split) the
+    links crossing j are known when tracing; where it is traced (a searched split) each link runs under a
+    ``lax.cond`` on its boundary."""
     if not links_active(choices) or j not in js:
         return h
     c = boundary_shapes(space, True)[j][1]
     p = modules.get(str(j))
-    for l in range(len(space.topology.links)):
+    for l in (range(len(space.topology.links)) if links is None else links):
         if isinstance(bounds, np.ndarray):
             h = _link(choices, p, c, cg, l, h) if bounds[l] == j else h
         else:
@@ -199,17 +201,55 @@ def _mesh_deliver(space, choices: Choices, modules: dict, cg: ComposedGates, a: 
     return deliver
 
 
+def _mesh_searched(space, choices: Choices, modules: dict, cg: ComposedGates, bounds, js: tuple):
+    """(inputs(n, outputs), leave(j, h)) on a mesh under a searched split (``cost.latency.MeshSegments``): the
+    chains before the fork and after the merge re-split, so their links (traced boundaries) apply where the tensor
+    leaves a boundary (``leave``, as on a chain); the fork and merge links carry fixed boundaries and apply per
+    branch (``inputs``): a branch's first layer receives the root's tensor through its own fork link, the first
+    layer after the merge the average of the branches' tensors, each through its merge link, then every link after
+    the aggregator that carries the merged tensor (a relay: the aggregator averages once, then sends), as
+    ``compose.network.composed_apply`` routes the derived network and the parts run it."""
+    topo, shapes = space.topology, boundary_shapes(space)
+    seg = mesh_segments(space)
+    chain = [topo.link_index(d[p], d[p + 1]) for d in (seg.prefix_devices, seg.post) for p in range(len(d) - 1)]
+    static = np.asarray(space.layer_devices())
+    forks, merges, held = {}, {}, {}
+    for b in topo.branches:
+        forks[b], merges[b] = topo.link_index(topo.root, b), topo.link_index(b, topo.post[0])
+
+    def through(l, j, y, key):
+        if not links_active(choices):
+            return y
+        if key not in held:
+            held[key] = _link(choices, modules.get(str(j)), shapes[j][1], cg, l, y)
+        return held[key]
+
+    def leave(j, h):
+        return _cuts(space, choices, modules, cg, bounds, js, j, h, chain)
+
+    def inputs(n, outputs):
+        srcs = space.input_of(n)
+        if seg.prefix <= n < seg.suffix_start and all(i < seg.prefix for i in srcs):  # a branch's first layer
+            b = int(static[n])
+            return [through(forks[b], i + 1, outputs[i], ("fork", i, b)) for i in srcs]
+        if n == seg.suffix_start and seg.suffix_start < space.num_layers:  # the merge
+            ys = [through(merges[int(static[i])], i + 1, outputs[i], ("merge", i)) for i in srcs]
+            return [leave(seg.suffix_start, ys[0] if len(ys) == 1 else sum(ys) / len(ys))]
+        return [outputs[i] for i in srcs]
+    return inputs, leave
+
+
 def apply(space, choices: Choices, split: str, params, state, gates: G.Gates, cg: ComposedGates, assignment, x, *,
           train: bool, dw_impl: str = "auto", impl: str = "auto"):
     """Logits float32[B, classes] and the new batch-norm state of the composed supernet under the op gates
-    ``gates``, the composed gates ``cg`` and the split ``assignment`` (int32[N], may be traced; ignored under the
-    fixed split, D^m). A chain: every link's module and bits apply at the boundary it crosses (in link order, as
-    the tensor travels); a mesh (the fixed split only: ``flow.check`` refuses a searched one with modules or
-    transmitted bits): every layer receives each of its inputs through the links from the input's device to its
-    own (``_mesh_deliver``)."""
+    ``gates``, the composed gates ``cg`` and the split ``assignment`` (int32[N], or [N + 1] with the stem's device
+    last where the choices send the input; may be traced; ignored under the fixed split, D^m). A chain: every
+    link's module and bits apply at the boundary it crosses (in link order, as the tensor travels); a mesh under
+    the fixed split: every layer receives each of its inputs through the links from the input's device to its own
+    (``_mesh_deliver``); a mesh under a searched split: the chains before the fork and after the merge as a chain,
+    the fork and merge links per branch (``_mesh_searched``)."""
     mesh = space.topology.kind != "chain"
-    if mesh and split != "fixed" and links_active(choices):
-        raise ValueError("compose: modules and transmitted bits on a mesh need the fixed split (split='fixed')")
+    searched_mesh = mesh and split != "fixed"
     if split == "fixed":  # known when tracing: no conditional per link, no select per layer
         a = np.asarray(space.layer_devices(), np.int32)
         quantizes = np.asarray(choices.quantize)[a]
@@ -220,32 +260,43 @@ def apply(space, choices: Choices, split: str, params, state, gates: G.Gates, cg
         quantizes = jnp.asarray(choices.quantize)[a[:space.num_layers]]
         bounds = link_boundaries(space, a)
     js = module_boundaries(space, split, choices.send_input)
+    seg = mesh_segments(space) if searched_mesh else None
     qbits = choices.weight_bits != (FLOAT_BITS,) and any(choices.quantize)
     new_state = {}
     if choices.send_input and split != "fixed":  # the links before the stem's device carry the image
         x = _cuts(space, choices, params["modules"], cg, bounds, js, space.num_layers + 1, x)
     h, new_state["stem"] = O.conv_bn_apply(params["stem"], state["stem"], x, space.stem_stride, train)
     outputs, layer_states = {-1: h}, []
-    if mesh:
+    if searched_mesh:
+        inputs, leave = _mesh_searched(space, choices, params["modules"], cg, bounds, js)
+        outputs[-1] = leave(0, h)
+    elif mesh:
         deliver = _mesh_deliver(space, choices, params["modules"], cg, a, bounds, outputs)
     else:
         outputs[-1] = _cuts(space, choices, params["modules"], cg, bounds, js, 0, h)
         deliver = lambda src, dev: outputs[src]  # noqa: E731 - a chain's links apply where the tensor leaves
     for s in space.layers:
         n = s.index
-        srcs = [deliver(i, int(a[n]) if mesh else None) for i in space.input_of(n)]
+        if searched_mesh:
+            srcs = inputs(n, outputs)
+        else:
+            srcs = [deliver(i, int(a[n]) if mesh else None) for i in space.input_of(n)]
         inp = srcs[0] if len(srcs) == 1 else sum(srcs) / len(srcs)
         p_n = _quantize_layer(params["layers"][n], cg.weight_bits, n, quantizes[n], choices.weight_bits) \
             if qbits else params["layers"][n]
         paths_n = None if gates.paths is None else gates.paths[n]
         y, st = supernet.mixed_op(space, n, p_n, state["layers"][n], gates.weights[n], paths_n, inp, train,
                                   dw_impl, impl)
-        outputs[n] = y if mesh else _cuts(space, choices, params["modules"], cg, bounds, js, n + 1, y)
+        if searched_mesh:
+            outputs[n] = y if seg.prefix <= n < seg.suffix_start else leave(n + 1, y)
+        else:
+            outputs[n] = y if mesh else _cuts(space, choices, params["modules"], cg, bounds, js, n + 1, y)
         layer_states.append(st)
     new_state["layers"] = tuple(layer_states)
     last = space.num_layers - 1
     logits, new_state["head"] = O.head_apply(params["head"], state["head"],
-                                             deliver(last, space.topology.path_order()[-1]) if mesh else outputs[last],
+                                             deliver(last, space.topology.path_order()[-1])
+                                             if mesh and not searched_mesh else outputs[last],
                                              train)
     return logits, new_state
 

@@ -214,24 +214,29 @@ def composed_apply(space, choices: Choices, config: Config, assignment, params, 
     h, new_state["stem"] = O.conv_bn_apply(params["stem"], state["stem"], x, space.stem_stride, train)
     outputs, held = {-1: h}, {}
 
-    def deliver(src: int, dev: int):  # layer src's output (-1: the stem's) as device dev holds it
-        at = stem if src < 0 else int(a[src])
-        y = outputs[src]
+    def route(y, at: int, dev: int, src: int, key):  # y (layer src's output, or a merge of it) from at to dev
         for l in link_path(topo, at, dev):
             if plan[l].boundary != src + 1:
                 raise ValueError(f"link {topo.links[l].src}->{topo.links[l].dst} crosses boundary "
                                  f"{plan[l].boundary} under this assignment, but carries boundary {src + 1} "
                                  f"(assignment {a.tolist()} is not a split of {topo.name!r})")
-            key = (src, plan[l].dst)
-            if key not in held:
-                held[key] = transmit(plan[l], module_params, y)
-            y = held[key]
+            if (key, plan[l].dst) not in held:
+                held[key, plan[l].dst] = transmit(plan[l], module_params, y)
+            y = held[key, plan[l].dst]
         return y
+
+    def deliver(src: int, dev: int):  # layer src's output (-1: the stem's) as device dev holds it
+        return route(outputs[src], stem if src < 0 else int(a[src]), dev, src, src)
 
     layer_states = []
     for s, i in zip(space.layers, ops):
-        xs = [deliver(j, int(a[s.index])) for j in space.input_of(s.index)]
-        inp = xs[0] if len(xs) == 1 else sum(xs) / len(xs)
+        srcs = space.input_of(s.index)
+        if len(srcs) == 1:
+            inp = deliver(srcs[0], int(a[s.index]))
+        else:  # a merge: the aggregator averages the branches' tensors, then sends the average on (a relay)
+            agg = topo.post[0]
+            xs = [deliver(j, agg) for j in srcs]
+            inp = route(sum(xs) / len(xs), agg, int(a[s.index]), max(srcs), ("merge", s.index))
         y, st = O.op_apply(quantize_layer(params["layers"][s.index], bits[s.index]), state["layers"][s.index],
                            inp, OPS[i], s.stride, train, dw_impl)
         outputs[s.index] = y

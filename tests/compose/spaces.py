@@ -37,6 +37,19 @@ def mesh_space():
                        device_strides=(1, 1, 1, 1), stem_channels=8, head_channels=8)
 
 
+def mesh_ends_space():
+    """p0 -> root -> b0, b1 -> agg -> q0, one layer each: the chains before the fork and after the merge re-split
+    under a searched split (root and agg may relay)."""
+    names = ["p0", "root", "b0", "b1", "agg", "q0"]
+    devs = [DeviceProfile(n, p, 1e9, mem_bandwidth_gbs=bw, active_power_w=w) for n, p, bw, w in
+            zip(names, (1.0, 2.0, 5.0, 4.0, 50.0, 30.0), (0.3, 0.5, 1.0, 1.0, 20.0, 10.0), (1.0, 1.0, 2.0, 1.5, 20.0, 9.0))]
+    pairs = [("p0", "root"), ("root", "b0"), ("root", "b1"), ("b0", "agg"), ("b1", "agg"), ("agg", "q0")]
+    links = [LinkProfile(a, b, bw, 0.2, False, 1.0, 0.5) for (a, b), bw in zip(pairs, (2.0, 4.0, 6.0, 3.0, 8.0, 5.0))]
+    topo = make_topology("me", devs, links, (1,) * 6)
+    return build_space(topo, image_size=8, in_channels=1, num_classes=10, device_channels=(8, 12, 12, 12, 16, 16),
+                       device_strides=(1,) * 6, stem_channels=8, head_channels=8)
+
+
 def with_deployed_terms(table, space):
     """``table`` with a deployed part's call cost on every device and a hand-off a + b * bytes on every link (ms)."""
     m, l = space.topology.num_devices, len(space.topology.links)
@@ -80,9 +93,10 @@ def boundaries(space, a):
     before = list(topo.pre) + [topo.root]
     for p in range(len(before) - 1):  # the chain before the fork: the layers done on its devices so far
         out[topo.link_index(before[p], before[p + 1])] = sum(d in before[:p + 1] for d in a)
-    for q in range(len(topo.post) - 1):  # after the merge: past the last layer done there so far
-        out[topo.link_index(topo.post[q], topo.post[q + 1])] = max(n for n in range(space.num_layers)
-                                                                   if a[n] in topo.post[:q + 1]) + 1
+    for q in range(len(topo.post) - 1):  # after the merge: past the last layer done there so far (none: the merge)
+        out[topo.link_index(topo.post[q], topo.post[q + 1])] = max([n for n in range(space.num_layers)
+                                                                    if a[n] in topo.post[:q + 1]],
+                                                                   default=seg.suffix_start - 1) + 1
     for b in topo.branches:
         out[topo.link_index(topo.root, b)] = seg.prefix
         out[topo.link_index(b, topo.post[0])] = max(n for n in range(space.num_layers) if a[n] == b) + 1

@@ -17,7 +17,7 @@ from jmsnas.cost.memory import op_stored_params
 from jmsnas.cost.tables import roofline_ms
 from jmsnas.space import OPS, build_space, op_flops, op_memory_bytes, op_params
 from jmsnas.topology import DeviceProfile, LinkProfile, make_topology
-from spaces import chain_space, configs, mesh_space, reference, setup
+from spaces import chain_space, configs, mesh_ends_space, mesh_space, reference, setup
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")  # tiny programs: compile time dominates
 
@@ -141,6 +141,30 @@ def test_mesh_expectations_equal_enumeration():
     np.testing.assert_allclose(float(lat.total), d[agg] + max(branch), rtol=2e-5)
     assert float(lat.total) <= w @ ref["T"] * (1 + 1e-6)  # Jensen: a lower bound of E[max]
     np.testing.assert_array_equal(_best(space, table, terms, probs), space.layer_devices())  # nothing to split
+
+
+def test_mesh_expectations_equal_enumeration_under_every_split():
+    """A mesh whose chains before the fork and after the merge re-split (the root or the aggregator may hold no
+    layer and relay): under each of its splits E[T] (eq. (2)), E[memory] and E[energy] with modules and bits
+    equal the enumeration, and the DP's split is the least E[T] of them."""
+    space = mesh_ends_space()
+    table, ch, terms, mem = setup(space, modules=(2,), weight_bits=(), act_bits=(4, 32))
+    probs = C.probs_from_logits(space, ch, _logits(space, ch, 6, support=2))
+    all_splits = list(A.splits(space))
+    assert len(all_splits) == 9  # 2 layers over (p0, root) and 2 over (agg, q0), each contiguous: 3 x 3
+    topo, agg, all_t = space.topology, space.topology.post[0], {}
+    for a in all_splits:
+        ref, w, lat = _check_against(space, table, ch, terms, mem, probs, a)
+        d, l = w @ ref["per_device"], w @ ref["per_link"]
+        branch = [d[topo.root] + l[topo.link_index(topo.root, b)] + d[b] + l[topo.link_index(b, agg)]
+                  for b in topo.branches]
+        chains = sum(d[m] for m in list(topo.pre) + list(topo.post)) + l[topo.link_index(topo.pre[0], topo.root)] \
+            + l[topo.link_index(agg, topo.post[1])]
+        np.testing.assert_allclose(float(lat.total), chains + max(branch), rtol=2e-5)
+        all_t[tuple(a.tolist())] = float(lat.total)
+    best = tuple(np.asarray(_best(space, table, terms, probs)).tolist())
+    assert best in all_t and all_t[best] <= min(all_t.values()) * (1 + 1e-6)
+    assert len({round(v, 5) for v in all_t.values()}) > 1
 
 
 @pytest.mark.parametrize("make", [chain_space, mesh_space])

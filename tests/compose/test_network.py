@@ -27,7 +27,7 @@ from jmsnas.quant.quantizers import fake_quant_weight
 from jmsnas.space import OP_NAMES, build_space
 from jmsnas.topology import DeviceProfile, LinkProfile, make_topology
 
-from spaces import chain_space, mesh_space
+from spaces import chain_space, mesh_ends_space, mesh_space
 
 
 def chain3():
@@ -253,6 +253,32 @@ def test_mesh_parts_compute_composed_apply(tmp_path):
         zs = [parts[b](y[sl[b][0]:sl[b][1]]) for b in ("b0", "b1")]
         got.append(parts["agg"](*zs))
     assert np.max(np.abs(np.concatenate(got) - D.whole_network(d, 1)(x))) <= 1e-5
+
+
+def test_mesh_parts_with_relays_compute_composed_apply(tmp_path):
+    """A searched split on the mesh p0 -> root -> b0, b1 -> agg -> q0 that leaves the root and the aggregator no
+    layer: the root's part relays p0's tensor through each branch's own fork link, the aggregator's averages the
+    two branches once and sends the average to q0 through its module and bits; the parts compute composed_apply
+    within 1e-5 (``composed_apply`` averages before it sends too)."""
+    space = mesh_ends_space()
+    ops, cp, cs = compact(space, seed=8)
+    ch = C.make_choices(space.topology, modules=(2, 4), weight_bits=(5, 32), act_bits=(4, 8, 32))
+    mp = N.init_modules(jax.random.PRNGKey(9), space, ch)
+    a = np.array([0, 0, 2, 3, 5, 5])
+    cfg = C.Config(np.array(ops), np.zeros(6, int), np.array([1, 1, 0, 2, 1, 1]), np.array([0, 1, 2, 0, 1, 0]))
+    d = write_run(str(tmp_path / "run"), space, ch, cfg, a, cp, cs, mp)
+    assert [c.boundary for c in N.cuts(space, ch, cfg, a)] == [2, 2, 2, 3, 4, 4]  # the merge: boundary 4 on agg->q0
+    m = D.export_composed(d)
+    assert m["parts"]["root"]["layers"] == [] and m["parts"]["agg"]["layers"] == []
+    parts = {dev: load_part(os.path.join(d, "export"), dev) for dev in m["order"]}
+    sl = m["parts"]["root"]["send_slices"]
+    x = images(3)
+    got = []
+    for i in range(3):
+        y = parts["root"](parts["p0"](x[i:i + 1]))
+        got.append(parts["q0"](parts["agg"](*[parts[b](y[sl[b][0]:sl[b][1]]) for b in ("b0", "b1")])))
+    want = D.whole_network(d, 1)(x)
+    assert np.max(np.abs(np.concatenate(got) - want)) <= 1e-5
 
 
 @pytest.mark.slow

@@ -64,7 +64,7 @@ def _logits(space, ch, seed):
     return C.ChoiceProbs(*(rng.normal(scale=2.0, size=s).astype(np.float32) for s in C.logits_shapes(space, ch)))
 
 
-def _check(space, ch, table, terms, mem, logits, t_const, limits, ref, cost):
+def _check(space, ch, table, terms, mem, logits, t_const, limits, ref, cost, assignment=None):
     idx = _enumerate.last
     within = np.ones(len(cost), bool)
     if limits is not None:
@@ -72,9 +72,9 @@ def _check(space, ch, table, terms, mem, logits, t_const, limits, ref, cost):
                                                                                 1)
         if not within.any():
             with pytest.raises(LimitsError):
-                R.repair(space, table, terms, ch, logits, t_const, limits=limits)
+                R.repair(space, table, terms, ch, logits, t_const, assignment, limits)
             return "none within the limits"
-    fix = R.repair(space, table, terms, ch, logits, t_const, limits=limits)
+    fix = R.repair(space, table, terms, ch, logits, t_const, assignment, limits)
     ok = within & (ref["T"] <= slack(t_const))  # float32 rounding, as the repair allows
     row = np.flatnonzero((idx[0] == fix.config.ops).all(1) & (idx[1] == fix.config.weight_bits).all(1)
                          & (idx[2] == fix.config.module).all(1) & (idx[3] == fix.config.act_bits).all(1))
@@ -92,13 +92,13 @@ def _check(space, ch, table, terms, mem, logits, t_const, limits, ref, cost):
     return "feasible" if ok.any() else "over T_const"
 
 
-def _run(space, mech, seed, q_t, limit_kind, q_lim):
+def _run(space, mech, seed, q_t, limit_kind, q_lim, assignment=None):
     table, ch, terms, mem = setup(space, **mech)
     logits = _logits(space, ch, seed)
     probs = C.probs_from_logits(space, ch, logits)
     idx, cost = _enumerate(space, ch, probs)
     _enumerate.last = idx
-    ref = reference(space, table, terms, mem, *idx, space.layer_devices())
+    ref = reference(space, table, terms, mem, *idx, space.layer_devices() if assignment is None else assignment)
     t_const = float(np.quantile(ref["T"], q_t)) if q_t >= 0 else float(ref["T"].min()) * (0.9 + q_t)  # < 0: none
     limits = None
     if limit_kind:
@@ -110,7 +110,7 @@ def _run(space, mech, seed, q_t, limit_kind, q_lim):
         if limit_kind in ("energy", "both"):
             lim_en[e] = np.quantile(ref["energy"][:, e], q_lim)
         limits = DeviceLimits(lim_mem, lim_en, mem)
-    return _check(space, ch, table, terms, mem, logits, t_const, limits, ref, cost)
+    return _check(space, ch, table, terms, mem, logits, t_const, limits, ref, cost, assignment)
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
@@ -138,12 +138,23 @@ def test_mesh_repair_equals_enumeration(bws, mech, seed, q_t):
 @settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(st.floats(0.5, 20.0), min_size=5, max_size=5), st.sampled_from(MECHANISMS[:3] + [REQUIRED]),
        st.integers(0, 1000), st.floats(-0.1, 1.0), st.sampled_from(["memory", "energy", "both"]),
-       st.floats(-0.05, 0.6), st.sampled_from([None, "pre", "post"]))
-def test_mesh_repair_with_limits_equals_enumeration(bws, mech, seed, q_t, limit_kind, q_lim, end):
+       st.floats(-0.05, 0.6), st.sampled_from([None, "pre", "post"]), st.booleans())
+@example([1.0, 2.0, 1.5, 3.0, 0.7], MECHANISMS[0], 4, 0.3, "memory", 0.3, "pre", True)
+@example([1.0, 2.0, 1.5, 3.0, 0.7], MECHANISMS[2], 9, 0.2, "energy", 0.4, "post", True)
+def test_mesh_repair_with_limits_equals_enumeration(bws, mech, seed, q_t, limit_kind, q_lim, end, relay):
     """Within every device's memory and energy limits on a mesh: the root's and the aggregator's depend on both
-    branches' link options together; a device before the root or after the aggregator joins through its link."""
+    branches' link options together; a device before the root or after the aggregator joins through its link.
+    ``relay``: under a split that leaves the root (its layer on p0) or the aggregator (its layer on q0) none."""
     end = None if mech is REQUIRED else end  # with a device more, its enumeration has 8 million configurations
-    _run(_mesh(bws[:4 + (end is not None)], end), mech, seed, q_t, limit_kind, max(q_lim, 0.0))
+    space = _mesh(bws[:4 + (end is not None)], end)
+    a = None
+    if relay and end is not None:
+        a = np.array(space.layer_devices())
+        if end == "pre":
+            a[1] = a[0]  # p0 takes the root's layer: the root relays to the branches
+        else:
+            a[-2] = a[-1]  # q0 takes the aggregator's: it averages the branches and sends the average on
+    _run(space, mech, seed, q_t, limit_kind, max(q_lim, 0.0), a)
 
 
 def test_derived_is_kept_when_it_fits_and_bad_logits_are_refused():
