@@ -5,7 +5,7 @@ import itertools
 
 import numpy as np
 
-from jmsnas.compose.choices import ChoiceProbs, Choices
+from jmsnas.compose.choices import ChoiceProbs, Choices, probs_from_logits
 from jmsnas.compose.repair import repair
 from jmsnas.compose.terms import Terms
 from jmsnas.cost.latency import mesh_segments
@@ -42,9 +42,12 @@ def repair_any_split(space, table, terms: Terms, choices: Choices, logits: Choic
     When no split meets T_const: the fastest configuration of any split. ``LimitsError`` when no split keeps every
     device within its limits."""
     best, fastest, errors = None, None, []
+    if any(np.isnan(np.asarray(x)).any() or np.isposinf(np.asarray(x)).any() for x in logits):
+        raise ValueError("the logits hold NaN or +inf: the configuration probabilities are undefined")
+    probs = probs_from_logits(space, choices, logits)
     for a in splits(space, choices.send_input):
         try:
-            fix = repair(space, table, terms, choices, logits, t_const_ms, a, limits)
+            fix = repair(space, table, terms, choices, logits, t_const_ms, a, limits, probs)
         except LimitsError as e:
             errors.append(e)
             continue

@@ -46,9 +46,10 @@ class ComposedRepair(NamedTuple):
     logprob_loss: float  # log P(derived) - log P(config) >= 0
 
 
-def derive(space, choices: Choices, logits: ChoiceProbs) -> Config:
-    """The most probable configuration: the argmax of every gate (ops over their valid candidates)."""
-    probs = probs_from_logits(space, choices, logits)
+def derive(space, choices: Choices, logits: ChoiceProbs, probs: ChoiceProbs | None = None) -> Config:
+    """The most probable configuration: the argmax of every gate (ops over their valid candidates); ``probs``:
+    the logits' probabilities, where the caller has them."""
+    probs = probs_from_logits(space, choices, logits) if probs is None else probs
     arg = lambda p: np.asarray(jnp.argmax(p, axis=-1), np.int32)
     return Config(*(arg(p) for p in probs))
 
@@ -71,11 +72,20 @@ class _Problem(NamedTuple):
     width: int  # N + L: the length of a picks row
 
 
+_link_boundaries = jax.jit(K.link_boundaries, static_argnums=0)  # one call per split instead of dozens of small ones
+
+
+@jax.jit
+def _link_ms(table, wire):
+    """``cost.latency.link_ms`` of every link l at its bytes ``wire[l]``: one call."""
+    return jnp.stack([K.link_ms(table, l, wire[l]) for l in range(wire.shape[0])])
+
+
 def _problem(space, table, terms: Terms, choices: Choices, probs: ChoiceProbs, assignment) -> _Problem:
     f = lambda x: np.asarray(x, np.float64)
     topo, n = space.topology, space.num_layers
     dev, stem = (np.asarray(x) for x in K.split_devices(space, assignment))
-    bounds = np.asarray(K.link_boundaries(space, None if assignment is None else jnp.asarray(assignment)))
+    bounds = np.asarray(_link_boundaries(space, None if assignment is None else jnp.asarray(assignment)))
     lm = f(terms.layer_ms)[dev, np.arange(n)]  # [N, R, Bw]
     nb = lm.shape[-1]
     logp = lambda p: np.log(np.maximum(f(p), 1e-30))
@@ -86,7 +96,7 @@ def _problem(space, table, terms: Terms, choices: Choices, probs: ChoiceProbs, a
     src, dst = (np.array([topo.device_names.index(getattr(l, e)) for l in topo.links], np.int64)
                 for e in ("src", "dst"))
     wire = f(terms.wire_bytes)[bounds]  # [L, K, Ba]
-    eps = np.stack([f(K.link_ms(table, l, wire[l])) for l in range(links)]) if links else wire
+    eps = f(_link_ms(table, jnp.asarray(wire, jnp.float32))) if links else wire
     na = wire.shape[-1]
     rep = lambda x: np.repeat(x[..., None], na, -1)
     send = rep(f(terms.send_ms)[src, bounds]) if links else wire
@@ -438,18 +448,19 @@ def _logp(P: _Problem, picks) -> float:
 
 
 def repair(space, table, terms: Terms, choices: Choices, logits: ChoiceProbs, t_const_ms: float, assignment=None,
-           limits: DeviceLimits | None = None) -> ComposedRepair:
+           limits: DeviceLimits | None = None, probs: ChoiceProbs | None = None) -> ComposedRepair:
     """The most probable configuration with T <= ``t_const_ms`` (ms) and, with ``limits``, every device within
     its memory_bytes and energy_mj under the split ``assignment`` (D^m by default); the derived one when it fits.
-    Raises ``LimitsError`` (one line) when no configuration keeps every device within its limits, and ValueError
-    for a mesh whose limits can bind (see the module's docstring)."""
+    ``probs``: the logits' probabilities, where the caller has them (``anysplit`` repairs one logits under many
+    splits). Raises ``LimitsError`` (one line) when no configuration keeps every device within its limits, and
+    ValueError for a mesh whose limits can bind (see the module's docstring)."""
     if any(np.isnan(np.asarray(x)).any() or np.isposinf(np.asarray(x)).any() for x in logits):
         raise ValueError("the logits hold NaN or +inf: the configuration probabilities are undefined")
     topo = space.topology
-    probs = probs_from_logits(space, choices, logits)
+    probs = probs_from_logits(space, choices, logits) if probs is None else probs
     P = _problem(space, table, terms, choices, probs, assignment)
     nb, na = len(choices.weight_bits), len(choices.act_bits)
-    derived = derive(space, choices, logits)
+    derived = derive(space, choices, logits, probs)
     if limits is not None and (np.isfinite(limits.memory_bytes).any() or np.isfinite(limits.energy_mj).any()):
         if topo.kind not in ("chain", "mesh"):
             raise ValueError(f"the composed repair with memory or energy limits is exact on chains and meshes; "
