@@ -6,7 +6,7 @@ import itertools
 import numpy as np
 
 from jmsnas.compose.choices import ChoiceProbs, Choices, probs_from_logits
-from jmsnas.compose.repair import repair
+from jmsnas.compose.repair import check_logits, repair
 from jmsnas.compose.terms import Terms
 from jmsnas.cost.latency import mesh_segments
 from jmsnas.limits import DeviceLimits, LimitsError
@@ -42,8 +42,7 @@ def repair_any_split(space, table, terms: Terms, choices: Choices, logits: Choic
     When no split meets T_const: the fastest configuration of any split. ``LimitsError`` when no split keeps every
     device within its limits."""
     best, fastest, errors = None, None, []
-    if any(np.isnan(np.asarray(x)).any() or np.isposinf(np.asarray(x)).any() for x in logits):
-        raise ValueError("the logits hold NaN or +inf: the configuration probabilities are undefined")
+    check_logits(logits)
     probs = probs_from_logits(space, choices, logits)
     for a in splits(space, choices.send_input):
         try:

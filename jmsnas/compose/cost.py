@@ -87,11 +87,6 @@ def split_devices(space, assignment=None) -> tuple:
     return a, space.topology.path_order()[0]
 
 
-def input_split(space, stem_device: int) -> np.ndarray:
-    """int32[N + 1]: the layers' D^m devices with the stem on ``stem_device`` (a split that sends the input)."""
-    return np.append(np.asarray(space.layer_devices(), np.int32), np.int32(stem_device))
-
-
 def link_boundaries(space, assignment=None) -> jnp.ndarray:
     """int32[L]: the boundary j each link crosses under ``assignment`` (D^m by default; may be traced): j = 0 the
     stem's output, j = n + 1 layer n's output (chain: the layers done before it; mesh: see ``MeshSegments``);

@@ -202,10 +202,11 @@ def _mesh_deliver(space, choices: Choices, modules: dict, cg: ComposedGates, a: 
 
 
 def _mesh_searched(space, choices: Choices, modules: dict, cg: ComposedGates, bounds, js: tuple):
-    """(inputs(n, outputs), leave(j, h)) on a mesh under a searched split (``cost.latency.MeshSegments``): the
+    """(inputs(n, outputs), after(n, y)) on a mesh under a searched split (``cost.latency.MeshSegments``): the
     chains before the fork and after the merge re-split, so their links (traced boundaries) apply where the tensor
-    leaves a boundary (``leave``, as on a chain); the fork and merge links carry fixed boundaries and apply per
-    branch (``inputs``): a branch's first layer receives the root's tensor through its own fork link, the first
+    leaves a boundary (``after``: layer n's output, -1 the stem's, as the next device holds it, as on a chain; a
+    branch's layers keep theirs); the fork and merge links carry fixed boundaries and apply per branch
+    (``inputs``): a branch's first layer receives the root's tensor through its own fork link, the first
     layer after the merge the average of the branches' tensors, each through its merge link, then every link after
     the aggregator that carries the merged tensor (a relay: the aggregator averages once, then sends), as
     ``compose.network.composed_apply`` routes the derived network and the parts run it."""
@@ -227,6 +228,9 @@ def _mesh_searched(space, choices: Choices, modules: dict, cg: ComposedGates, bo
     def leave(j, h):
         return _cuts(space, choices, modules, cg, bounds, js, j, h, chain)
 
+    def after(n, y):
+        return y if seg.prefix <= n < seg.suffix_start else leave(n + 1, y)
+
     def inputs(n, outputs):
         srcs = space.input_of(n)
         if seg.prefix <= n < seg.suffix_start and all(i < seg.prefix for i in srcs):  # a branch's first layer
@@ -236,7 +240,7 @@ def _mesh_searched(space, choices: Choices, modules: dict, cg: ComposedGates, bo
             ys = [through(merges[int(static[i])], i + 1, outputs[i], ("merge", i)) for i in srcs]
             return [leave(seg.suffix_start, ys[0] if len(ys) == 1 else sum(ys) / len(ys))]
         return [outputs[i] for i in srcs]
-    return inputs, leave
+    return inputs, after
 
 
 def apply(space, choices: Choices, split: str, params, state, gates: G.Gates, cg: ComposedGates, assignment, x, *,
@@ -260,7 +264,6 @@ def apply(space, choices: Choices, split: str, params, state, gates: G.Gates, cg
         quantizes = jnp.asarray(choices.quantize)[a[:space.num_layers]]
         bounds = link_boundaries(space, a)
     js = module_boundaries(space, split, choices.send_input)
-    seg = mesh_segments(space) if searched_mesh else None
     qbits = choices.weight_bits != (FLOAT_BITS,) and any(choices.quantize)
     new_state = {}
     if choices.send_input and split != "fixed":  # the links before the stem's device carry the image
@@ -268,8 +271,8 @@ def apply(space, choices: Choices, split: str, params, state, gates: G.Gates, cg
     h, new_state["stem"] = O.conv_bn_apply(params["stem"], state["stem"], x, space.stem_stride, train)
     outputs, layer_states = {-1: h}, []
     if searched_mesh:
-        inputs, leave = _mesh_searched(space, choices, params["modules"], cg, bounds, js)
-        outputs[-1] = leave(0, h)
+        inputs, after = _mesh_searched(space, choices, params["modules"], cg, bounds, js)
+        outputs[-1] = after(-1, h)
     elif mesh:
         deliver = _mesh_deliver(space, choices, params["modules"], cg, a, bounds, outputs)
     else:
@@ -288,7 +291,7 @@ def apply(space, choices: Choices, split: str, params, state, gates: G.Gates, cg
         y, st = supernet.mixed_op(space, n, p_n, state["layers"][n], gates.weights[n], paths_n, inp, train,
                                   dw_impl, impl)
         if searched_mesh:
-            outputs[n] = y if seg.prefix <= n < seg.suffix_start else leave(n + 1, y)
+            outputs[n] = after(n, y)
         else:
             outputs[n] = y if mesh else _cuts(space, choices, params["modules"], cg, bounds, js, n + 1, y)
         layer_states.append(st)

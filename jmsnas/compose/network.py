@@ -205,14 +205,7 @@ def composed_apply(space, choices: Choices, config: Config, assignment, params, 
     space.validate_arch(ops)
     plan, bits = cuts(space, choices, config, a), layer_bits(space, choices, config, a)
     first, last, stem = topo.path_order()[0], topo.path_order()[-1], stem_device(space, a)
-    for l in link_path(topo, first, stem):  # the image on its way to the stem's device
-        if plan[l].boundary != space.num_layers + 1:
-            raise ValueError(f"link {topo.links[l].src}->{topo.links[l].dst} carries boundary {plan[l].boundary}, "
-                             f"but the stem runs after it (assignment {a.tolist()})")
-        x = transmit(plan[l], module_params, x)
-    new_state = {}
-    h, new_state["stem"] = O.conv_bn_apply(params["stem"], state["stem"], x, space.stem_stride, train)
-    outputs, held = {-1: h}, {}
+    held = {}
 
     def route(y, at: int, dev: int, src: int, key):  # y (layer src's output, or a merge of it) from at to dev
         for l in link_path(topo, at, dev):
@@ -227,6 +220,11 @@ def composed_apply(space, choices: Choices, config: Config, assignment, params, 
 
     def deliver(src: int, dev: int):  # layer src's output (-1: the stem's) as device dev holds it
         return route(outputs[src], stem if src < 0 else int(a[src]), dev, src, src)
+
+    x = route(x, first, stem, space.num_layers, "input")  # the image, as far as the stem's device (boundary N + 1)
+    new_state = {}
+    h, new_state["stem"] = O.conv_bn_apply(params["stem"], state["stem"], x, space.stem_stride, train)
+    outputs = {-1: h}
 
     layer_states = []
     for s, i in zip(space.layers, ops):

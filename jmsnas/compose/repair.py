@@ -46,6 +46,12 @@ class ComposedRepair(NamedTuple):
     logprob_loss: float  # log P(derived) - log P(config) >= 0
 
 
+def check_logits(logits: ChoiceProbs) -> None:
+    """ValueError unless every logit is finite or -inf (a masked candidate)."""
+    if any(np.isnan(np.asarray(x)).any() or np.isposinf(np.asarray(x)).any() for x in logits):
+        raise ValueError("the logits hold NaN or +inf: the configuration probabilities are undefined")
+
+
 def derive(space, choices: Choices, logits: ChoiceProbs, probs: ChoiceProbs | None = None) -> Config:
     """The most probable configuration: the argmax of every gate (ops over their valid candidates); ``probs``:
     the logits' probabilities, where the caller has them."""
@@ -454,8 +460,7 @@ def repair(space, table, terms: Terms, choices: Choices, logits: ChoiceProbs, t_
     ``probs``: the logits' probabilities, where the caller has them (``anysplit`` repairs one logits under many
     splits). Raises ``LimitsError`` (one line) when no configuration keeps every device within its limits, and
     ValueError for a mesh whose limits can bind (see the module's docstring)."""
-    if any(np.isnan(np.asarray(x)).any() or np.isposinf(np.asarray(x)).any() for x in logits):
-        raise ValueError("the logits hold NaN or +inf: the configuration probabilities are undefined")
+    check_logits(logits)
     topo = space.topology
     probs = probs_from_logits(space, choices, logits) if probs is None else probs
     P = _problem(space, table, terms, choices, probs, assignment)
