@@ -46,7 +46,8 @@ def _worst_term(a: dict) -> str:
     p, m = a["predicted"], a["measured"]
     diffs = {k: m["per_device"][k] - v for k, v in p["per_device"].items()}
     diffs.update({k: m["per_link"][k] - v for k, v in p["per_link"].items()})
-    diffs["hand-offs"] = m["overhead_ms"]
+    diffs.update({k: m["ends"][k] - v for k, v in p.get("ends", {}).items() if k in m.get("ends", {})})
+    diffs["hand-offs"] = m["overhead_ms"] - (sum(m.get("ends", {}).values()) if "ends" in p else 0.0)
     k = max(diffs, key=lambda x: abs(diffs[x]))
     return f"{k} {diffs[k]:+.2f}"
 
@@ -75,7 +76,8 @@ def main(argv=None) -> int:
         manifest = load_manifest(export_dir)
         images, _ = reference.test_images(run, args.images)
         analyses = []
-        table, handoff = table_prediction(run, args.predict_table) if args.predict_table else (None, None)
+        table, handoff = table_prediction(run, args.predict_table, one_host=True) if args.predict_table \
+            else (None, None)
         for s, _, mode in [(s, r, m) for s in args.scales for r in range(args.reps) for m in modes]:
             raw = run_pipeline(export_dir, images, bandwidth_scale=s, phase="both", timeout_s=60.0,
                                predicted_compute_ms=table, credentials=modes[mode])

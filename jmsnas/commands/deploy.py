@@ -207,7 +207,7 @@ def _pipeline(args) -> int:
             raise DeployError(f"--predict-table {args.predict_table}: a latency table has no bit dimension and no "
                               "split modules; a composed run's parts are not predicted by it")
         from jmsnas.deploy.predict import table_prediction
-        predicted, handoff = table_prediction(args.workdir, args.predict_table)
+        predicted, handoff = table_prediction(args.workdir, args.predict_table, one_host=hosts is None)
     if not args.connect_timeout > 0:
         raise DeployError(f"--connect-timeout must be > 0 seconds, got {args.connect_timeout!r}")
     export_dir = args.export_dir or os.path.join(args.workdir, "export")

@@ -2,6 +2,7 @@
 
     jmsnas profile --space default --out ue.yaml [--method in-network|standalone] [--reps 50] [--batch 1]
                    [--warmup 3] [--quantile 0.5] [--calibrate 8] [--seed 0] [--dw-impl auto] [--no-deployed]
+                   [--deployed-reps 10] [--part-idle-ms 30] [--part-design 3]
     jmsnas profile --space default --remote HOST:PORT --table THERE.yaml --out OUT.yaml [--reps 30]
                    [--secret-file FILE] [--tls-ca CA.pem] [--timeout 60]
 
@@ -12,9 +13,10 @@
 experiments/configs/; its dataset gives the input size). ``--method`` is explained in jmsnas/cost/profile.py.
 The table (YAML, format and latency model in jmsnas/cost/measured.py) feeds
 ``jmsnas.cost.build.build_table`` as {"kind": "measured", "path": ...}. Unless ``--no-deployed``, the table also
-holds what a deployed part pays (``jmsnas.deploy.partcost``: the part call cost, the part scale of its ops and
-the hand-off of a frame as a function of its bytes, ``--reps`` rounds), which eq. (1)/(2) then charge every device
-and link. ``--remote`` measures those terms on the machine of a ``jmsnas worker`` (authenticated as every
+holds what a deployed part pays (``jmsnas.deploy.partcost``: the part call cost, every op's time in a part of its
+own (``--part-design``) and the hand-off of a frame as a function of its bytes, each timed after the wait for its
+input a deployed part has (``--part-idle-ms``), ``--deployed-reps`` rounds), which eq. (1)/(2) then charge every
+device and link. ``--remote`` measures those terms on the machine of a ``jmsnas worker`` (authenticated as every
 connection to one: ``--secret-file`` or $JMSNAS_SECRET, ``--tls-ca``) for ``--table``, a table profiled on that
 machine with ``--dw-impl xla``, and writes it with them to ``--out``. Errors print one
 ``jmsnas profile: error: ...`` line to stderr and exit with 2; nothing is written then.
@@ -57,6 +59,14 @@ def add_parser(sub) -> None:
     p.add_argument("--no-deployed", action="store_true",
                    help="do not measure the deployed terms (part call cost, part scale, hand-off per link); the "
                         "table then models a network run as one call only")
+    p.add_argument("--deployed-reps", type=number_flag(int, 3, 100000), default=None,
+                   help="timing rounds of the deployed terms (default 10; with --remote: --reps)")
+    p.add_argument("--part-idle-ms", type=number_flag(float, 0, 10000), default=None,
+                   help="the wait before every part and hand-off frame is timed, as a deployed part waits for its "
+                        "input (default 30; 0: back to back)")
+    p.add_argument("--part-design", type=number_flag(int, 0, 100), default=None,
+                   help="part entries: every valid op of every slot timed in at least this many parts (default 3; "
+                        "0: no part entries, one part scale of the table's entries instead)")
     p.add_argument("--remote", default=None, metavar="HOST:PORT",
                    help="measure the deployed terms on the machine of the jmsnas worker there, for --table (a "
                         "table profiled on that machine with --dw-impl xla); writes --out")
@@ -156,6 +166,9 @@ def _remote_args(args):
     if not args.remote:
         if args.table or args.secret_file or args.tls_ca:
             raise ValueError("--table, --secret-file and --tls-ca are for --remote HOST:PORT")
+        if args.no_deployed and (args.deployed_reps, args.part_idle_ms, args.part_design) != (None, None, None):
+            raise ValueError("--deployed-reps, --part-idle-ms and --part-design set how the deployed terms are "
+                             "measured; --no-deployed skips them")
         return None
     parse_address(args.remote)
     if args.table is None:
@@ -163,6 +176,9 @@ def _remote_args(args):
                          "(jmsnas profile --dw-impl xla there), whose deployed terms it measures")
     if args.no_deployed:
         raise ValueError("--remote measures the deployed terms; --no-deployed would measure nothing")
+    if args.part_idle_ms is not None or args.part_design is not None:
+        raise ValueError("--part-idle-ms and --part-design are for the deployed terms measured here; --remote times "
+                         "the parts back to back with one part scale")
     return client_credentials(args)
 
 
@@ -172,7 +188,7 @@ def _remote(args, space, creds) -> int:
     from jmsnas.deploy import partcost
     try:
         table = P.load_table(args.table, space)
-        table = partcost.with_deployed(space, table, args.remote, reps=args.reps, seed=args.seed,
+        table = partcost.with_deployed(space, table, args.remote, reps=args.deployed_reps or args.reps, seed=args.seed,
                                        credentials=creds, timeout_s=args.timeout)
         P.write_table(table, args.out)
     except (ValueError, OSError) as e:
@@ -183,13 +199,19 @@ def _remote(args, space, creds) -> int:
 
 
 def _print_deployed(table, where: str) -> None:
-    h = table.deployed["handoff"]
-    print(f"deployed ({where}): per part call {table.deployed['part_call'].median_ms:.4f} ms + "
-          f"{table.deployed['part_scale']:.3f} x its entries; hand-off {h['fixed_ms']:.4f} ms + "
-          f"{h['ms_per_byte'] * 1e6:.4f} ms per MB")
+    dep = table.deployed
+    h, pe = dep["handoff"], dep.get("parts")
+    ops = (f"its ops' part entries (stem {pe['stem_ms']:.4f}, head {pe['head_ms']:.4f} ms; fitted on {pe['parts']} "
+           f"parts, RMS error {pe['rms_error_pct']:.1f}%)") if pe is not None else \
+        f"{dep['part_scale']:.3f} x its entries"
+    idle = f", each timed after {dep['idle_ms']:g} ms idle" if dep.get("idle_ms") else ""
+    print(f"deployed ({where}{idle}): per part call {dep['part_call'].median_ms:.4f} ms + {ops}; hand-off "
+          f"{h['fixed_ms']:.4f} ms + {h['ms_per_byte'] * 1e6:.4f} ms per MB")
     if "load_ratio" in table.deployed:
+        how = "the parts' times were divided by it" if table.deployed.get("load_ratio_applied", True) else \
+            "not applied: the parts were timed after waits"
         print(f"  (whole networks timed with the parts ran {table.deployed['load_ratio']:.3f} x the table's "
-              "prediction of them; the parts' times were divided by it)")
+              f"prediction of them; {how})")
 
 
 def run(args) -> int:
@@ -211,8 +233,11 @@ def run(args) -> int:
                             quantile=args.quantile, calibrate=args.calibrate, seed=args.seed, dw_impl=args.dw_impl)
     if not args.no_deployed:
         from jmsnas.deploy import partcost
+        design = partcost.DESIGN_REPEATS if args.part_design is None else args.part_design
         try:
-            table = partcost.with_deployed(space, table, reps=args.reps, seed=args.seed)
+            table = partcost.with_deployed(
+                space, table, reps=args.deployed_reps or 10, seed=args.seed, design_repeats=design or None,
+                idle_ms=partcost.IDLE_MS if args.part_idle_ms is None else args.part_idle_ms)
         except OSError as e:  # the loopback connection (TimeoutError is one)
             return fail("profile", f"cannot measure the deployed terms over a loopback connection: {e}; "
                                    "profile with --no-deployed to skip them")

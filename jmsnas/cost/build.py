@@ -20,7 +20,9 @@ network offset of its file: a network run as one call on that device pays them o
 its row's stem is the stem alone, every device pays its file's ``part_call`` (``CostTable.call_ms``), its ops,
 stem and head cost ``part_scale`` x their entries (what an op costs in a part of its own rather than inside the
 whole-network call; the row's compute, stem and head are scaled here, once, so every reader of the CostTable,
-eq. (1)/(2), the split DP, limits, compose, the deployed prediction, charges the same U), and a link pays the
+eq. (1)/(2), the split DP, limits, compose, the deployed prediction, charges the same U), or, where the file has
+part entries (``deployed.parts``: every op timed in a part of its own), those entries and their stem and head, and a
+link pays the
 hand-off fitted by its two ends' files (the mean of the ends that have one; 0 when neither has: the paper's eps).
 A scaled row scales the call cost with the rest and keeps the hand-off of its source.
 
@@ -159,9 +161,13 @@ def measured_row(space: SearchSpace, path) -> Row:
     comp, src = P.op_ms_matrix(t) * space.mask(), f"measured {os.fspath(path)}"
     if t.deployed is not None:  # parts: every device pays the part's call cost, a hand-off every link
         h, s = t.deployed["handoff"], float(t.deployed.get("part_scale", 1.0))
+        call, pe = t.deployed["part_call"].median_ms, t.deployed.get("parts")
+        if pe is not None:  # every op's time in a part of its own
+            return Row(np.asarray(pe["ops"], float) * space.mask(), pe["stem_ms"], pe["head_ms"],
+                       src + " (deployed part entries)", (), call, (h["fixed_ms"], h["ms_per_byte"]), 1.0)
         if s != 1.0:
             src += f" (deployed part scale {s:g})"
-        return Row(comp * s, t.stem.median_ms * s, t.head.median_ms * s, src, (), t.deployed["part_call"].median_ms,
+        return Row(comp * s, t.stem.median_ms * s, t.head.median_ms * s, src, (), call,
                    (h["fixed_ms"], h["ms_per_byte"]), s)
     stem = t.call.median_ms + t.network["offset_ms"] + t.stem.median_ms
     return Row(comp, stem, t.head.median_ms, src)

@@ -25,6 +25,15 @@ File format (YAML; ``write_table`` writes it, ``load_table`` validates it)::
     deployed:                          # optional (jmsnas.deploy.partcost): what a deployed part pays
       part_call: {median_ms: 0.25, spread_ms: 0.05, reps: 50}   # per part, beyond part_scale x its entries
       part_scale: 1.2                  # optional (absent: 1): an op's time in a part of its own / in the network
+      idle_ms: 30.0                    # optional: the wait for its input before every part and frame was timed
+      host_cores: 2                    # optional: the cores of the host measured
+      cores_busy: 1.3                  # optional: how many of them a part keeps busy (CPU time / wall time)
+      parts:                           # optional: every op's time in a part of its own (then part_scale is 1)
+        stem_ms: 0.33
+        head_ms: 0.04
+        parts: 173                     # parts fitted
+        rms_error_pct: 4.6             # the fit's RMS relative error over them
+        slots: [{mbconv_k3_e3: 0.21, ...}, ...]   # per slot: ms of every op the slot's ops have (identity: none)
       handoff: {fixed_ms: 0.08, ms_per_byte: 2.0e-06, bytes: [0, 4096, ...], median_ms: [...]}
     validation: {n: 50, within_10pct: 92.0, mape_pct: ..., against: ...}   # optional: jmsnas.cost.accuracy.report
     slots:
@@ -38,7 +47,8 @@ negative as long as call + stem + head + offset is not.
 
 ``deployed`` (absent in a table made without it) models the same network deployed as parts, one program per
 device between a receive and a send: a part costs ``part_scale`` x its entries (ops; the stem and head where it
-has them) plus ``part_call``, instead of the whole network's call + offset (a file without ``part_scale``: 1), and every hand-off of n bytes between two parts
+has them) plus ``part_call``, instead of the whole network's call + offset (a file without ``part_scale``: 1), or,
+where ``parts`` is present, its ops', stem's and head's entries in ``parts`` plus ``part_call``; every hand-off of n bytes between two parts
 costs ``fixed_ms + ms_per_byte * n`` (fitted on the measured ``bytes`` / ``median_ms``). ``jmsnas.cost.build``
 turns them into ``CostTable.call_ms`` / ``handoff_ms`` / ``handoff_ms_per_byte`` and a device's
 ``compute_ms`` / ``stem_ms`` / ``head_ms`` times ``part_scale``. ``validation`` (optional) is
@@ -89,7 +99,9 @@ class MeasuredTable(NamedTuple):
     head: Timing
     network: dict  # {"method": str, "networks": int, "offset_ms": float}
     deployed: dict | None = None  # {"part_call": Timing, "part_scale": float, "handoff": {"fixed_ms", "ms_per_byte",
-    #                                "bytes", "median_ms"}}
+    #                                "bytes", "median_ms"}, optional "idle_ms", "host_cores" and "cores_busy",
+    #                                optional "parts": {"stem_ms",
+    #                                "head_ms", "ops": float[num_slots, len(OP_NAMES)], "parts", "rms_error_pct"}}
     validation: dict | None = None  # jmsnas.cost.accuracy.report + "against"
 
     @property
@@ -159,20 +171,31 @@ def table_to_dict(table: MeasuredTable) -> dict:
     return {"format": FORMAT, "version": VERSION, "units": "ms", "device": dict(table.device),
             "settings": dict(table.settings), "space": dict(table.space), "call": _timing_dict(table.call),
             "arg_ms": float(table.arg_ms), "stem": _timing_dict(table.stem), "head": _timing_dict(table.head),
-            "network": dict(table.network), **_deployed_dict(table.deployed),
+            "network": dict(table.network), **_deployed_dict(table.deployed, table.slots),
             **({} if table.validation is None else {"validation": dict(table.validation)}),
             "slots": [{"index": s["index"], "shape": dict(s["shape"]),
                        "ops": {k: _timing_dict(v) for k, v in s["ops"].items()}} for s in table.slots]}
 
 
-def _deployed_dict(dep) -> dict:
+def _deployed_dict(dep, slots) -> dict:
     if dep is None:
         return {}
     h = dep["handoff"]
-    return {"deployed": {"part_call": _timing_dict(dep["part_call"]), "part_scale": float(dep.get("part_scale", 1.0)),
-                         "handoff": {"fixed_ms": float(h["fixed_ms"]), "ms_per_byte": float(h["ms_per_byte"]),
-                                     "bytes": [int(b) for b in h["bytes"]],
-                                     "median_ms": [float(v) for v in h["median_ms"]]}}}
+    out = {"part_call": _timing_dict(dep["part_call"]), "part_scale": float(dep.get("part_scale", 1.0))}
+    if dep.get("idle_ms") is not None:
+        out["idle_ms"] = float(dep["idle_ms"])
+    if dep.get("cores_busy") is not None:
+        out["host_cores"], out["cores_busy"] = int(dep["host_cores"]), float(dep["cores_busy"])
+    if dep.get("parts") is not None:
+        pe = dep["parts"]
+        ops = np.asarray(pe["ops"], float)
+        out["parts"] = {"stem_ms": float(pe["stem_ms"]), "head_ms": float(pe["head_ms"]), "parts": int(pe["parts"]),
+                        "rms_error_pct": float(pe["rms_error_pct"]),
+                        "slots": [{k: float(ops[s["index"], OP_NAMES.index(k)]) for k in s["ops"]
+                                   if OP_NAMES.index(k) != IDENTITY} for s in slots]}
+    out["handoff"] = {"fixed_ms": float(h["fixed_ms"]), "ms_per_byte": float(h["ms_per_byte"]),
+                      "bytes": [int(b) for b in h["bytes"]], "median_ms": [float(v) for v in h["median_ms"]]}
+    return {"deployed": out}
 
 
 def write_table(table: MeasuredTable, path) -> None:
@@ -223,8 +246,8 @@ def _read_network(d) -> dict:
             "offset_ms": float(_number("network.offset_ms", _field(net, "offset_ms", "network"), minimum=None))}
 
 
-def _read_deployed(d):
-    """The optional ``deployed`` entry (module docstring), or None."""
+def _read_deployed(d, slots):
+    """The optional ``deployed`` entry (module docstring; ``slots`` the table's slots, read), or None."""
     if "deployed" not in d:
         return None
     dep = _field(d, "deployed", "deployed")
@@ -245,7 +268,48 @@ def _read_deployed(d):
     if len(out["bytes"]) != len(out["median_ms"]):
         raise ProfileError(f"latency table entry deployed.handoff: {len(out['bytes'])} sizes in bytes, "
                            f"{len(out['median_ms'])} in median_ms; expected one median per size")
-    return {"part_call": part_call, "part_scale": scale, "handoff": out}
+    res = {"part_call": part_call, "part_scale": scale, "handoff": out}
+    if "idle_ms" in dep:
+        res["idle_ms"] = float(_number("deployed.idle_ms", dep["idle_ms"]))
+    if "cores_busy" in dep or "host_cores" in dep:
+        res["host_cores"] = int(_number("deployed.host_cores", _field(dep, "host_cores", "deployed"), minimum=1,
+                                        integer=True))
+        res["cores_busy"] = float(_number("deployed.cores_busy", _field(dep, "cores_busy", "deployed")))
+        if not 0 < res["cores_busy"] <= res["host_cores"]:
+            raise ProfileError(f"latency table entry deployed.cores_busy: {res['cores_busy']!r}; expected a number in "
+                               f"(0, host_cores = {res['host_cores']}]")
+    if "parts" in dep:
+        res["parts"] = _read_part_entries(_field(dep, "parts", "deployed"), slots)
+        if scale != 1.0:
+            raise ProfileError(f"latency table entry deployed.part_scale: {scale!r} with deployed.parts; expected 1 "
+                               "(the part entries are already the ops' times in a part)")
+    return res
+
+
+def _read_part_entries(pe, slots) -> dict:
+    """``deployed.parts`` (module docstring) as {"stem_ms", "head_ms", "ops": float[len(slots), len(OP_NAMES)],
+    "parts", "rms_error_pct"}; every slot's ops must be among the table's own for that slot."""
+    if not isinstance(pe, Mapping):
+        raise ProfileError(f"latency table entry deployed.parts: expected a mapping, got {safeio.short(pe)}")
+    out = {k: float(_number(f"deployed.parts.{k}", _field(pe, k, "deployed.parts")))
+           for k in ("stem_ms", "head_ms", "rms_error_pct")}
+    out["parts"] = int(_number("deployed.parts.parts", _field(pe, "parts", "deployed.parts"), minimum=1,
+                               integer=True))
+    rows = _field(pe, "slots", "deployed.parts")
+    if not isinstance(rows, list) or len(rows) != len(slots):
+        raise ProfileError(f"latency table entry deployed.parts.slots: expected a list of {len(slots)} mappings (one "
+                           f"per slot), got {safeio.short(rows)}")
+    ops = np.zeros((len(slots), len(OP_NAMES)))
+    for n, (row, s) in enumerate(zip(rows, slots)):
+        if not isinstance(row, Mapping):
+            raise ProfileError(f"latency table entry deployed.parts.slots[{n}]: expected a mapping of op name -> ms")
+        for k, v in row.items():
+            if k not in s["ops"] or OP_NAMES.index(k) == IDENTITY:
+                raise ProfileError(f"latency table entry deployed.parts.slots[{n}].{k}: not an op the table has for "
+                                   f"slot {n}; expected one of {[o for o in s['ops'] if o != OP_NAMES[IDENTITY]]}")
+            ops[n, OP_NAMES.index(k)] = float(_number(f"deployed.parts.slots[{n}].{k}", v))
+    out["ops"] = ops
+    return out
 
 
 def _read_validation(d):
@@ -294,9 +358,9 @@ def table_from_dict(d, source: str = "<dict>") -> MeasuredTable:
     slots = _field(d, "slots", "slots")
     if not isinstance(slots, list) or not slots:
         raise ProfileError("latency table entry slots: expected a non-empty list")
-    table = MeasuredTable(dict(d["device"]), dict(d["settings"]), dict(d["space"]),
-                          tuple(_read_slot(s, n) for n, s in enumerate(slots)), call, arg_ms, stem, head, network,
-                          _read_deployed(d), _read_validation(d))
+    slots = tuple(_read_slot(s, n) for n, s in enumerate(slots))
+    table = MeasuredTable(dict(d["device"]), dict(d["settings"]), dict(d["space"]), slots, call, arg_ms, stem, head,
+                          network, _read_deployed(d, slots), _read_validation(d))
     if call.median_ms + stem.median_ms + network["offset_ms"] < 0:
         raise ProfileError(f"latency table entry network.offset_ms: {network['offset_ms']} makes the per-network "
                            f"term call + stem + offset negative "

@@ -75,17 +75,20 @@ def analyze(manifest: dict, raw: dict, handoff: dict | None = None) -> dict:
     ``handoff`` {"a->b": (fixed ms, ms per byte)} (``predict.table_prediction``): every link's predicted term also
     carries its hand-off, as the cost model charges it (None: eps alone).
 
-    measured: "total" (median end-to-end ms, first device's compute start to last device's compute end, latency
-    phase), "per_device" (compute ms), "per_link" (release at the receiver - start of transmission, ms),
-    "link_mbps" (bytes*8 / transmission time), "link_bytes" (``link_bytes``: the payload sizes received),
-    "link_queue_ms" (compute end -> start of transmission), "eq_of_measured" (eq. (1)/(2) of the measured terms per
-    image, median) and "overhead_ms" (total - that: the hand-offs the model has no term for); "throughput_per_s"
-    (stream phase: images / span).
+    measured: "total" (median end-to-end ms at the coordinator: image sent -> output received, latency phase),
+    "first_to_last_ms" (first device's compute start to last device's compute end), "per_device" (compute ms),
+    "per_link" (release at the receiver - the sender's compute end, ms: the transmission, its latency and the
+    hand-off, as eps + the hand-off predict it), "link_mbps" (bytes*8 / transmission time), "link_bytes"
+    (``link_bytes``: the payload sizes received), "link_queue_ms" (compute end -> start of transmission, part of
+    "per_link"), "eq_of_measured" (eq. (1)/(2) of the measured terms per image, median), "overhead_ms" (total -
+    that: the coordinator's own hand-offs and what no term covers) and "ends" ({"camera": image sent -> first
+    compute start, "result": last compute end -> output received}, medians); "throughput_per_s" (stream phase:
+    images / span).
     """
     s = raw["settings"]
     network = s.get("pacing") == "network"
     pm = wire_manifest(manifest, raw.get("framing", {})) if network else manifest
-    pred = predict(pm, raw["predicted_compute_ms"], s["bandwidth_scale"], handoff)
+    pred = predict(pm, raw["predicted_compute_ms"], s["bandwidth_scale"], handoff, int(s.get("batch", 1)))
     order, b = manifest["order"], s["batch"]
     out = {"settings": s, "predicted": pred, "calib_ms": raw["calib_ms"], "stretch": raw["stretch"],
            "clock": raw.get("clock", {}), "where": raw.get("where", {})}
@@ -97,8 +100,12 @@ def analyze(manifest: dict, raw: dict, handoff: dict | None = None) -> dict:
         for l in manifest["links"]:
             a, c, name = l["src"], l["dst"], link_name(l["src"], l["dst"])
             t = [lat[c][i]["in"][a] for i in range(n)]
-            per_link[name] = [(r[3] - r[0]) * 1e3 for r in t]
-            queue_ms[name] = median([(r[0] - lat[a][i]["c1"]) * 1e3 for i, r in enumerate(t)])
+            queue = [(r[0] - lat[a][i]["c1"]) * 1e3 for i, r in enumerate(t)]
+            # from the sender's compute end (its output handed to its link thread) to the release at the receiver,
+            # as eps + the hand-off predict it; a frame sent before the sender's last stage ended (a staged part)
+            # from its start of transmission
+            per_link[name] = [(r[3] - r[0]) * 1e3 + max(q, 0.0) for r, q in zip(t, queue)]
+            queue_ms[name] = median(queue)
         starts = sorted({d for d, _ in cameras(manifest)}, key=order.index)  # the parts that take the image
         span = [(lat[order[-1]][i]["c1"] - min(lat[d][i]["c0"] for d in starts)) * 1e3 for i in range(n)]
         co = raw.get("coordinator", {}).get("latency")
@@ -106,6 +113,9 @@ def analyze(manifest: dict, raw: dict, handoff: dict | None = None) -> dict:
         eq = [total_ms(manifest, {d: per_dev[d][i] for d in order}, {k: v[i] for k, v in per_link.items()})
               for i in range(n)]
         unc = {d: c.get("uncertainty_ms", 0.0) for d, c in raw.get("clock", {}).items()}
+        first = min(starts, key=order.index)
+        out_ends = {"camera": median([(lat[first][i]["c0"] - co[i][0]) * 1e3 for i in range(n)]),
+                    "result": median([(co[i][1] - lat[order[-1]][i]["c1"]) * 1e3 for i in range(n)])} if co else {}
         out["measured"] = {**totals(ends), "first_to_last_ms": median(span),
                            "first_to_last_uncertainty_ms": unc.get(order[0], 0.0) + unc.get(order[-1], 0.0),
                            "per_device": {d: median(v) for d, v in per_dev.items()},
@@ -114,6 +124,8 @@ def analyze(manifest: dict, raw: dict, handoff: dict | None = None) -> dict:
                                                        + unc.get(l["dst"], 0.0) for l in manifest["links"]},
                            "link_queue_ms": queue_ms, "eq_of_measured": median(eq),
                            "overhead_ms": median([t - e for t, e in zip(ends, eq)])}
+        if out_ends:
+            out["measured"]["ends"] = out_ends
         out["error_pct"] = 100.0 * (out["measured"]["total"] / pred["total"] - 1.0)
     rates = _link_mbps(manifest, raw["records"])
     out.setdefault("measured", {})["link_mbps"] = rates

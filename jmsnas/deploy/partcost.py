@@ -11,8 +11,8 @@ and every tensor between two parts is a frame over a socket (``jmsnas.deploy.lin
   arrives over a loopback TCP connection, the receiving thread idle until then (as a worker waits for its input);
   ``median ms of a part ~ part_call + part_scale x (the table's entries of what it runs: its ops, the stem on the
   first part and the head on the last)`` is fitted over the parts by non-negative least squares (``fit_part``),
-  their times first divided by ``load_ratio``: the same networks timed whole (one call, as the table times them)
-  in the same rounds, at the table's quantile, over the table's prediction of them, so the terms are on the
+  their times first divided by ``load_ratio``: the same networks timed whole (one call, back to back, as the
+  table times them) in the same rounds, at the table's quantile, over the table's prediction of them, so the terms are on the
   table's footing however busy the machine is now.
   ``part_call`` is what being a program of its own between a receive and a send adds once per image (the relay's
   cost anchors it); ``part_scale`` how an op's time changes in a part of its own rather than inside the one
@@ -26,6 +26,33 @@ and every tensor between two parts is a frame over a socket (``jmsnas.deploy.lin
   bandwidth and latency are eps's own terms; the hand-off is what a frame costs on top of them (framing, the send
   and receive system calls, the threads' wake-ups).
 
+* the part entries (``parts``): every op's time *in a part of its own*, per slot, with the part's stem and head and
+  its call cost: the parts above are fitted directly, ``median ms of a part ~ call + stem? + head? + sum of its ops'
+  part entries``, by non-negative least squares over the parts of a balanced design of whole networks (every valid
+  op of every slot in at least ``design_repeats`` of them, the ops of different slots paired at random;
+  ``balanced_archs``) plus the relay (``fit_part_entries``). Why a table of its own rather than one scale of the
+  whole-network table: an op's cost in a part is not proportional to its cost inside one whole-network call (the
+  first op after a receive starts cold, a root's or an aggregator's part sends or averages several tensors, and a
+  whole mesh network runs its branches at once on the thread pool): on this machine one scale left per-device
+  errors of -29% to +62% on the main job's chain and mesh, the part entries -9% to +8% on the chain and within
+  +-8% on five of the mesh's six devices (``benchmarks/README.md``). A part's entries are those of the space's own
+  split: its layers' entries also carry what a part costs beyond its call at that place (they are not separable
+  from it), so they price a split that moves a layer to another device less exactly than the split profiled.
+  With them, ``jmsnas.cost.build`` charges every device its part entries and ``part_call`` (the fit's intercept),
+  ``part_scale`` 1.
+
+Every part and every hand-off frame is timed after the receiving thread has waited ``idle_ms`` for it (default
+30 ms): deployed, a worker waits for its input between images (about T minus its own compute with one image in
+flight, 50-250 ms at 5-1% of Table I's bandwidth), and a part called after such a wait pays more than one called
+back to back (measured on this machine: +0.2-0.3 ms per part, growing from no wait to about 30 ms and flat after,
+``benchmarks/README.md``). ``idle_ms`` 0 times them back to back.
+
+Every timed part call also gives the CPU time it took (``time.process_time``: every thread of this process) over
+its wall time; the median, ``cores_busy``, is how many of the host's ``host_cores`` a part keeps busy. They are for
+a deployment that puts several parts on this one host at once (a mesh's branches in ``jmsnas pipeline`` on one
+machine): ``predict.shared_cores`` shares the cores among them. A search's devices are machines of their own, so
+eq. (1)/(2) never use them.
+
 All are measured in the same rounds (``reps``; every round times every item once, in a shuffled order) and all
 times are CLOCK_MONOTONIC of this host. Measured on this host they describe this host; ``jmsnas.cost.build`` turns
 them into ``CostTable.call_ms`` (every device), the device's U times ``part_scale`` and ``handoff_ms`` /
@@ -33,8 +60,10 @@ them into ``CostTable.call_ms`` (every device), the device's U times ``part_scal
 """
 from __future__ import annotations
 
+import os
 import selectors
 import threading
+import time
 import warnings
 
 import jax
@@ -48,6 +77,8 @@ from jmsnas.run import directory
 from jmsnas.space import IDENTITY, OP_NAMES, SearchSpace
 
 HANDOFF_BYTES = (0, 4096, 32768, 131072, 524288)  # payload sizes timed for the hand-off fit (bytes)
+IDLE_MS = 30.0  # a deployed part's wait for its input before it is timed (module docstring)
+DESIGN_REPEATS = 3  # every valid op of every slot is in at least this many networks of the part entries' design
 _WEIGHTS_KEY = 0
 _WAIT_S = 30.0  # a loopback frame that has not come by then never will
 
@@ -196,58 +227,168 @@ def fit_part(entries_ms, ms) -> tuple:
     return max(float(np.mean(y - e)), 0.0), 1.0
 
 
+def host_cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _split_keys(space: SearchSpace, archs) -> list:
+    """The entry keys of every device's part of every network at the space's own split, and of a relay."""
+    devs = sorted({sl.device for sl in space.layers}, key=space.topology.path_order().index)
+    keys = []
+    for a in archs:
+        for j, d in enumerate(devs):
+            layers = tuple(sl.index for sl in space.layers if sl.device == d)
+            keys.append((layers, tuple(int(a[n]) for n in layers), j == 0, j == len(devs) - 1))
+    return keys + [((), (), False, False)]
+
+
+def _rank(space: SearchSpace, archs) -> int:
+    return int(np.linalg.matrix_rank(np.stack([_part_features(space, k) for k in _split_keys(space, archs)])))
+
+
+def balanced_archs(space: SearchSpace, repeats: int, seed, tries: int = 20) -> list:
+    """Whole networks in which every valid op of every slot appears in at least ``repeats`` of them: K = repeats x
+    the most valid ops of a slot networks; slot n takes its valid ops in turn, each cycle in a random order (numpy
+    seed), so the ops of different slots are paired at random. The parts' sums identify the part entries only as
+    far as the pairings connect them (two ops that only ever meet each other can trade time): of up to ``tries``
+    draws the first whose parts (at the space's split, with a relay) reach the rank of every pairing is kept, else
+    the draw of the highest rank."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
+    rng = np.random.default_rng(seed)
+    valid = [np.flatnonzero(row) for row in space.mask()]
+    k = repeats * max(len(v) for v in valid)
+    full = _rank(space, [tuple(int(rng.choice(v)) for v in valid) for _ in range(8 * k)])  # every pairing, likely
+    best, best_rank = None, -1
+    for _ in range(tries):
+        cols = []
+        for v in valid:
+            cycles = -(-k // len(v))
+            cols.append(np.concatenate([rng.permutation(v) for _ in range(cycles)])[:k])
+        archs = [tuple(int(c[j]) for c in cols) for j in range(k)]
+        r = _rank(space, archs)
+        if r > best_rank:
+            best, best_rank = archs, r
+        if r >= full:
+            break
+    return best
+
+
+def _part_features(space: SearchSpace, key: tuple) -> np.ndarray:
+    """[1, stem?, head?, one-hot (slot, op) of every non-identity op]: the columns of ``fit_part_entries``."""
+    layers, ops, stem, head = key
+    f = np.zeros(3 + space.num_layers * len(OP_NAMES))
+    f[:3] = 1.0, float(stem), float(head)
+    for n, i in zip(layers, ops):
+        if i != IDENTITY:
+            f[3 + int(n) * len(OP_NAMES) + int(i)] = 1.0
+    return f
+
+
+def fit_part_entries(space: SearchSpace, keys, ms) -> dict:
+    """The part entries (module docstring) of parts with entry keys ``keys`` ((layers, ops, stem?, head?), as
+    ``_parts`` gives them) and median times ``ms``: non-negative least squares of ``ms ~ call + stem? + head? + sum
+    of the part's ops``. {"call_ms", "stem_ms", "head_ms", "ops": float[num_layers, len(OP_NAMES)] (0 for identity
+    and invalid cells), "parts", "rms_error_pct" (the fit's RMS relative error over the parts)}. ValueError (one
+    line) for a valid (slot, op) that no part runs, or no part with a stem or a head."""
+    from scipy.optimize import nnls
+    x = np.stack([_part_features(space, k) for k in keys])
+    y = np.asarray(ms, float)
+    if y.shape != (len(keys),) or not np.all(np.isfinite(y)) or np.any(y < 0):
+        raise ValueError(f"ms must be one finite time >= 0 per part, got {y.tolist()!r}")
+    need = np.zeros(x.shape[1], bool)
+    need[:3] = True
+    mask = space.mask()
+    for n in range(space.num_layers):
+        for i in np.flatnonzero(mask[n]):
+            if i != IDENTITY:
+                need[3 + n * len(OP_NAMES) + i] = True
+    missing = np.flatnonzero(need & ~x.any(0))
+    if missing.size:
+        j = int(missing[0])
+        what = ("the call", "a stem", "a head")[j] if j < 3 else \
+            f"slot {(j - 3) // len(OP_NAMES)} op {OP_NAMES[(j - 3) % len(OP_NAMES)]}"
+        raise ValueError(f"no part runs {what}: the parts cannot price it (time a balanced design, balanced_archs)")
+    w = np.zeros(x.shape[1])
+    w[need], _ = nnls(x[:, need], y)
+    rms = float(np.sqrt(np.mean(((x @ w) / np.maximum(y, 1e-12) - 1.0) ** 2)) * 100.0)
+    return {"call_ms": float(w[0]), "stem_ms": float(w[1]), "head_ms": float(w[2]),
+            "ops": w[3:].reshape(space.num_layers, len(OP_NAMES)), "parts": int(len(keys)), "rms_error_pct": rms}
+
+
 def measure_deployed(space: SearchSpace, table: MeasuredTable, *, reps: int = 30, archs: int = 4, seed: int = 0,
-                     sizes=HANDOFF_BYTES) -> dict:
+                     sizes=HANDOFF_BYTES, idle_ms: float = IDLE_MS, design_repeats: int | None = DESIGN_REPEATS) -> dict:
     """The ``deployed`` entry of ``table`` (measured for ``space`` on this host, module docstring): {"part_call":
-    Timing (ms), "part_scale", "handoff": {"fixed_ms", "ms_per_byte", "bytes", "median_ms"}}. ``archs`` whole
-    networks are cut into parts: the table's base architecture (mbconv_k3_e3 everywhere by default) and random
-    valid ones (numpy seed [seed, 2]), plus one relay part. The same networks are also timed whole, as one call, in
-    the same rounds: ``load_ratio`` (returned, not stored) is the median over them of (their time at the table's
-    quantile) / (the table's prediction of it), and the parts' times are divided by it before the fit, so a
-    machine busier (or quieter) now than when the table was made moves neither the call cost nor the scale."""
+    Timing (ms), "part_scale", "idle_ms", "handoff": {"fixed_ms", "ms_per_byte", "bytes", "median_ms"}, "parts":
+    the part entries (``fit_part_entries``; absent with ``design_repeats`` None)}. ``archs`` whole networks are
+    cut into parts: the table's base architecture (mbconv_k3_e3 everywhere by default) and random valid ones (numpy
+    seed [seed, 2]), plus one relay part, and so are the networks of the balanced design (``balanced_archs`` with
+    ``design_repeats``, numpy seed [seed, 4]). ``part_call`` and ``part_scale`` are fitted over all of them
+    (``fit_part``), and so are the part entries; with the part entries, ``part_call`` is their fit's call and
+    ``part_scale`` 1. The ``archs`` networks are also timed whole, as one call, in the same rounds (first in each
+    round, back to back, as the table's rounds time them): ``load_ratio`` (returned, not stored) is the median over
+    them of (their time at the table's quantile) / (the table's prediction of it), and the parts' times are divided
+    by it before the fits, so a machine busier (or quieter) now than when the table was made moves neither the call
+    cost nor the scale nor the part entries. Every part and every hand-off frame is timed after a wait of
+    ``idle_ms`` (module docstring); with a wait the ratio is returned but not applied ("load_ratio_applied"): after
+    waits this host ran even the whole networks 0.84-1.41 x the table's prediction, depending only on how the
+    rounds were arranged (``benchmarks/README.md``), so there it measures the host's state after a wait, which is
+    the parts' cost to keep, not load. Measure the deployed terms on a quiet machine."""
     from jmsnas.cost.profile import arch_calls, sample_archs
     if isinstance(reps, bool) or not isinstance(reps, int) or reps < 3:
         raise ValueError(f"reps must be an integer >= 3, got {reps!r}")
+    if isinstance(idle_ms, bool) or not isinstance(idle_ms, (int, float)) or not 0 <= idle_ms <= 10_000:
+        raise ValueError(f"idle_ms must be a number of ms in [0, 10000], got {idle_ms!r}")
     batch, dw_impl = int(table.settings.get("batch", 1)), str(table.settings.get("dw_impl", "auto"))
     base = tuple(int(i) for i in table.settings.get("base", [0] * space.num_layers))
     nets = [base] + sample_archs(space, max(archs - 1, 0), [seed, 2])
-    parts = [p for ops in nets for p in _parts(space, ops, batch, dw_impl)]
+    design = [] if design_repeats is None else balanced_archs(space, design_repeats, [seed, 4])
+    parts = [p for ops in nets + design for p in _parts(space, ops, batch, dw_impl)]
     parts.append(_relay(space, parts[0][1](*parts[0][2]).shape))  # relays the first part's output
     wholes = arch_calls(space, nets, batch, dw_impl)
     sizes = [int(n) for n in sizes]
-    items = [("size", n) for n in sizes] + [("part", k) for k in range(len(parts))] + \
-        [("net", k) for k in range(len(nets))]
+    items = [("size", n) for n in sizes] + [("part", k) for k in range(len(parts))]
     net_ms = [[] for _ in nets]
     hand = {n: [] for n in sizes}
     part_ms = [[] for _ in parts]
+    busy = []  # CPU seconds per second of every timed part call: how many cores a part keeps busy
     pair = _Pair()
     sender = _Sender(pair)
     sender.start()
     rng = np.random.default_rng([seed, 3])
     try:
         for r in range(reps + 1):  # round 0 warms every path up and is not kept
+            # the whole networks first, as the table's rounds time them (each right after an untimed call)
+            for k in rng.permutation(len(wholes)):
+                fn, args = wholes[k]
+                jax.block_until_ready(fn(*args))
+                t0 = L.now()
+                jax.block_until_ready(fn(*args))
+                if r:
+                    net_ms[k].append((L.now() - t0) * 1e3)
             for j in rng.permutation(len(items)):
                 what, k = items[j]
                 if what == "size":
+                    time.sleep(idle_ms / 1e3)  # the receiver waits for the frame, as a worker between images
                     sender.submit(np.zeros(k, np.uint8))
                     _, t1 = pair.receive()
                     if r:
                         hand[k].append((t1 - sender.started[-1]) * 1e3)
-                elif what == "net":  # as the table's rounds time a network: right after an untimed call
-                    fn, args = wholes[k]
-                    jax.block_until_ready(fn(*args))
-                    t0 = L.now()
-                    jax.block_until_ready(fn(*args))
-                    if r:
-                        net_ms[k].append((L.now() - t0) * 1e3)
                 else:
                     _, call, xs, _ = parts[k]
+                    time.sleep(idle_ms / 1e3)  # the part waits for its input, as a deployed one between images
                     sender.submit(xs[0])
                     fr, t0 = pair.receive()
+                    c0 = time.process_time()
                     y = call(fr.value, *xs[1:])
-                    t1 = L.now()
+                    t1, c1 = L.now(), time.process_time()
                     if r:
                         part_ms[k].append((t1 - t0) * 1e3)
+                        busy.append((c1 - c0) / max(t1 - t0, 1e-9))
                     del y
     finally:
         sender.submit(None)
@@ -256,11 +397,18 @@ def measure_deployed(space: SearchSpace, table: MeasuredTable, *, reps: int = 30
     medians = [float(np.median(hand[n])) for n in sizes]
     a, b = fit_handoff(sizes, medians)
     ratio = _load_ratio(table, nets, net_ms)
-    call, scale = fit_part([_entries_ms(table, p[3]) for p in parts],
-                           [float(np.median(t)) / ratio for t in part_ms])
-    spread = float(np.mean([np.subtract(*np.percentile(t, [75, 25])) for t in part_ms])) / ratio
-    return {"part_call": Timing(call, spread, reps), "part_scale": scale, "load_ratio": ratio,
-            "handoff": {"fixed_ms": a, "ms_per_byte": b, "bytes": sizes, "median_ms": medians}}
+    norm = ratio if idle_ms == 0 else 1.0  # after waits the ratio is the host's state, not load: not applied
+    times = [float(np.median(t)) / norm for t in part_ms]
+    call, scale = fit_part([_entries_ms(table, p[3]) for p in parts], times)
+    spread = float(np.mean([np.subtract(*np.percentile(t, [75, 25])) for t in part_ms])) / norm
+    out = {"part_call": Timing(call, spread, reps), "part_scale": scale, "load_ratio": ratio,
+           "load_ratio_applied": norm != 1.0 or idle_ms == 0, "idle_ms": float(idle_ms),
+           "host_cores": host_cores(), "cores_busy": min(float(np.median(busy)), float(host_cores())),
+           "handoff": {"fixed_ms": a, "ms_per_byte": b, "bytes": sizes, "median_ms": medians}}
+    if design:
+        fit = fit_part_entries(space, [p[3] for p in parts], times)
+        out.update(part_call=Timing(fit.pop("call_ms"), spread, reps), part_scale=1.0, parts=fit)
+    return out
 
 
 def measure_deployed_remote(space: SearchSpace, table: MeasuredTable, address: str, *, reps: int = 30,

@@ -59,18 +59,44 @@ def predicted_links(manifest: dict, bandwidth_scale: float = 1.0, handoff: dict 
             for l in manifest["links"]}
 
 
-def predict(manifest: dict, compute_ms: dict, bandwidth_scale: float = 1.0, handoff: dict | None = None) -> dict:
+ENDS = ("camera", "result")  # the coordinator's own hand-offs: the image into the first part, the output back
+
+
+def _array_bytes(entry: dict, batch: int) -> int:
+    """Bytes of ``batch`` items of a manifest array entry {"shape": [batch, ...], "dtype"}."""
+    import numpy as np
+    return int(batch * np.prod(entry["shape"][1:], dtype=np.int64) * np.dtype(entry.get("dtype", "float32")).itemsize)
+
+
+def end_bytes(manifest: dict, batch: int = 1) -> dict:
+    """{"camera": the largest image input of a part that takes one, "result": the last part's output} in bytes."""
+    order = manifest["order"]
+    cams = [i for d in order for i in manifest["parts"][d]["inputs"] if i["from"] == "image"]
+    return {"camera": max((_array_bytes(i, batch) for i in cams), default=0),
+            "result": _array_bytes(manifest["parts"][order[-1]]["output"], batch)}
+
+
+def predict(manifest: dict, compute_ms: dict, bandwidth_scale: float = 1.0, handoff: dict | None = None,
+            batch: int = 1) -> dict:
     """{"total", "per_device", "per_link", "throughput_per_s", "bottleneck"}: eq. (1)/(2) and the pipelined rate
     1000 / (the slowest stage: a device's compute or a link's transmission, bytes*8/bandwidth), images/s.
-    ``handoff``: per-link hand-off terms (``predicted_links``), None: none."""
+    ``handoff``: per-link hand-off terms (``predicted_links``), None: none. Where it also has "camera" and "result"
+    (fixed ms, ms per byte), the coordinator's own hand-offs (the image into the first part, the output back, over
+    unpaced connections) are predicted too ("ends") and added to "total", which is then what the coordinator
+    measures end to end (eq. (1)/(2) start at the first part's compute and end at the last's)."""
     links = predicted_links(manifest, bandwidth_scale, handoff)
     stages = {d: compute_ms[d] for d in manifest["order"]}
     for l in manifest["links"]:
         stages[link_name(l["src"], l["dst"])] = link_ms(l["bytes"], l["bandwidth_mbps"] * bandwidth_scale)
     bottleneck = max(stages, key=stages.get)
-    return {"total": total_ms(manifest, compute_ms, links), "per_device": dict(compute_ms), "per_link": links,
-            "throughput_per_s": 1e3 / stages[bottleneck] if stages[bottleneck] > 0 else float("inf"),
-            "bottleneck": bottleneck}
+    out = {"total": total_ms(manifest, compute_ms, links), "per_device": dict(compute_ms), "per_link": links,
+           "throughput_per_s": 1e3 / stages[bottleneck] if stages[bottleneck] > 0 else float("inf"),
+           "bottleneck": bottleneck}
+    if handoff and all(k in handoff for k in ENDS):
+        nbytes = end_bytes(manifest, batch)
+        out["ends"] = {k: float(handoff[k][0] + handoff[k][1] * nbytes[k]) for k in ENDS}
+        out["total"] += sum(out["ends"].values())
+    return out
 
 
 def _run_table(run: str, table_path: str) -> tuple:
@@ -104,15 +130,41 @@ def _run_table(run: str, table_path: str) -> tuple:
     return space, table, measured, np.asarray(ops, np.int32), np.asarray(where, np.int32)
 
 
+def shared_cores(work_ms: dict, busy: float, cores: int) -> dict:
+    """{part: when it ends (ms)} of parts that start together on one host of ``cores`` cores, part k taking
+    ``work_ms[k]`` alone while keeping ``busy`` cores busy (CPU time / wall time): processor sharing. At every moment
+    the running parts share the cores equally, none getting more than ``busy`` (the rest goes to the others); a part
+    alone ends at its own time. ValueError for busy or cores <= 0 or a negative time."""
+    if not busy > 0 or not cores > 0:
+        raise ValueError(f"busy and cores must be > 0, got {busy!r}, {cores!r}")
+    if any(not (t >= 0) for t in work_ms.values()):
+        raise ValueError(f"every part's time must be >= 0 ms, got {work_ms!r}")
+    cap = min(float(busy), float(cores))
+    left = {k: float(t) * cap for k, t in work_ms.items()}  # CPU-ms each part needs
+    now, end = 0.0, {k: 0.0 for k, v in left.items() if v <= 0}
+    left = {k: v for k, v in left.items() if v > 0}
+    while left:
+        rate = min(cap, cores / len(left))  # equal shares, each at most the cores one part can use
+        step = min(left.values()) / rate
+        now += step
+        for k in list(left):
+            left[k] -= rate * step
+            if left[k] <= 1e-12 * max(1.0, rate * now):
+                end[k] = now
+                del left[k]
+    return end
+
+
 class TablePrediction(NamedTuple):
     """What a latency table predicts of a run's deployment: ``compute_ms`` {device: ms per image} and ``handoff``
-    {"a->b": (fixed ms, ms per byte)} ({} for a table without hand-off terms: eps alone, as before)."""
+    {"a->b": (fixed ms, ms per byte)}, with "camera" and "result" (the coordinator's hand-offs, ``predict``) ({} for
+    a table without hand-off terms: eps alone, as before)."""
 
     compute_ms: dict
     handoff: dict
 
 
-def table_prediction(run: str, table_path: str) -> TablePrediction:
+def table_prediction(run: str, table_path: str, one_host: bool = False) -> TablePrediction:
     """The run's architecture priced by a latency table measured on this machine (``jmsnas profile``, one table for
     every device: all parts run on this host), through the cost model's own eq. (1)/(2) terms, the table built once
     (``cost.latency.arch_latency`` with the run's split; the links' hand-offs as ``CostTable.handoff_ms`` /
@@ -125,7 +177,13 @@ def table_prediction(run: str, table_path: str) -> TablePrediction:
     every device's part is a call of its own program and pays them (measured: ``benchmarks/README.md``, "Deployed
     pipeline, honest prediction"), so every other device is charged them too (``per_call_ms``). The table must
     time the depthwise convolution the parts run (``jmsnas profile --dw-impl xla``); one that timed another is
-    refused. The honest prediction: nothing in the pipeline is slowed or calibrated to it."""
+    refused. The honest prediction: nothing in the pipeline is slowed or calibrated to it.
+
+    ``one_host``: every part runs on this one host (``jmsnas pipeline`` without ``--hosts``): where the table
+    measured how many cores a part keeps busy (``deployed.cores_busy``), parts that run at once share the host's
+    cores (``shared_cores``: a mesh's branches, which run at once after the root; every other part runs alone, one
+    image at a time). The search's devices are machines of their own; this is not in
+    eq. (1)/(2)."""
     import numpy as np
 
     from jmsnas.cost.latency import arch_latency, breakdown_dict
@@ -135,9 +193,16 @@ def table_prediction(run: str, table_path: str) -> TablePrediction:
         call = per_call_ms(measured)
         first = space.topology.device_names[space.topology.path_order()[0]]  # its stem term already holds the call
         return TablePrediction({d: ms + (call if d != first else 0.0) for d, ms in per_device.items()}, {})
+    topo, dep = space.topology, measured.deployed
+    if one_host and dep.get("cores_busy") is not None and topo.kind == "mesh":  # the branches run at once
+        names = topo.device_names
+        per_device.update(shared_cores({names[b]: per_device[names[b]] for b in topo.branches}, dep["cores_busy"],
+                                       dep["host_cores"]))
     a, b = np.asarray(table.handoff_ms, float), np.asarray(table.handoff_ms_per_byte, float)
-    return TablePrediction(per_device, {link_name(l.src, l.dst): (float(a[i]), float(b[i]))
-                                        for i, l in enumerate(space.topology.links)})
+    h = measured.deployed["handoff"]  # the camera and the result: frames over this host's loopback, as any link's
+    ends = {k: (float(h["fixed_ms"]), float(h["ms_per_byte"])) for k in ENDS}
+    return TablePrediction(per_device, {**{link_name(l.src, l.dst): (float(a[i]), float(b[i]))
+                                           for i, l in enumerate(space.topology.links)}, **ends})
 
 
 def per_call_ms(table) -> float:

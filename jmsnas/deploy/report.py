@@ -25,11 +25,13 @@ def format_table(analyses: list, manifest: dict) -> str:
         lines.append(f"  {'term':<24}{'predicted':>11}{'measured':>11}{'diff':>9}")
         rows = [(d, p["per_device"][d], m.get("per_device", {}).get(d)) for d in manifest["order"]]
         rows += [(k, v, m.get("per_link", {}).get(k)) for k, v in p["per_link"].items()]
+        rows += [(f"{k} (coordinator)", v, m.get("ends", {}).get(k)) for k, v in p.get("ends", {}).items()]
         for name, pv, mv in rows:
             diff = "" if mv is None else f"{mv - pv:+9.3f}"
             lines.append(f"  {name:<24}{pv:11.3f}{'' if mv is None else f'{mv:11.3f}'}{diff}")
         if "overhead_ms" in m:
-            lines.append(f"  {'hand-offs (no term)':<24}{'':>11}{m['overhead_ms']:11.3f}")
+            rest = m["overhead_ms"] - (sum(m.get("ends", {}).values()) if "ends" in p else 0.0)
+            lines.append(f"  {'hand-offs (no term)':<24}{'':>11}{rest:11.3f}")
         if "total" in m:
             lines.append(f"  {'total, ' + eq + ' ms':<24}{p['total']:11.3f}{m['total']:11.3f}"
                          f"{a['error_pct']:+8.1f}%   (end to end at the coordinator; p10 {m['total_p10']:.3f}, "

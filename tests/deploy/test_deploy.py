@@ -188,12 +188,16 @@ def test_table_prediction_with_deployed_terms_is_the_cost_models(runs, tmp_path,
     want = {d: 0.4 + 1.5 * v for d, v in want.items()}
     got, handoff = predict.table_prediction(r["dir"], path)
     assert got == pytest.approx(want, rel=1e-5)
-    assert handoff == {f"{l.src}->{l.dst}": pytest.approx((0.08, 1e-5)) for l in space.topology.links}
+    assert predict.table_prediction(r["dir"], path, one_host=True).compute_ms == pytest.approx(want, rel=1e-5)
+    assert handoff == {**{f"{l.src}->{l.dst}": pytest.approx((0.08, 1e-5)) for l in space.topology.links},
+                       "camera": pytest.approx((0.08, 1e-5)), "result": pytest.approx((0.08, 1e-5))}
     m = load_manifest(r["export"])
     pred = predict.predict(m, got, 1.0, handoff)
     cost = arch_latency(space, build_table(space, {d: {"kind": "measured", "path": path} for d in names}),
                         np.asarray(r["ops"]))
-    assert pred["total"] == pytest.approx(float(cost.total), rel=1e-5)
+    # the coordinator's own hand-offs: the image in (8 x 8 x 1 float32), the logits out (10 float32)
+    assert pred["ends"] == pytest.approx({"camera": 0.08 + 1e-5 * 256, "result": 0.08 + 1e-5 * 40}, rel=1e-6)
+    assert pred["total"] == pytest.approx(float(cost.total) + sum(pred["ends"].values()), rel=1e-5)
     bare = predict.predicted_links(m, 1.0)
     for l in m["links"]:
         k = f"{l['src']}->{l['dst']}"
@@ -206,6 +210,42 @@ def test_table_prediction_with_deployed_terms_is_the_cost_models(runs, tmp_path,
     P.write_table(t._replace(deployed=None), tmp_path / "one.yaml")
     assert predict.table_prediction(r["dir"], str(tmp_path / "one.yaml")).handoff == {}
     assert predict.predict(m, got, 1.0, {})["per_link"] == bare
+    assert "ends" not in predict.predict(m, got, 1.0, {})
+    # a table that measured how many cores a part keeps busy: on one host a mesh's branches share them
+    P.write_table(t._replace(deployed=dict(dep, host_cores=2, cores_busy=1.5)), tmp_path / "busy.yaml")
+    shared = predict.table_prediction(r["dir"], str(tmp_path / "busy.yaml"), one_host=True).compute_ms
+    apart = predict.table_prediction(r["dir"], str(tmp_path / "busy.yaml")).compute_ms
+    assert apart == pytest.approx(want, rel=1e-5)
+    if kind == "chain":  # one image at a time: no part runs beside another
+        assert shared == pytest.approx(want, rel=1e-5)
+    else:
+        branches = [names[b] for b in space.topology.branches]
+        assert shared == pytest.approx({**want, **predict.shared_cores({b: want[b] for b in branches}, 1.5, 2)},
+                                       rel=1e-5)
+        assert all(shared[b] > want[b] for b in branches)
+
+
+def test_shared_cores_by_hand_and_its_bounds():
+    """Processor sharing on one host, hand-computed: parts of 1, 2 and 3 ms each keeping one core busy on 2 cores
+    share them 2/3 each until the first ends (1.5 ms), then one core each (2.5 ms), then the last alone (3.5 ms).
+    A part alone, or parts that fit in the cores together, end at their own times; the last end is at least the
+    total CPU time over the cores."""
+    assert predict.shared_cores({"a": 1.0, "b": 2.0, "c": 3.0}, 1.0, 2) == pytest.approx(
+        {"a": 1.5, "b": 2.5, "c": 3.5})
+    assert predict.shared_cores({"a": 2.0}, 1.7, 2) == pytest.approx({"a": 2.0})
+    assert predict.shared_cores({"a": 2.0, "b": 0.5}, 1.0, 2) == pytest.approx({"a": 2.0, "b": 0.5})
+    assert predict.shared_cores({"a": 0.0, "b": 1.0}, 2.0, 2) == pytest.approx({"a": 0.0, "b": 1.0})
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        work = {k: float(rng.uniform(0.1, 5.0)) for k in range(int(rng.integers(1, 6)))}
+        busy, cores = float(rng.uniform(0.5, 4.0)), int(rng.integers(1, 5))
+        end = predict.shared_cores(work, busy, cores)
+        assert all(end[k] >= work[k] * (1 - 1e-9) for k in work)
+        assert max(end.values()) >= sum(work.values()) * min(busy, cores) / cores * (1 - 1e-9)
+        order = sorted(work, key=work.get)
+        assert [end[k] for k in order] == sorted(end.values())  # shorter parts end first
+    with pytest.raises(ValueError, match="busy and cores must be > 0"):
+        predict.shared_cores({"a": 1.0}, 0.0, 2)
 
 def test_mesh_equation_hand_computed():
     """Eq. (2) on Fig. 2(b)'s shape: chain part (ue, cloud, ue->sbs) + the slowest sbs -> mbs -> cloud path."""
