@@ -1,0 +1,137 @@
+"""How well the deployed-terms models price a run's own parts: one part scale of the table's entries against
+every op's part entry, both fitted on other networks' parts, checked on the run's exported architecture's parts.
+
+    python benchmarks/part_models.py --run RUN --table TABLE [--repeats 3] [--reps 10] [--idle-ms 30]
+    python benchmarks/part_models.py --run RUN --table TABLE --waits 0 1 3 10 30 100 [--reps 20]
+
+TABLE is a ``jmsnas profile --dw-impl xla`` table of RUN's space made on this machine (its own deployed terms are
+not used). The parts of a balanced design (``partcost.balanced_archs``, every valid op of every slot in at least
+``--repeats`` networks), one relay and the run's own parts are timed as ``jmsnas profile`` times them (each right
+after its input arrives over loopback, after ``--idle-ms`` of waiting, in shuffled rounds). Both models are fitted
+on the design's parts and the relay only (``partcost.fit_part``, ``partcost.fit_part_entries``); the run's parts
+are the check, which neither was fitted on. Prints per device: measured, each model's prediction and its error.
+
+``--waits``: the wait curve instead: the run's own parts timed after each wait (ms) with the host idle, and after
+``--idle-ms`` during which another thread keeps the host busy (the whole network run in a loop, stopped right
+before the input is sent: the previous device computing, as in a pipeline at high bandwidth). Median ms per part.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from jmsnas.deploy import partcost as PC  # noqa: E402
+from jmsnas.deploy.predict import _run_table  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--run", required=True)
+    ap.add_argument("--table", required=True)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--idle-ms", type=float, default=PC.IDLE_MS)
+    ap.add_argument("--waits", type=float, nargs="+", default=None, help="time the wait curve (ms)")
+    args = ap.parse_args(argv)
+    space, _, measured, ops, _ = _run_table(args.run, args.table)
+    if args.waits:
+        return wait_curve(space, tuple(int(o) for o in ops), args.waits, args.idle_ms, args.reps)
+    t0 = time.time()
+    design = [p for a in PC.balanced_archs(space, args.repeats, [0, 4]) for p in PC._parts(space, a, 1, "xla")]
+    design.append(PC._relay(space, design[0][1](*design[0][2]).shape))
+    check = PC._parts(space, tuple(int(o) for o in ops), 1, "xla")
+    parts = design + check
+    print(f"{len(design)} design parts + {len(check)} of the run, compiled in {time.time() - t0:.0f} s")
+    pair = PC._Pair()
+    sender = PC._Sender(pair)
+    sender.start()
+    ms = [[] for _ in parts]
+    rng = np.random.default_rng(1)
+    try:
+        for r in range(args.reps + 1):  # round 0 warms up
+            for k in rng.permutation(len(parts)):
+                _, call, xs, _ = parts[k]
+                time.sleep(args.idle_ms / 1e3)
+                sender.submit(xs[0])
+                fr, a = pair.receive()
+                call(fr.value, *xs[1:])
+                if r:
+                    ms[k].append((PC.L.now() - a) * 1e3)
+    finally:
+        sender.submit(None)
+        pair.close()
+    med = [float(np.median(t)) for t in ms]
+    nd = len(design)
+    call, scale = PC.fit_part([PC._entries_ms(measured, p[3]) for p in design], med[:nd])
+    fit = PC.fit_part_entries(space, [p[3] for p in design], med[:nd])
+    print(f"one scale: {call:.3f} ms + {scale:.3f} x entries; part entries: call {fit['call_ms']:.3f} ms, "
+          f"RMS error over the design {fit['rms_error_pct']:.1f}%  (load average {os.getloadavg()[0]:.1f})")
+    print("| device | measured (ms) | one scale (ms) | error | part entries (ms) | error |")
+    print("|---|---|---|---|---|---|")
+    for k, (dev, _, _, key) in enumerate(check):
+        m = med[nd + k]
+        one = call + scale * PC._entries_ms(measured, key)
+        pe = float(PC._part_features(space, key) @ np.concatenate([[fit["call_ms"], fit["stem_ms"], fit["head_ms"]],
+                                                                    fit["ops"].ravel()]))
+        print(f"| {dev} | {m:.3f} | {one:.3f} | {100 * (one / m - 1):+.0f}% | {pe:.3f} | {100 * (pe / m - 1):+.0f}% |")
+    return 0
+
+
+def wait_curve(space, ops: tuple, waits, busy_ms: float, reps: int) -> int:
+    import threading
+
+    import jax
+
+    from jmsnas.cost.profile import arch_calls
+    parts = PC._parts(space, ops, 1, "xla")
+    whole, args = arch_calls(space, [ops], 1, "xla")[0]
+    modes = [("idle", w) for w in waits] + [("busy", busy_ms)]
+    ms = {(m, k): [] for m in modes for k in range(len(parts))}
+    pair = PC._Pair()
+    sender = PC._Sender(pair)
+    sender.start()
+
+    def spin(stop):
+        while not stop.is_set():
+            jax.block_until_ready(whole(*args))
+    items = [(m, k) for m in modes for k in range(len(parts))]
+    rng = np.random.default_rng(2)
+    try:
+        for r in range(reps + 1):
+            for j in rng.permutation(len(items)):
+                (kind, wait), k = items[j]
+                _, call, xs, _ = parts[k]
+                if kind == "busy":
+                    stop = threading.Event()
+                    th = threading.Thread(target=spin, args=(stop,))
+                    th.start()
+                    time.sleep(wait / 1e3)
+                    stop.set()
+                    th.join()
+                else:
+                    time.sleep(wait / 1e3)
+                sender.submit(xs[0])
+                fr, a = pair.receive()
+                call(fr.value, *xs[1:])
+                if r:
+                    ms[(modes[modes.index((kind, wait))], k)].append((PC.L.now() - a) * 1e3)
+    finally:
+        sender.submit(None)
+        pair.close()
+    head = [f"{w:g} ms idle" for w in waits] + [f"{busy_ms:g} ms busy"]
+    print(f"median ms of the run's parts after each wait ({reps} rounds; load average {os.getloadavg()[0]:.1f})")
+    print("| device | " + " | ".join(head) + " |")
+    print("|---|" + "---|" * len(head))
+    for k, p in enumerate(parts):
+        print(f"| {p[0]} | " + " | ".join(f"{np.median(ms[(m, k)]):.3f}" for m in modes) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
