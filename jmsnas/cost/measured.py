@@ -101,7 +101,7 @@ class MeasuredTable(NamedTuple):
     deployed: dict | None = None  # {"part_call": Timing, "part_scale": float, "handoff": {"fixed_ms", "ms_per_byte",
     #                                "bytes", "median_ms"}, optional "idle_ms", "host_cores" and "cores_busy",
     #                                optional "parts": {"stem_ms",
-    #                                "head_ms", "ops": float[num_slots, len(OP_NAMES)], "parts", "rms_error_pct"}}
+    #                                "head_ms", "ops": num_slots rows of len(OP_NAMES) ms, "parts", "rms_error_pct"}}
     validation: dict | None = None  # jmsnas.cost.accuracy.report + "against"
 
     @property
@@ -287,7 +287,7 @@ def _read_deployed(d, slots):
 
 
 def _read_part_entries(pe, slots) -> dict:
-    """``deployed.parts`` (module docstring) as {"stem_ms", "head_ms", "ops": float[len(slots), len(OP_NAMES)],
+    """``deployed.parts`` (module docstring) as {"stem_ms", "head_ms", "ops": len(slots) rows of len(OP_NAMES) ms,
     "parts", "rms_error_pct"}; every slot's ops must be among the table's own for that slot."""
     if not isinstance(pe, Mapping):
         raise ProfileError(f"latency table entry deployed.parts: expected a mapping, got {safeio.short(pe)}")
@@ -308,7 +308,7 @@ def _read_part_entries(pe, slots) -> dict:
                 raise ProfileError(f"latency table entry deployed.parts.slots[{n}].{k}: not an op the table has for "
                                    f"slot {n}; expected one of {[o for o in s['ops'] if o != OP_NAMES[IDENTITY]]}")
             ops[n, OP_NAMES.index(k)] = float(_number(f"deployed.parts.slots[{n}].{k}", v))
-    out["ops"] = ops
+    out["ops"] = tuple(tuple(row) for row in ops.tolist())  # a table's fields compare by value
     return out
 
 

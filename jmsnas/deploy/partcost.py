@@ -33,9 +33,9 @@ and every tensor between two parts is a frame over a socket (``jmsnas.deploy.lin
   ``balanced_archs``) plus the relay (``fit_part_entries``). Why a table of its own rather than one scale of the
   whole-network table: an op's cost in a part is not proportional to its cost inside one whole-network call (the
   first op after a receive starts cold, a root's or an aggregator's part sends or averages several tensors, and a
-  whole mesh network runs its branches at once on the thread pool): on this machine one scale left per-device
-  errors of -29% to +62% on the main job's chain and mesh, the part entries -9% to +8% on the chain and within
-  +-8% on five of the mesh's six devices (``benchmarks/README.md``). A part's entries are those of the space's own
+  whole mesh network runs its branches at once on the thread pool): fitted on the same parts and checked on the
+  main job's own parts, one scale was off by -19% to +2% per device on its chain and -19% to +22% on its mesh, the
+  part entries by -8% to +1% and -13% to +17% (``benchmarks/part_models.py``, ``benchmarks/README.md``). A part's entries are those of the space's own
   split: its layers' entries also carry what a part costs beyond its call at that place (they are not separable
   from it), so they price a split that moves a layer to another device less exactly than the split profiled.
   With them, ``jmsnas.cost.build`` charges every device its part entries and ``part_call`` (the fit's intercept),
@@ -45,7 +45,7 @@ Every part and every hand-off frame is timed after the receiving thread has wait
 30 ms): deployed, a worker waits for its input between images (about T minus its own compute with one image in
 flight, 50-250 ms at 5-1% of Table I's bandwidth), and a part called after such a wait pays more than one called
 back to back (measured on this machine: +0.2-0.3 ms per part, growing from no wait to about 30 ms and flat after,
-``benchmarks/README.md``). ``idle_ms`` 0 times them back to back.
+``benchmarks/part_models.py --waits``). ``idle_ms`` 0 times them back to back.
 
 Every timed part call also gives the CPU time it took (``time.process_time``: every thread of this process) over
 its wall time; the median, ``cores_busy``, is how many of the host's ``host_cores`` a part keeps busy. They are for
@@ -335,8 +335,8 @@ def measure_deployed(space: SearchSpace, table: MeasuredTable, *, reps: int = 30
     by it before the fits, so a machine busier (or quieter) now than when the table was made moves neither the call
     cost nor the scale nor the part entries. Every part and every hand-off frame is timed after a wait of
     ``idle_ms`` (module docstring); with a wait the ratio is returned but not applied ("load_ratio_applied"): after
-    waits this host ran even the whole networks 0.84-1.41 x the table's prediction, depending only on how the
-    rounds were arranged (``benchmarks/README.md``), so there it measures the host's state after a wait, which is
+    waits this host ran even the whole networks 0.84-1.46 x the table's prediction made a minute before, from one
+    profile to the next (``benchmarks/README.md``), so there it measures the host's state after a wait, which is
     the parts' cost to keep, not load. Measure the deployed terms on a quiet machine."""
     from jmsnas.cost.profile import arch_calls, sample_archs
     if isinstance(reps, bool) or not isinstance(reps, int) or reps < 3:
@@ -407,7 +407,8 @@ def measure_deployed(space: SearchSpace, table: MeasuredTable, *, reps: int = 30
            "handoff": {"fixed_ms": a, "ms_per_byte": b, "bytes": sizes, "median_ms": medians}}
     if design:
         fit = fit_part_entries(space, [p[3] for p in parts], times)
-        out.update(part_call=Timing(fit.pop("call_ms"), spread, reps), part_scale=1.0, parts=fit)
+        ops = tuple(tuple(row) for row in fit.pop("ops").tolist())  # a table's fields compare by value
+        out.update(part_call=Timing(fit.pop("call_ms"), spread, reps), part_scale=1.0, parts=dict(fit, ops=ops))
     return out
 
 

@@ -308,7 +308,7 @@ def test_the_part_entries_are_measured_after_an_idle_wait_and_priced():
         warnings.simplefilter("ignore", RuntimeWarning)
         dep = partcost.measure_deployed(space, _fake_table(space, 0.01), reps=3, archs=1, sizes=(0, 4096), idle_ms=2,
                                         design_repeats=1)
-    pe = dep["parts"]
+    pe = dict(dep["parts"], ops=np.asarray(dep["parts"]["ops"]))
     mask = space.mask().copy()
     mask[:, IDENTITY] = False
     assert dep["idle_ms"] == 2.0 and dep["part_scale"] == 1.0 and dep["part_call"].median_ms >= 0
@@ -446,7 +446,8 @@ def test_profile_cli_stores_the_terms_and_search_uses_them(tmp_path):
                          "--deployed-reps", "3", "--part-idle-ms", "1", "--part-design", "1"]) == 0
     t = P.load_table(tmp_path / "t.yaml", space)
     assert t.deployed is not None and t.deployed["part_call"].median_ms >= 0 and t.deployed["part_scale"] == 1.0
-    assert t.deployed["idle_ms"] == 1.0 and t.deployed["parts"]["ops"].shape == (space.num_layers, NUM_OPS)
+    assert t.deployed["idle_ms"] == 1.0 and np.shape(t.deployed["parts"]["ops"]) == (space.num_layers, NUM_OPS)
+    assert P.load_table(tmp_path / "t.yaml", space) == t  # every field compares by value
     assert t.deployed["handoff"]["bytes"] == list(partcost.HANDOFF_BYTES)
     assert min(t.deployed["handoff"]["median_ms"]) > 0
     table = build_table(space, {d: {"kind": "measured", "path": str(tmp_path / "t.yaml")}
