@@ -33,7 +33,8 @@ def format_table(analyses: list, manifest: dict) -> str:
             rest = m["overhead_ms"] - (sum(m.get("ends", {}).values()) if "ends" in p else 0.0)
             lines.append(f"  {'hand-offs (no term)':<24}{'':>11}{rest:11.3f}")
         if "total" in m:
-            lines.append(f"  {'total, ' + eq + ' ms':<24}{p['total']:11.3f}{m['total']:11.3f}"
+            label = f"total, {eq}{' + ends' if 'ends' in p else ''} ms"
+            lines.append(f"  {label:<24}{p['total']:11.3f}{m['total']:11.3f}"
                          f"{a['error_pct']:+8.1f}%   (end to end at the coordinator; p10 {m['total_p10']:.3f}, "
                          f"p90 {m['total_p90']:.3f})")
         if "throughput_per_s" in m:
