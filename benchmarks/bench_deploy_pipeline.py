@@ -47,7 +47,7 @@ def _worst_term(a: dict) -> str:
     diffs = {k: m["per_device"][k] - v for k, v in p["per_device"].items()}
     diffs.update({k: m["per_link"][k] - v for k, v in p["per_link"].items()})
     diffs.update({k: m["ends"][k] - v for k, v in p.get("ends", {}).items() if k in m.get("ends", {})})
-    diffs["hand-offs"] = m["overhead_ms"] - (sum(m.get("ends", {}).values()) if "ends" in p else 0.0)
+    diffs["hand-offs"] = report.unexplained_ms(a)
     k = max(diffs, key=lambda x: abs(diffs[x]))
     return f"{k} {diffs[k]:+.2f}"
 

@@ -48,25 +48,9 @@ def main(argv=None) -> int:
     check = PC._parts(space, tuple(int(o) for o in ops), 1, "xla")
     parts = design + check
     print(f"{len(design)} design parts + {len(check)} of the run, compiled in {time.time() - t0:.0f} s")
-    pair = PC._Pair()
-    sender = PC._Sender(pair)
-    sender.start()
-    ms = [[] for _ in parts]
-    rng = np.random.default_rng(1)
-    try:
-        for r in range(args.reps + 1):  # round 0 warms up
-            for k in rng.permutation(len(parts)):
-                _, call, xs, _ = parts[k]
-                time.sleep(args.idle_ms / 1e3)
-                sender.submit(xs[0])
-                fr, a = pair.receive()
-                call(fr.value, *xs[1:])
-                if r:
-                    ms[k].append((PC.L.now() - a) * 1e3)
-    finally:
-        sender.submit(None)
-        pair.close()
-    med = [float(np.median(t)) for t in ms]
+    items = [(k, args.idle_ms) for k in range(len(parts))]
+    ms = _timed(parts, items, lambda wait: time.sleep(wait / 1e3), args.reps, 1)
+    med = [float(np.median(ms[item])) for item in items]
     nd = len(design)
     call, scale = PC.fit_part([PC._entries_ms(measured, p[3]) for p in design], med[:nd])
     fit = PC.fit_part_entries(space, [p[3] for p in design], med[:nd])
@@ -83,6 +67,32 @@ def main(argv=None) -> int:
     return 0
 
 
+def _timed(parts, items, wait, reps: int, seed: int) -> dict:
+    """{item: [ms, ...]}: every item (part index, what ``wait`` takes) once per round in a shuffled order, as
+    ``jmsnas profile`` times a part: ``wait(what)``, then its input sent over loopback, the part called on arrival,
+    timed from the arrival to its end. Round 0 warms up and is not kept."""
+    pair = PC._Pair()
+    sender = PC._Sender(pair)
+    sender.start()
+    ms = {item: [] for item in items}
+    rng = np.random.default_rng(seed)
+    try:
+        for r in range(reps + 1):
+            for j in rng.permutation(len(items)):
+                k, what = items[j]
+                _, call, xs, _ = parts[k]
+                wait(what)
+                sender.submit(xs[0])
+                fr, a = pair.receive()
+                call(fr.value, *xs[1:])
+                if r:
+                    ms[items[j]].append((PC.L.now() - a) * 1e3)
+    finally:
+        sender.submit(None)
+        pair.close()
+    return ms
+
+
 def wait_curve(space, ops: tuple, waits, busy_ms: float, reps: int) -> int:
     import threading
 
@@ -91,45 +101,30 @@ def wait_curve(space, ops: tuple, waits, busy_ms: float, reps: int) -> int:
     from jmsnas.cost.profile import arch_calls
     parts = PC._parts(space, ops, 1, "xla")
     whole, args = arch_calls(space, [ops], 1, "xla")[0]
-    modes = [("idle", w) for w in waits] + [("busy", busy_ms)]
-    ms = {(m, k): [] for m in modes for k in range(len(parts))}
-    pair = PC._Pair()
-    sender = PC._Sender(pair)
-    sender.start()
 
     def spin(stop):
         while not stop.is_set():
             jax.block_until_ready(whole(*args))
-    items = [(m, k) for m in modes for k in range(len(parts))]
-    rng = np.random.default_rng(2)
-    try:
-        for r in range(reps + 1):
-            for j in rng.permutation(len(items)):
-                (kind, wait), k = items[j]
-                _, call, xs, _ = parts[k]
-                if kind == "busy":
-                    stop = threading.Event()
-                    th = threading.Thread(target=spin, args=(stop,))
-                    th.start()
-                    time.sleep(wait / 1e3)
-                    stop.set()
-                    th.join()
-                else:
-                    time.sleep(wait / 1e3)
-                sender.submit(xs[0])
-                fr, a = pair.receive()
-                call(fr.value, *xs[1:])
-                if r:
-                    ms[(modes[modes.index((kind, wait))], k)].append((PC.L.now() - a) * 1e3)
-    finally:
-        sender.submit(None)
-        pair.close()
+
+    def wait(mode):
+        kind, ms_ = mode
+        if kind == "busy":  # another thread keeps the host busy until the input is sent
+            stop = threading.Event()
+            th = threading.Thread(target=spin, args=(stop,))
+            th.start()
+            time.sleep(ms_ / 1e3)
+            stop.set()
+            th.join()
+        else:
+            time.sleep(ms_ / 1e3)
+    modes = [("idle", w) for w in waits] + [("busy", busy_ms)]
+    ms = _timed(parts, [(k, m) for m in modes for k in range(len(parts))], wait, reps, 2)
     head = [f"{w:g} ms idle" for w in waits] + [f"{busy_ms:g} ms busy"]
     print(f"median ms of the run's parts after each wait ({reps} rounds; load average {os.getloadavg()[0]:.1f})")
     print("| device | " + " | ".join(head) + " |")
     print("|---|" + "---|" * len(head))
     for k, p in enumerate(parts):
-        print(f"| {p[0]} | " + " | ".join(f"{np.median(ms[(m, k)]):.3f}" for m in modes) + " |")
+        print(f"| {p[0]} | " + " | ".join(f"{np.median(ms[(k, m)]):.3f}" for m in modes) + " |")
     return 0
 
 

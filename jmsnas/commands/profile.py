@@ -208,8 +208,8 @@ def _print_deployed(table, where: str) -> None:
     print(f"deployed ({where}{idle}): per part call {dep['part_call'].median_ms:.4f} ms + {ops}; hand-off "
           f"{h['fixed_ms']:.4f} ms + {h['ms_per_byte'] * 1e6:.4f} ms per MB")
     if "load_ratio" in table.deployed:
-        how = "the parts' times were divided by it" if table.deployed.get("load_ratio_applied", True) else \
-            "not applied: the parts were timed after waits"
+        how = "not applied: the parts were timed after waits" if table.deployed.get("idle_ms") else \
+            "the parts' times were divided by it"
         print(f"  (whole networks timed with the parts ran {table.deployed['load_ratio']:.3f} x the table's "
               f"prediction of them; {how})")
 
@@ -236,7 +236,8 @@ def run(args) -> int:
         design = partcost.DESIGN_REPEATS if args.part_design is None else args.part_design
         try:
             table = partcost.with_deployed(
-                space, table, reps=args.deployed_reps or 10, seed=args.seed, design_repeats=design or None,
+                space, table, reps=args.deployed_reps or partcost.DEPLOYED_REPS, seed=args.seed,
+                design_repeats=design or None,
                 idle_ms=partcost.IDLE_MS if args.part_idle_ms is None else args.part_idle_ms)
         except OSError as e:  # the loopback connection (TimeoutError is one)
             return fail("profile", f"cannot measure the deployed terms over a loopback connection: {e}; "

@@ -113,8 +113,7 @@ def analyze(manifest: dict, raw: dict, handoff: dict | None = None) -> dict:
         eq = [total_ms(manifest, {d: per_dev[d][i] for d in order}, {k: v[i] for k, v in per_link.items()})
               for i in range(n)]
         unc = {d: c.get("uncertainty_ms", 0.0) for d, c in raw.get("clock", {}).items()}
-        first = min(starts, key=order.index)
-        out_ends = {"camera": median([(lat[first][i]["c0"] - co[i][0]) * 1e3 for i in range(n)]),
+        out_ends = {"camera": median([(lat[starts[0]][i]["c0"] - co[i][0]) * 1e3 for i in range(n)]),
                     "result": median([(co[i][1] - lat[order[-1]][i]["c1"]) * 1e3 for i in range(n)])} if co else {}
         out["measured"] = {**totals(ends), "first_to_last_ms": median(span),
                            "first_to_last_uncertainty_ms": unc.get(order[0], 0.0) + unc.get(order[-1], 0.0),

@@ -12,8 +12,8 @@ and every tensor between two parts is a frame over a socket (``jmsnas.deploy.lin
   ``median ms of a part ~ part_call + part_scale x (the table's entries of what it runs: its ops, the stem on the
   first part and the head on the last)`` is fitted over the parts by non-negative least squares (``fit_part``),
   their times first divided by ``load_ratio``: the same networks timed whole (one call, back to back, as the
-  table times them) in the same rounds, at the table's quantile, over the table's prediction of them, so the terms are on the
-  table's footing however busy the machine is now.
+  table times them) in the same rounds, at the table's quantile, over the table's prediction of them, so the terms
+  are on the table's footing however busy the machine is now.
   ``part_call`` is what being a program of its own between a receive and a send adds once per image (the relay's
   cost anchors it); ``part_scale`` how an op's time changes in a part of its own rather than inside the one
   whole-network call the table timed it in (the first op after a receive starts on cold caches, a part's ops
@@ -35,8 +35,8 @@ and every tensor between two parts is a frame over a socket (``jmsnas.deploy.lin
   first op after a receive starts cold, a root's or an aggregator's part sends or averages several tensors, and a
   whole mesh network runs its branches at once on the thread pool): fitted on the same parts and checked on the
   main job's own parts, one scale was off by -19% to +2% per device on its chain and -19% to +22% on its mesh, the
-  part entries by -8% to +1% and -13% to +17% (``benchmarks/part_models.py``, ``benchmarks/README.md``). A part's entries are those of the space's own
-  split: its layers' entries also carry what a part costs beyond its call at that place (they are not separable
+  part entries by -8% to +1% and -13% to +17% (``benchmarks/part_models.py``, ``benchmarks/README.md``). A
+  part's entries are those of the space's own split: its layers' entries also carry what a part costs beyond its call at that place (they are not separable
   from it), so they price a split that moves a layer to another device less exactly than the split profiled.
   With them, ``jmsnas.cost.build`` charges every device its part entries and ``part_call`` (the fit's intercept),
   ``part_scale`` 1.
@@ -79,6 +79,7 @@ from jmsnas.space import IDENTITY, OP_NAMES, SearchSpace
 HANDOFF_BYTES = (0, 4096, 32768, 131072, 524288)  # payload sizes timed for the hand-off fit (bytes)
 IDLE_MS = 30.0  # a deployed part's wait for its input before it is timed (module docstring)
 DESIGN_REPEATS = 3  # every valid op of every slot is in at least this many networks of the part entries' design
+DEPLOYED_REPS = 10  # timing rounds of the deployed terms measured here (jmsnas profile --deployed-reps)
 _WEIGHTS_KEY = 0
 _WAIT_S = 30.0  # a loopback frame that has not come by then never will
 
@@ -236,13 +237,14 @@ def host_cores() -> int:
 
 
 def _split_keys(space: SearchSpace, archs) -> list:
-    """The entry keys of every device's part of every network at the space's own split, and of a relay."""
-    devs = sorted({sl.device for sl in space.layers}, key=space.topology.path_order().index)
-    keys = []
-    for a in archs:
-        for j, d in enumerate(devs):
-            layers = tuple(sl.index for sl in space.layers if sl.device == d)
-            keys.append((layers, tuple(int(a[n]) for n in layers), j == 0, j == len(devs) - 1))
+    """The entry keys of every device's part of every network at the space's own split, as ``_parts`` cuts them
+    (``supernet.device_parts``: every device in execution order, the stem on the first, the head on the last), and
+    of a relay."""
+    order = space.topology.path_order()
+    where = np.asarray(space.layer_devices())
+    layers = [tuple(int(n) for n in np.flatnonzero(where == m)) for m in order]
+    keys = [(ls, tuple(int(a[n]) for n in ls), j == 0, j == len(order) - 1) for a in archs
+            for j, ls in enumerate(layers)]
     return keys + [((), (), False, False)]
 
 
@@ -321,7 +323,8 @@ def fit_part_entries(space: SearchSpace, keys, ms) -> dict:
 
 
 def measure_deployed(space: SearchSpace, table: MeasuredTable, *, reps: int = 30, archs: int = 4, seed: int = 0,
-                     sizes=HANDOFF_BYTES, idle_ms: float = IDLE_MS, design_repeats: int | None = DESIGN_REPEATS) -> dict:
+                     sizes=HANDOFF_BYTES, idle_ms: float = IDLE_MS,
+                     design_repeats: int | None = DESIGN_REPEATS) -> dict:
     """The ``deployed`` entry of ``table`` (measured for ``space`` on this host, module docstring): {"part_call":
     Timing (ms), "part_scale", "idle_ms", "handoff": {"fixed_ms", "ms_per_byte", "bytes", "median_ms"}, "parts":
     the part entries (``fit_part_entries``; absent with ``design_repeats`` None)}. ``archs`` whole networks are
@@ -334,7 +337,7 @@ def measure_deployed(space: SearchSpace, table: MeasuredTable, *, reps: int = 30
     them of (their time at the table's quantile) / (the table's prediction of it), and the parts' times are divided
     by it before the fits, so a machine busier (or quieter) now than when the table was made moves neither the call
     cost nor the scale nor the part entries. Every part and every hand-off frame is timed after a wait of
-    ``idle_ms`` (module docstring); with a wait the ratio is returned but not applied ("load_ratio_applied"): after
+    ``idle_ms`` (module docstring); with a wait (``idle_ms`` > 0) the ratio is returned but not applied: after
     waits this host ran even the whole networks 0.84-1.46 x the table's prediction made a minute before, from one
     profile to the next (``benchmarks/README.md``), so there it measures the host's state after a wait, which is
     the parts' cost to keep, not load. Measure the deployed terms on a quiet machine."""
@@ -401,8 +404,7 @@ def measure_deployed(space: SearchSpace, table: MeasuredTable, *, reps: int = 30
     times = [float(np.median(t)) / norm for t in part_ms]
     call, scale = fit_part([_entries_ms(table, p[3]) for p in parts], times)
     spread = float(np.mean([np.subtract(*np.percentile(t, [75, 25])) for t in part_ms])) / norm
-    out = {"part_call": Timing(call, spread, reps), "part_scale": scale, "load_ratio": ratio,
-           "load_ratio_applied": norm != 1.0 or idle_ms == 0, "idle_ms": float(idle_ms),
+    out = {"part_call": Timing(call, spread, reps), "part_scale": scale, "load_ratio": ratio, "idle_ms": float(idle_ms),
            "host_cores": host_cores(), "cores_busy": min(float(np.median(busy)), float(host_cores())),
            "handoff": {"fixed_ms": a, "ms_per_byte": b, "bytes": sizes, "median_ms": medians}}
     if design:

@@ -133,7 +133,8 @@ def _run_table(run: str, table_path: str) -> tuple:
 def shared_cores(work_ms: dict, busy: float, cores: int) -> dict:
     """{part: when it ends (ms)} of parts that start together on one host of ``cores`` cores, part k taking
     ``work_ms[k]`` alone while keeping ``busy`` cores busy (CPU time / wall time): processor sharing. At every moment
-    the running parts share the cores equally, none getting more than ``busy``; a part alone ends at its own time. ValueError for busy or cores <= 0 or a negative time."""
+    the running parts share the cores equally, none getting more than ``busy``; a part alone ends at its own time.
+    ValueError for busy or cores <= 0 or a negative time."""
     if not busy > 0 or not cores > 0:
         raise ValueError(f"busy and cores must be > 0, got {busy!r}, {cores!r}")
     if any(not (t >= 0) for t in work_ms.values()):

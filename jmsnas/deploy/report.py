@@ -1,9 +1,10 @@
 """Predicted vs measured: the text table and the plot of one or more pipeline runs (``pipeline.analyze`` output).
 
-Per setting, one row per term of eq. (1)/(2): every device's compute, every link, the hand-offs between them
-that the model has no term for (measured total - eq. (1)/(2) of the measured terms), and the total; then the
-throughput and every link's measured Mbit/s. The plot puts a predicted and a measured stacked bar side by side per
-setting (segments: devices, links, hand-offs), so the term that misses is the segment that differs.
+Per setting, one row per term of eq. (1)/(2): every device's compute, every link, the coordinator's camera and
+result hand-offs where the prediction has them, the hand-offs that no term covers (``unexplained_ms``), and the
+total; then the throughput and every link's measured Mbit/s. The plot puts a predicted and a measured stacked bar
+side by side per setting (segments: devices, links, camera and result, hand-offs), so the term that misses is the
+segment that differs.
 """
 from __future__ import annotations
 
@@ -13,6 +14,13 @@ from matplotlib.figure import Figure
 
 _COLORS = ("#2a9d8f", "#e9c46a", "#457b9d", "#f4a261", "#a8dadc", "#90be6d", "#bc6c25", "#cdb4db", "#6d597a",
            "#b56576", "#355070", "#e56b6f", "#8d99ae", "#264653")
+
+
+def unexplained_ms(a: dict) -> float:
+    """The measured time no predicted term covers: the measured total less eq. (1)/(2) of the measured terms, less
+    the coordinator's measured ends where the prediction has them."""
+    m = a["measured"]
+    return m["overhead_ms"] - (sum(m.get("ends", {}).values()) if "ends" in a["predicted"] else 0.0)
 
 
 def format_table(analyses: list, manifest: dict) -> str:
@@ -30,8 +38,7 @@ def format_table(analyses: list, manifest: dict) -> str:
             diff = "" if mv is None else f"{mv - pv:+9.3f}"
             lines.append(f"  {name:<24}{pv:11.3f}{'' if mv is None else f'{mv:11.3f}'}{diff}")
         if "overhead_ms" in m:
-            rest = m["overhead_ms"] - (sum(m.get("ends", {}).values()) if "ends" in p else 0.0)
-            lines.append(f"  {'hand-offs (no term)':<24}{'':>11}{rest:11.3f}")
+            lines.append(f"  {'hand-offs (no term)':<24}{'':>11}{unexplained_ms(a):11.3f}")
         if "total" in m:
             label = f"total, {eq}{' + ends' if 'ends' in p else ''} ms"
             lines.append(f"  {label:<24}{p['total']:11.3f}{m['total']:11.3f}"
@@ -66,7 +73,7 @@ def plot(analyses: list, manifest: dict, path: str) -> Figure:
     """One panel per setting: a predicted and a measured stacked bar (devices, links, hand-offs); PNG at ``path``."""
     terms = list(manifest["order"]) + [f"{l['src']}->{l['dst']}" for l in manifest["links"]]
     colors = {t: _COLORS[i % len(_COLORS)] for i, t in enumerate(terms)}
-    colors["hand-offs"] = "#222222"
+    colors.update({"camera": "#999999", "result": "#bbbbbb", "hand-offs": "#222222"})
     fig = Figure(figsize=(2.2 * len(analyses) + 2.2, 4.2))
     eq = equation(manifest)
     for k, a in enumerate(analyses):
@@ -74,10 +81,11 @@ def plot(analyses: list, manifest: dict, path: str) -> Figure:
         for j, (what, src) in enumerate((("predicted", a["predicted"]), ("measured", a.get("measured", {})))):
             if "per_device" not in src:
                 continue
-            vals = {**src["per_device"], **src["per_link"]}
-            names = terms + (["hand-offs"] if what == "measured" and "overhead_ms" in src else [])
+            ends = list(a["predicted"].get("ends", {})) if "ends" in src else []  # camera, result: both bars
+            vals = {**src["per_device"], **src["per_link"], **src.get("ends", {})}
+            names = terms + ends + (["hand-offs"] if what == "measured" and "overhead_ms" in src else [])
             if "hand-offs" in names:
-                vals["hand-offs"] = max(0.0, src["overhead_ms"])
+                vals["hand-offs"] = max(0.0, unexplained_ms(a))
             bottom = 0.0
             for t in names:
                 ax.bar(j, vals[t], bottom=bottom, color=colors[t], edgecolor="white", linewidth=0.5,
