@@ -6,18 +6,23 @@ networks and from ``--draws`` random sets of 10 of P's networks 0-3999, and scor
 Nothing of T (not its table, not its networks) is in T's row; networks 4000-4999 are in no row. The row of T is
 the evidence for or against a change when T is adapted.
 
-Compared: the combination of the library's tables fitted by least squares on relative errors (NNLS,
-``adapt_prior._combine``, the design) against least absolute relative errors (a linear program; tried, not kept:
-docs/device_tables.md, *Choosing without the target*). Printed: per T, the mean held-out MAPE, share within
-+-10% and Spearman of both, and the paired differences (absolute - squares) with their standard errors, over the
-(P, sample) rows; then over every row, with the standard error clustered by (T, P).
+Compared: the design against ``--alternative``:
+- ``absolute``: the combination of the library's tables fitted by least absolute relative errors (a linear
+  program) instead of least squares on relative errors (NNLS, ``adapt_prior._combine``); tried, not kept;
+- ``layers``: the structural table (``adapt_prior.structural_tables``) as one unit per layer that runs something
+  (a block or a shape-changing skip alike) instead of the kernels each layer launches; the first version, replaced.
+(docs/device_tables.md, *Choosing without the target*). Printed: per T, the mean held-out MAPE, share within
++-10% and Spearman of both, and the paired differences (alternative - design) with their standard errors, over
+the (P, sample) rows; then over every row, with the standard error clustered by (T, P); then per pseudo-target P.
 
-    python benchmarks/validate_adapt_design.py [--data ../shared/reference/help_fbnet] [--draws 8] [--seed 0]
+    python benchmarks/validate_adapt_design.py [--alternative absolute|layers] [--data ../shared/reference/help_fbnet]
+                                               [--draws 8] [--seed 0]
 """
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 
@@ -49,6 +54,20 @@ def absolute(lib_pred, y):
     return res.x[:j]
 
 
+def layers(base, structure: str) -> tuple:
+    """The alternative structural table: 1 for every (layer, op) that runs something (an op with a kernel size, or a
+    skip where the layer changes the shape), whatever its kernels."""
+    if structure == "none":
+        return ()
+    runs = np.array([re.search(r"(?:^|_)k\d+(?:_|$)", n) is not None for n in base.op_names], bool)
+    cells = (runs[None, :] | AP._reshaping(base)[:, None]).astype(np.float64)
+    return (LT.make(0.0, np.where(base.valid, cells, np.nan), base.op_names, space=base.space,
+                    device="layers (ms per layer run)", source="validate_adapt_design.layers"),)
+
+
+ALTERNATIVES = {"absolute": ("_combine", absolute), "layers": ("structural_tables", layers)}
+
+
 def rows(data, helps, shipped, draws: int, seed: int) -> dict:
     """{(T, P, sample): (MAPE %, within +-10% %, Spearman)} (module docstring)."""
     rng = np.random.default_rng(seed)
@@ -78,36 +97,44 @@ def main(argv=None) -> int:
     ap.add_argument("--data", default=DEFAULT_DATA, help="directory of HELP's FBNet files")
     ap.add_argument("--draws", type=int, default=8, help="random sets of 10 networks per pseudo-target")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--alternative", choices=sorted(ALTERNATIVES), default="layers",
+                    help="the design choice to compare the design with (module docstring)")
     args = ap.parse_args(argv)
     t0 = time.time()
     data, helps = H.load(args.data), H.tables(args.data)
     shipped = {t.device: t for t in LB.load(LB.shipped_paths("fbnet_c100"))}
-    square = rows(data, helps, shipped, args.draws, args.seed)
-    design = AP._combine
-    AP._combine = absolute
+    design = rows(data, helps, shipped, args.draws, args.seed)
+    name, fn = ALTERNATIVES[args.alternative]
+    kept = getattr(AP, name)
+    setattr(AP, name, fn)
     try:
-        absolute_rows = rows(data, helps, shipped, args.draws, args.seed)
+        other = rows(data, helps, shipped, args.draws, args.seed)
     finally:
-        AP._combine = design
+        setattr(AP, name, kept)
     print(f"library-only validation, {1 + args.draws} samples of 10 per pseudo-target (HELP's reference networks + "
           f"{args.draws} random, seed {args.seed}); MAPE % / within ±10% % / Spearman on its other networks of 0-3999")
-    print(f"{'target T':14s} {'least squares':>24s} {'least absolute':>24s}   absolute - squares (± s.e.)")
+    print(f"{'target T':14s} {'design':>24s} {args.alternative:>24s}   {args.alternative} - design (± s.e.)")
     for t in sorted(shipped):
-        keys = [k for k in absolute_rows if k[0] == t]
-        a = np.array([absolute_rows[k] for k in keys])
-        s = np.array([square[k] for k in keys])
+        keys = [k for k in other if k[0] == t]
+        a = np.array([other[k] for k in keys])
+        s = np.array([design[k] for k in keys])
         d = a - s
         se = d.std(axis=0, ddof=1) / np.sqrt(len(d))
         print(f"{t:14s} {s[:, 0].mean():7.3f} / {s[:, 1].mean():5.1f} / {s[:, 2].mean():.4f} "
               f"{a[:, 0].mean():7.3f} / {a[:, 1].mean():5.1f} / {a[:, 2].mean():.4f}   MAPE {d[:, 0].mean():+.3f} ± "
               f"{se[0]:.3f}, ±10% {d[:, 1].mean():+.2f} ± {se[1]:.2f}, Spearman {d[:, 2].mean():+.4f} ± {se[2]:.4f}")
-    pairs = sorted({k[:2] for k in absolute_rows})
-    d = np.array([np.mean([np.subtract(absolute_rows[k], square[k]) for k in absolute_rows if k[:2] == pq],
-                          axis=0)
+    pairs = sorted({k[:2] for k in other})
+    d = np.array([np.mean([np.subtract(other[k], design[k]) for k in other if k[:2] == pq], axis=0)
                   for pq in pairs])
     se = d.std(axis=0, ddof=1) / np.sqrt(len(d))
-    print(f"every row ({len(absolute_rows)}; s.e. clustered by (T, P)): MAPE {d[:, 0].mean():+.3f} ± {se[0]:.3f}, "
+    print(f"every row ({len(other)}; s.e. clustered by (T, P)): MAPE {d[:, 0].mean():+.3f} ± {se[0]:.3f}, "
           f"±10% {d[:, 1].mean():+.2f} ± {se[1]:.2f}, Spearman {d[:, 2].mean():+.4f} ± {se[2]:.4f}")
+    print(f"per pseudo-target P (every T), design -> {args.alternative}:")
+    for p in sorted(shipped):
+        s = np.array([v for k, v in design.items() if k[1] == p])
+        a = np.array([v for k, v in other.items() if k[1] == p])
+        print(f"  {p:14s} MAPE {s[:, 0].mean():.3f} -> {a[:, 0].mean():.3f}, ±10% {s[:, 1].mean():.1f} -> "
+              f"{a[:, 1].mean():.1f}, Spearman {s[:, 2].mean():.4f} -> {a[:, 2].mean():.4f}")
     print(f"({time.time() - t0:.0f} s)")
     return 0
 

@@ -7,10 +7,12 @@ Model (the argument for it: docs/device_tables.md). With library tables L_1..L_J
    (min sum_k ((sum_j w_j L_j(a_k) - y_k) / y_k)^2). A combination of tables is a table: c_m = sum w_j c_j,
    m[l, o] = sum w_j L_j[l, o], never negative.
 1b. Structure. The basis holds, beside the library's tables, tables built from the space alone (``STRUCTURES``,
-   ``structural_tables``): ``launch``, one unit per layer that runs something (a block, or a skip where the layer
-   changes the shape: a 1 x 1 convolution). Its weight is a cost per layer launched whatever its arithmetic: the
-   kernel-launch cost that dominates a GPU on small inputs (titan_rtx_32: ~0.45 ms per layer for a batch of 32,
-   whatever the block), which no CPU or phone of the library shows. NNLS gives it weight 0 where it does not help.
+   ``structural_tables``): ``kernels``, the number of kernels a layer launches: 3 for a block (1 x 1 expansion,
+   depthwise, 1 x 1 projection), 4 for a grouped block (its channel shuffle is one more), 1 for a skip where the
+   layer changes the shape (a 1 x 1 convolution), 0 for an identity. Its weight is a cost per kernel launched
+   whatever its arithmetic: the launch cost that dominates a GPU on small inputs (titan_rtx_32, batch 32: ~0.45 ms
+   per block, ~0.54 per grouped block, ~0.21 per shape-changing skip, whatever the block's arithmetic), which no
+   CPU or phone of the library shows. NNLS gives it weight 0 where it does not help.
 2. Per-type corrections shrunk toward the combination: T(a) = theta_0 c_m + sum_l theta_g(l, a_l) m[l, a_l],
    theta >= 0, fitted as ``adapt.fit_features`` does (relative least squares + lam sum (theta - s)^2, s the single
    factor that best rescales m); the cell groups g are the block types of ``adapt.op_groups`` (expand,
@@ -26,19 +28,25 @@ Model (the argument for it: docs/device_tables.md). With library tables L_1..L_J
 5. Outliers. A network whose relative error under the combination fitted on all K is above 15% and 5 robust
    standard deviations (1.4826 MAD) from the median is left out (at most K // 5 of them; ``dropped``).
 6. Interval (split-conformal, per network). The relative half-width at a network a is h(a) = z u(a), with u(a)^2
-   the sum of the variances of three independent errors:
+   the sum of the variances of two independent errors:
    - the fit's own uncertainty at a: the jackknife variance of the prediction over the K leave-one-out tables of
      step 3 (stored in the table: ``interval["jackknife"]``), relative to p(a). It is small where a looks like the
      measured networks and large where the model extrapolates (HELP's reference networks are chosen to be
      diverse, so their leave-one-out errors overstate the error on typical networks: a constant scale from them
      was twice too wide on four of HELP's six devices);
-   - the device's own residual: the RMS relative error of the table on every measured network, the dropped
-     outliers counted at ``OUTLIER_REL`` (15%) — a device whose measurements hold an outlier is noisy, and a
-     90% interval must say so even though the fit left it out;
-   - the floor: what no additive table removes on a device, the mean over the library's tables of their own
-     held-out RMS error (``validation["rms_error_pct"]``): a typical device's. (The RMS over the tables, which
-     weighs the noisiest device most, made the intervals of the least noisy device too wide on networks 0-3999,
-     not the test set: silver_4210r 96.9%.)
+   - the device's noise: what no additive table removes on it, a variance estimated from the K measured networks
+     with a prior from the library (``_noise``): (K r^2 + nu f^2) / (K + nu), the posterior mean of a variance
+     under a conjugate prior worth ``NOISE_PRIOR_NETWORKS`` (nu = 2) networks at f^2, where
+     - r is the device's residual: the RMS relative error of the table on every measured network, the dropped
+       outliers counted at ``OUTLIER_REL`` (15%) — a device whose measurements hold an outlier is noisy, and a
+       90% interval must say so even though the fit left it out;
+     - f is the floor: the mean over the library's tables of their own held-out RMS error
+       (``validation["rms_error_pct"]``): a typical device's. It keeps a device whose 10 networks the model fits
+       almost exactly from getting an interval of nothing but the jackknife.
+     The two estimate one variance, so they are pooled, not added: added, the floor widened the quietest
+     device's interval (silver_4210r: 97.0% held on its networks 0-3999). nu was chosen on the targets' networks
+     0-3999 (not the test set): the held shares there were 85.5-93.4% at nu = 0, 89.7-92.0% at 2, 89.0-94.0% at 5,
+     88.1-95.6% at 10, 86.7-97.4% at 20.
    z: the 90% quantile of the pooled scores |y - p| / p / u(a) of the library's devices, each adapted by this
    procedure from the *other* library devices (the library's model, also on a draw where step 4 used the rescale:
    it is that model's interval being calibrated) and scored on its own held-out networks
@@ -67,7 +75,7 @@ from jmsnas.cost import library as LB
 from jmsnas.cost import networks as NW
 
 GROUPINGS = ("expand", "kernel_expand", "op", "stage", "stage_expand")
-STRUCTURES = ("launch",)
+STRUCTURES = ("kernels",)
 LAMBDAS = (1e-3, 1e-2, 1e-1, 1.0, 10.0)
 COMBINATION = "combination"
 LEVEL = 0.9
@@ -108,18 +116,21 @@ def _reshaping(base: LT.LayerTable) -> np.ndarray:
 
 def structural_tables(base: LT.LayerTable, structure: str) -> tuple:
     """The tables that describe a cost no library device need show (module docstring, 1b), built from the space
-    alone (no device's data): ``launch`` is 1 ms-unit for every layer that runs something (an op with a kernel size,
-    or a skip where the layer changes the shape: a 1 x 1 convolution), i.e. a cost per layer launched, whatever its
-    arithmetic; ``none`` adds nothing."""
+    alone (no device's data): ``kernels`` holds, for every (layer, op), the kernels the layer launches with that op:
+    3 for a block (an op with a kernel size: 1 x 1 expansion, depthwise, 1 x 1 projection), one more for a grouped
+    block's channel shuffle (``_g<n>`` in its name), 1 for a skip where the layer changes the shape (a 1 x 1
+    convolution), 0 for an identity; ``none`` adds nothing."""
     if structure == "none":
         return ()
-    if structure != "launch":
-        raise ValueError(f"structure must be one of {list(STRUCTURES)}, got {structure!r}")
-    runs = np.array([re.search(r"(?:^|_)k\d+(?:_|$)", n) is not None for n in base.op_names], bool)
-    cells = runs[None, :] | _reshaping(base)[:, None]
-    entry = np.where(base.valid, cells.astype(np.float64), np.nan)
-    return (LT.make(0.0, entry, base.op_names, space=base.space, device="launch (ms per layer run)",
-                    source="jmsnas.cost.adapt_prior.structural_tables: one unit per layer that runs something"),)
+    if structure != "kernels":
+        raise ValueError(f"structure must be one of {list(STRUCTURES) + ['none']}, got {structure!r}")
+    block = np.array([re.search(r"(?:^|_)k\d+(?:_|$)", n) is not None for n in base.op_names], bool)
+    grouped = np.array([re.search(r"(?:^|_)g\d+(?:_|$)", n) is not None for n in base.op_names], bool)
+    per_op = np.where(block, 3.0 + grouped, 0.0)[None, :]
+    cells = np.where(block[None, :], per_op, np.where(_reshaping(base)[:, None], 1.0, 0.0))
+    entry = np.where(base.valid, cells, np.nan)
+    return (LT.make(0.0, entry, base.op_names, space=base.space, device="kernels (ms per kernel launched)",
+                    source="jmsnas.cost.adapt_prior.structural_tables: the kernels each layer launches"),)
 
 
 def _combine(lib_pred: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -244,6 +255,13 @@ def _floor(lib) -> float:
     return float(np.mean(v) / 100)
 
 
+NOISE_PRIOR_NETWORKS = 2.0
+
+
+def _noise(residual: float, floor: float, k: int) -> float:
+    return float(math.sqrt((k * residual ** 2 + NOISE_PRIOR_NETWORKS * floor ** 2) / (k + NOISE_PRIOR_NETWORKS)))
+
+
 def _interval(r, lib, k: int, use_lib: bool, target=None, archs=None, fit=None) -> dict | None:
     """The 90% interval (module docstring, 6). ``fit`` (library model only): (pred, y, folds) with the table's
     predictions of every measured network (dropped ones too), their measurements, and the leave-one-out tables
@@ -260,8 +278,9 @@ def _interval(r, lib, k: int, use_lib: bool, target=None, archs=None, fit=None) 
     factor, how = LB.interval_factor(lib, k, target, archs, LEVEL)
     if factor is None:
         factor, how = float(stats.t.ppf(0.5 + LEVEL / 2, len(r) - 1)), f"Student t, {len(r) - 1} degrees of freedom"
+    floor = _floor(lib)
     iv = {"level": LEVEL, "factor": factor, "factor_from": how, "loo_rms_rel": sigma, "residual_rel": residual,
-          "floor_rel": _floor(lib),
+          "floor_rel": floor, "noise_rel": _noise(residual, floor, len(y)),
           "jackknife": {"const_ms": [float(c) for c, _ in folds],
                         "entry_ms": [[[None if not math.isfinite(v) else float(v) for v in row] for row in e.tolist()]
                                      for _, e in folds]}}
@@ -278,7 +297,9 @@ def _relative_scale(iv: dict, pred: np.ndarray, archs: np.ndarray) -> np.ndarray
     folds = const[:, None] + entry[:, np.arange(archs.shape[1])[None], archs].sum(axis=2)     # [K folds, networks]
     n = len(const)
     jack = np.sqrt((n - 1) / n * ((folds - folds.mean(axis=0)) ** 2).sum(axis=0)) / pred
-    return np.sqrt(jack ** 2 + float(iv["residual_rel"]) ** 2 + float(iv["floor_rel"]) ** 2)
+    if "noise_rel" not in iv:     # a table adapted before the noise was pooled: its z was calibrated on the sum
+        return np.sqrt(jack ** 2 + float(iv["residual_rel"]) ** 2 + float(iv["floor_rel"]) ** 2)
+    return np.sqrt(jack ** 2 + float(iv["noise_rel"]) ** 2)
 
 
 def relative_scale(table: LT.LayerTable, archs) -> np.ndarray:
@@ -302,7 +323,8 @@ def describe_interval(iv: dict) -> str:
     h = iv["rel_halfwidth_measured"]
     return (f"prediction ±{100 * h['min']:.1f}-{100 * h['max']:.1f}% on the measured networks (median "
             f"{100 * h['median']:.1f}%; wider the further a network is from them; residual "
-            f"{100 * iv['residual_rel']:.2f}%, floor {100 * iv['floor_rel']:.2f}%)")
+            f"{100 * iv['residual_rel']:.2f}%, floor {100 * iv['floor_rel']:.2f}%"
+            + (f", noise {100 * iv['noise_rel']:.2f}%)" if "noise_rel" in iv else ")"))
 
 
 def _take(m: NW.Measured, idx) -> NW.Measured:

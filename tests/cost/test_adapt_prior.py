@@ -120,7 +120,7 @@ def test_a_combination_of_library_tables_is_recovered(pixel3):
     m = NW.make(archs, LT.predict_ms(truth, archs), pixel3.op_names, space=pixel3.space, device="target")
     got = AP.adapt_library(pixel3, m, [b_, a_], stages=STAGES)
     assert not got.adaptation["fallback"]
-    assert got.adaptation["weights"] == pytest.approx({"a": 0.5, "b": 1.2, "launch (ms per layer run)": 0.0},
+    assert got.adaptation["weights"] == pytest.approx({"a": 0.5, "b": 1.2, "kernels (ms per kernel launched)": 0.0},
                                                       rel=1e-6, abs=1e-9)
     other = rng.integers(0, r, (200, n))
     np.testing.assert_allclose(LT.predict_ms(got, other), LT.predict_ms(truth, other), rtol=1e-6)
@@ -310,31 +310,38 @@ def test_the_interval_factor_is_the_pooled_split_conformal_quantile():
 
 
 def test_a_launch_bound_device_is_learned_from_a_library_that_has_none(shipped, data, pixel3):
-    """Oracle: a device that costs 0.4 ms per layer that runs something (whatever the block; a skip runs a 1 x 1
-    convolution where the layer changes the shape, FBNet's layers 1, 5, 9, 13, 17, 21) plus the Pixel 3's table x
-    0.01. The launch table is built from the space alone; from 10 networks the adapted table predicts unseen ones
-    to 1e-6, which no combination of the CPU and phone tables can."""
-    launch = AP.structural_tables(pixel3, "launch")[0]
+    """Oracle: a device that costs 0.15 ms per kernel launched (3 per block, 4 per grouped block, 1 for the 1 x 1
+    convolution of a skip where the layer changes the shape, FBNet's layers 1, 5, 9, 13, 17, 21, 0 for an identity)
+    plus the Pixel 3's table x 0.01. The kernels table is built from the space alone; from 10 networks the adapted
+    table predicts unseen ones to 1e-6, which no combination of the CPU and phone tables can."""
+    kernels = AP.structural_tables(pixel3, "kernels")[0]
     skip = pixel3.op_names.index("skip")
-    assert np.flatnonzero(launch.entry_ms[:, skip]).tolist() == [1, 5, 9, 13, 17, 21]
-    assert (np.delete(launch.entry_ms, skip, axis=1) == 1).all() and launch.const_ms == 0
+    grouped = [i for i, n in enumerate(pixel3.op_names) if n.endswith("_g2")]
+    assert grouped == [pixel3.op_names.index("k3_e1_g2"), pixel3.op_names.index("k5_e1_g2")]
+    assert np.flatnonzero(kernels.entry_ms[:, skip]).tolist() == [1, 5, 9, 13, 17, 21]
+    assert (kernels.entry_ms[[1, 5, 9, 13, 17, 21], skip] == 1).all() and kernels.const_ms == 0
+    assert (kernels.entry_ms[:, grouped] == 4).all()
+    assert (np.delete(kernels.entry_ms, grouped + [skip], axis=1) == 3).all()
     assert AP.structural_tables(pixel3, "none") == ()
+    with pytest.raises(ValueError, match="'launch'"):
+        AP.structural_tables(pixel3, "launch")
     rng = np.random.default_rng(0)
     archs = rng.integers(0, 9, (60, 22))
-    truth = lambda a: 0.4 * LT.predict_ms(launch, a) + 0.01 * LT.predict_ms(pixel3, a)
+    truth = lambda a: 0.15 * LT.predict_ms(kernels, a) + 0.01 * LT.predict_ms(pixel3, a)
     sample = NW.make(archs[:10], truth(archs[:10]), pixel3.op_names, space=pixel3.space, device="gpu")
     lib = [shipped[d] for d in ("pixel3", "silver_4114", "samsung_a50")]
     got = AP.adapt_library(pixel3, sample, lib, stages=STAGES)
     np.testing.assert_allclose(LT.predict_ms(got, archs[10:]), truth(archs[10:]), rtol=1e-6)
-    assert got.adaptation["weights"]["launch (ms per layer run)"] == pytest.approx(0.4)
+    assert got.adaptation["weights"]["kernels (ms per kernel launched)"] == pytest.approx(0.15)
     old = AP.adapt_library(pixel3, sample, lib, stages=STAGES, structures=("none",))
     assert np.max(np.abs(LT.predict_ms(old, archs[10:]) / truth(archs[10:]) - 1)) > 0.01
 
 
-def test_the_interval_is_per_network_from_the_jackknife_the_residual_and_the_floor(shipped, data, pixel3):
+def test_the_interval_is_per_network_from_the_jackknife_and_the_pooled_noise(shipped, data, pixel3):
     """The library model's interval: the fold tables it stores reproduce the leave-one-out errors its model choice
     scored (computed by another path, ``_loo``), the floor is the mean of the library tables' held-out RMS errors,
-    and the half-width z u(a) varies with the network, u(a) >= the residual and the floor."""
+    the noise pools the residual over the 10 networks with the floor worth 2 (hand-computed), and the half-width
+    z u(a) varies with the network, u(a) >= the noise, u(a)^2 - noise^2 the jackknife variance."""
     sample = H.measured(data, "titan_rtx_32", data["reference"])
     lib = [t for d, t in shipped.items() if d != "titan_rtx_32"]
     got = AP.adapt_library(pixel3, sample, lib, stages=STAGES)
@@ -350,7 +357,16 @@ def test_the_interval_is_per_network_from_the_jackknife_the_residual_and_the_flo
     assert iv["floor_rel"] == pytest.approx(np.mean([t.validation["rms_error_pct"] for t in lib]) / 100)
     held = H.measured(data, "titan_rtx_32", range(4000, 4100))
     u = AP.relative_scale(got, held.archs)
-    assert (u >= math.hypot(iv["residual_rel"], iv["floor_rel"]) - 1e-12).all() and u.std() > 0
+    r, f = iv["residual_rel"], iv["floor_rel"]
+    assert iv["noise_rel"] == pytest.approx(math.sqrt((10 * r * r + 2 * f * f) / 12), rel=1e-12)
+    assert min(r, f) <= iv["noise_rel"] <= max(r, f)
+    assert (u >= iv["noise_rel"] - 1e-12).all() and u.std() > 0
+    k = np.array([[c + sum(e[l][o] or 0.0 for l, o in enumerate(a)) for a in held.archs]
+                  for c, e in zip(jk["const_ms"], jk["entry_ms"])])                     # [folds, networks]
+    jack2 = 9 / 10 * ((k - k.mean(axis=0)) ** 2).sum(axis=0) / LT.predict_ms(got, held.archs) ** 2
+    np.testing.assert_allclose(u ** 2, jack2 + iv["noise_rel"] ** 2, rtol=1e-9)
+    old = got._replace(adaptation={**a, "interval": {k_: v for k_, v in iv.items() if k_ != "noise_rel"}})
+    np.testing.assert_allclose(AP.relative_scale(old, held.archs) ** 2, jack2 + r * r + f * f, rtol=1e-9)
     lo, hi = AP.interval_ms(got, held.archs)
     p = LT.predict_ms(got, held.archs)
     np.testing.assert_allclose(hi / p - 1, iv["factor"] * u, rtol=1e-9)
