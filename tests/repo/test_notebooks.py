@@ -14,7 +14,7 @@ import pytest
 from paths import REPO
 COLAB = os.path.join(REPO, "colab")
 NOTEBOOKS = ("quickstart", "compose", "split", "your_topology", "your_model", "splitnets", "autosplit", "modular",
-             "separable", "deploy")
+             "separable", "deploy", "device_tables")
 
 
 def _repository():
