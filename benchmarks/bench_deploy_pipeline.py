@@ -76,12 +76,12 @@ def main(argv=None) -> int:
         manifest = load_manifest(export_dir)
         images, _ = reference.test_images(run, args.images)
         analyses = []
-        table, handoff = table_prediction(run, args.predict_table, one_host=True) if args.predict_table \
-            else (None, None)
+        table, handoff, waits = table_prediction(run, args.predict_table, one_host=True) if args.predict_table \
+            else (None, None, None)
         for s, _, mode in [(s, r, m) for s in args.scales for r in range(args.reps) for m in modes]:
             raw = run_pipeline(export_dir, images, bandwidth_scale=s, phase="both", timeout_s=60.0,
                                predicted_compute_ms=table, credentials=modes[mode])
-            a = analyze(manifest, raw, handoff)
+            a = analyze(manifest, raw, handoff, waits)
             a["load_average"] = os.getloadavg()
             a["run"], a["auth"] = run, mode
             analyses.append(a)

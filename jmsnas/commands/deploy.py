@@ -197,7 +197,7 @@ def _pipeline(args) -> int:
                           "of their own)")
     hosts = read_hosts(args.hosts) if args.hosts else None
     groups = separable.is_separable(args.workdir)
-    predicted, handoff = None, None
+    predicted, handoff, waits = None, None, None
     if args.predict_table:
         if groups:
             raise DeployError(f"--predict-table {args.predict_table}: a latency table times the JMSNAS search space; "
@@ -207,7 +207,7 @@ def _pipeline(args) -> int:
             raise DeployError(f"--predict-table {args.predict_table}: a latency table has no bit dimension and no "
                               "split modules; a composed run's parts are not predicted by it")
         from jmsnas.deploy.predict import table_prediction
-        predicted, handoff = table_prediction(args.workdir, args.predict_table, one_host=hosts is None)
+        predicted, handoff, waits = table_prediction(args.workdir, args.predict_table, one_host=hosts is None)
     if not args.connect_timeout > 0:
         raise DeployError(f"--connect-timeout must be > 0 seconds, got {args.connect_timeout!r}")
     export_dir = args.export_dir or os.path.join(args.workdir, "export")
@@ -232,7 +232,7 @@ def _pipeline(args) -> int:
                            hosts_source=args.hosts or "the hosts", pacing=args.pacing,
                            connect_timeout_s=args.connect_timeout, predicted_compute_ms=predicted,
                            credentials=creds)
-        a = separable.analyze(args.workdir, manifest, raw) if groups else analyze(manifest, raw, handoff)
+        a = separable.analyze(args.workdir, manifest, raw) if groups else analyze(manifest, raw, handoff, waits)
         if labels is not None:
             a["accuracy"] = float(np.mean(np.argmax(raw["outputs"].reshape(len(labels), -1), -1) == labels))
         outputs = raw["outputs"]

@@ -28,6 +28,10 @@ File format (YAML; ``write_table`` writes it, ``load_table`` validates it)::
       idle_ms: 30.0                    # optional: the wait for its input before every part and frame was timed
       host_cores: 2                    # optional: the cores of the host measured
       cores_busy: 1.3                  # optional: how many of them a part keeps busy (CPU time / wall time)
+      waits:                           # optional: parts and hand-offs after shorter waits than idle_ms
+        wait_ms: [0.0, 3.0, 10.0, 30.0]        # increasing, the last idle_ms
+        part_ratio: [0.8, 0.85, 0.95, 1.0]     # a part's time after that wait / after idle_ms (the last 1)
+        handoff_fixed_ms: [0.15, 0.18, 0.23, 0.39]   # the hand-off's fixed ms after that wait (the last fixed_ms)
       parts:                           # optional: every op's time in a part of its own (then part_scale is 1)
         stem_ms: 0.33
         head_ms: 0.04
@@ -55,6 +59,8 @@ turns them into ``CostTable.call_ms`` / ``handoff_ms`` / ``handoff_ms_per_byte``
 ``compute_ms`` / ``stem_ms`` / ``head_ms`` times ``part_scale``. ``validation`` (optional) is
 the report of ``jmsnas.cost.accuracy.report`` (what ``jmsnas validate`` reports) of the table against networks
 measured end to end, with ``against`` saying which (``benchmarks/predict_vs_measured.py`` stores it).
+``deployed.waits`` (optional) says how a part's time and a hand-off's fixed cost grow with the wait before them
+(``jmsnas.deploy.partcost``); ``jmsnas.deploy.predict`` uses it for a chain's parts on one host.
 """
 from __future__ import annotations
 
@@ -100,7 +106,7 @@ class MeasuredTable(NamedTuple):
     head: Timing
     network: dict  # {"method": str, "networks": int, "offset_ms": float}
     deployed: dict | None = None  # {"part_call": Timing, "part_scale": float, "handoff": {"fixed_ms", "ms_per_byte",
-    #                                "bytes", "median_ms"}, optional "idle_ms", "host_cores" and "cores_busy",
+    #                                "bytes", "median_ms"}, optional "idle_ms", "host_cores" and "cores_busy", "waits",
     #                                optional "parts": {"stem_ms",
     #                                "head_ms", "ops": num_slots rows of len(OP_NAMES) ms, "parts", "rms_error_pct"}}
     validation: dict | None = None  # jmsnas.cost.accuracy.report + "against"
@@ -187,6 +193,8 @@ def _deployed_dict(dep, slots) -> dict:
         out["idle_ms"] = float(dep["idle_ms"])
     if dep.get("cores_busy") is not None:
         out["host_cores"], out["cores_busy"] = int(dep["host_cores"]), float(dep["cores_busy"])
+    if dep.get("waits") is not None:
+        out["waits"] = {k: [float(x) for x in dep["waits"][k]] for k in ("wait_ms", "part_ratio", "handoff_fixed_ms")}
     if dep.get("parts") is not None:
         pe = dep["parts"]
         ops = np.asarray(pe["ops"], float)
@@ -279,12 +287,40 @@ def _read_deployed(d, slots):
         if not 0 < res["cores_busy"] <= res["host_cores"]:
             raise ProfileError(f"latency table entry deployed.cores_busy: {res['cores_busy']!r}; expected a number in "
                                f"(0, host_cores = {res['host_cores']}]")
+    if "waits" in dep:
+        res["waits"] = _read_waits(_field(dep, "waits", "deployed"), res.get("idle_ms"))
     if "parts" in dep:
         res["parts"] = _read_part_entries(_field(dep, "parts", "deployed"), slots)
         if scale != 1.0:
             raise ProfileError(f"latency table entry deployed.part_scale: {scale!r} with deployed.parts; expected 1 "
                                "(the part entries are already the ops' times in a part)")
     return res
+
+
+def _read_waits(w, idle_ms) -> dict:
+    """``deployed.waits`` (module docstring): three lists of one length >= 2, ``wait_ms`` increasing from 0 and
+    ending at ``idle_ms``, ``part_ratio`` > 0 ending at 1, ``handoff_fixed_ms`` >= 0."""
+    where = "deployed.waits"
+    if idle_ms is None:
+        raise ProfileError(f"latency table entry {where}: needs deployed.idle_ms (the wait its last entry is at)")
+    out = {}
+    for k in ("wait_ms", "part_ratio", "handoff_fixed_ms"):
+        v = _field(w, k, where)
+        if not isinstance(v, (list, tuple)) or len(v) < 2:
+            raise ProfileError(f"latency table entry {where}.{k}: expected a list of at least 2 numbers, got "
+                               f"{safeio.short(v)}")
+        out[k] = tuple(float(_number(f"{where}.{k}[{i}]", x)) for i, x in enumerate(v))
+    if len({len(v) for v in out.values()}) != 1:
+        raise ProfileError(f"latency table entry {where}: wait_ms, part_ratio and handoff_fixed_ms have "
+                           f"{[len(v) for v in out.values()]} entries; expected one per wait")
+    t = out["wait_ms"]
+    if t[0] != 0 or any(b <= a for a, b in zip(t, t[1:])) or t[-1] != idle_ms:
+        raise ProfileError(f"latency table entry {where}.wait_ms: {list(t)}; expected increasing waits from 0 to "
+                           f"deployed.idle_ms = {idle_ms!r}")
+    if any(r <= 0 for r in out["part_ratio"]) or out["part_ratio"][-1] != 1.0:
+        raise ProfileError(f"latency table entry {where}.part_ratio: {list(out['part_ratio'])}; expected ratios "
+                           "> 0 ending at 1 (the time after idle_ms over itself)")
+    return out
 
 
 def _read_part_entries(pe, slots) -> dict:

@@ -70,10 +70,11 @@ def wire_manifest(manifest: dict, framing: dict) -> dict:
     return {**manifest, "links": links}
 
 
-def analyze(manifest: dict, raw: dict, handoff: dict | None = None) -> dict:
+def analyze(manifest: dict, raw: dict, handoff: dict | None = None, waits: dict | None = None) -> dict:
     """Predicted vs measured: eq. (1)/(2) with the settings' terms beside the medians of the measured terms.
     ``handoff`` {"a->b": (fixed ms, ms per byte)} (``predict.table_prediction``): every link's predicted term also
-    carries its hand-off, as the cost model charges it (None: eps alone).
+    carries its hand-off, as the cost model charges it (None: eps alone); ``waits``: the table's wait curve for
+    parts on one host (``predict.predict``).
 
     measured: "total" (median end-to-end ms at the coordinator: image sent -> output received, latency phase),
     "first_to_last_ms" (first device's compute start to last device's compute end), "per_device" (compute ms),
@@ -88,7 +89,7 @@ def analyze(manifest: dict, raw: dict, handoff: dict | None = None) -> dict:
     s = raw["settings"]
     network = s.get("pacing") == "network"
     pm = wire_manifest(manifest, raw.get("framing", {})) if network else manifest
-    pred = predict(pm, raw["predicted_compute_ms"], s["bandwidth_scale"], handoff, int(s.get("batch", 1)))
+    pred = predict(pm, raw["predicted_compute_ms"], s["bandwidth_scale"], handoff, int(s.get("batch", 1)), waits)
     order, b = manifest["order"], s["batch"]
     out = {"settings": s, "predicted": pred, "calib_ms": raw["calib_ms"], "stretch": raw["stretch"],
            "clock": raw.get("clock", {}), "where": raw.get("where", {})}

@@ -47,6 +47,16 @@ flight, 50-250 ms at 5-1% of Table I's bandwidth), and a part called after such 
 back to back (measured on this machine: +0.2-0.3 ms per part, growing from no wait to about 30 ms and flat after,
 ``benchmarks/part_models.py --waits``). ``idle_ms`` 0 times them back to back.
 
+The wait curve (``waits``): the parts of the ``archs`` whole networks and every hand-off size are also timed after
+each of the ``short_waits`` (0, 3 and 10 ms), in the same rounds; ``part_ratio`` is the median over those parts of
+their time after the wait over their time after ``idle_ms``, ``handoff_fixed_ms`` the hand-off fit's fixed ms after
+it. On one host the parts of a pipeline wait in turns: while one part computes, the host is not idle, and the next
+part or frame comes after a short wait; only a paced link's transmission (a sleep) leaves the host idle for long.
+Measured on this host: a hand-off's fixed cost 0.15 ms back to back, 0.18 after 3 ms, 0.23 after 10 ms, 0.39 after
+30 ms, and in ``jmsnas pipeline`` at Table I's bandwidth the camera's and the result's hand-offs took 0.13-0.17 ms
+(0.25-0.36 ms at 5-1% of it). ``predict.predict`` uses the curve for a chain's parts on one host
+(``predict.wait_gaps``); the search does not (its devices are machines of their own, each idle between images).
+
 Every timed part call also gives the CPU time it took (``time.process_time``: every thread of this process) over
 its wall time; the median, ``cores_busy``, is how many of the host's ``host_cores`` a part keeps busy. They are for
 a deployment that puts several parts on this one host at once (a mesh's branches in ``jmsnas pipeline`` on one
@@ -78,6 +88,7 @@ from jmsnas.space import IDENTITY, OP_NAMES, SearchSpace
 
 HANDOFF_BYTES = (0, 4096, 32768, 131072, 524288)  # payload sizes timed for the hand-off fit (bytes)
 IDLE_MS = 30.0  # a deployed part's wait for its input before it is timed (module docstring)
+SHORT_WAITS = (0.0, 3.0, 10.0)  # the shorter waits the wait curve is also measured at (module docstring)
 DESIGN_REPEATS = 3  # every valid op of every slot is in at least this many networks of the part entries' design
 DEPLOYED_REPS = 10  # timing rounds of the deployed terms measured here (jmsnas profile --deployed-reps)
 _WEIGHTS_KEY = 0
@@ -324,10 +335,11 @@ def fit_part_entries(space: SearchSpace, keys, ms) -> dict:
 
 def measure_deployed(space: SearchSpace, table: MeasuredTable, *, reps: int = 30, archs: int = 4, seed: int = 0,
                      sizes=HANDOFF_BYTES, idle_ms: float = IDLE_MS,
-                     design_repeats: int | None = DESIGN_REPEATS) -> dict:
+                     design_repeats: int | None = DESIGN_REPEATS, short_waits=SHORT_WAITS) -> dict:
     """The ``deployed`` entry of ``table`` (measured for ``space`` on this host, module docstring): {"part_call":
     Timing (ms), "part_scale", "idle_ms", "handoff": {"fixed_ms", "ms_per_byte", "bytes", "median_ms"}, "parts":
-    the part entries (``fit_part_entries``; absent with ``design_repeats`` None)}. ``archs`` whole networks are
+    the part entries (``fit_part_entries``; absent with ``design_repeats`` None), "waits": the wait curve (module
+    docstring; absent with no ``short_waits`` shorter than ``idle_ms``)}. ``archs`` whole networks are
     cut into parts: the table's base architecture (mbconv_k3_e3 everywhere by default) and random valid ones (numpy
     seed [seed, 2]), plus one relay part, and so are the networks of the balanced design (``balanced_archs`` with
     ``design_repeats``, numpy seed [seed, 4]). ``part_call`` and ``part_scale`` are fitted over all of them
@@ -346,15 +358,25 @@ def measure_deployed(space: SearchSpace, table: MeasuredTable, *, reps: int = 30
         raise ValueError(f"reps must be an integer >= 3, got {reps!r}")
     if isinstance(idle_ms, bool) or not isinstance(idle_ms, (int, float)) or not 0 <= idle_ms <= 10_000:
         raise ValueError(f"idle_ms must be a number of ms in [0, 10000], got {idle_ms!r}")
+    if any(isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 <= w for w in short_waits):
+        raise ValueError(f"short_waits must be numbers of ms >= 0, got {short_waits!r}")
+    waits = sorted({float(w) for w in short_waits if w < idle_ms})  # none when the parts are timed back to back
+    if waits and waits[0] != 0:
+        raise ValueError(f"short_waits must start at 0 (back to back), got {short_waits!r}")
     batch, dw_impl = int(table.settings.get("batch", 1)), str(table.settings.get("dw_impl", "auto"))
     base = tuple(int(i) for i in table.settings.get("base", [0] * space.num_layers))
     nets = [base] + sample_archs(space, max(archs - 1, 0), [seed, 2])
     design = [] if design_repeats is None else balanced_archs(space, design_repeats, [seed, 4])
     parts = [p for ops in nets + design for p in _parts(space, ops, batch, dw_impl)]
+    n_curve = sum(len(_parts(space, ops, batch, dw_impl)) for ops in nets)  # the archs networks' parts come first
     parts.append(_relay(space, parts[0][1](*parts[0][2]).shape))  # relays the first part's output
     wholes = arch_calls(space, nets, batch, dw_impl)
     sizes = [int(n) for n in sizes]
-    items = [("size", n) for n in sizes] + [("part", k) for k in range(len(parts))]
+    items = ([("size", n, idle_ms) for n in sizes] + [("part", k, idle_ms) for k in range(len(parts))]
+             + [(what, k, w) for w in waits for what, k in [("size", n) for n in sizes]
+                + [("part", k) for k in range(n_curve)]])
+    short_hand = {(n, w): [] for n in sizes for w in waits}
+    short_part = {(k, w): [] for k in range(n_curve) for w in waits}
     net_ms = [[] for _ in nets]
     hand = {n: [] for n in sizes}
     part_ms = [[] for _ in parts]
@@ -374,24 +396,26 @@ def measure_deployed(space: SearchSpace, table: MeasuredTable, *, reps: int = 30
                 if r:
                     net_ms[k].append((L.now() - t0) * 1e3)
             for j in rng.permutation(len(items)):
-                what, k = items[j]
+                what, k, wait = items[j]
+                if wait:
+                    time.sleep(wait / 1e3)  # the receiver waits for its input, as a worker between images
                 if what == "size":
-                    time.sleep(idle_ms / 1e3)  # the receiver waits for the frame, as a worker between images
                     sender.submit(np.zeros(k, np.uint8))
                     _, t1 = pair.receive()
                     if r:
-                        hand[k].append((t1 - sender.started[-1]) * 1e3)
+                        (hand[k] if wait == idle_ms else short_hand[(k, wait)]).append((t1 - sender.started[-1]) * 1e3)
                 else:
                     _, call, xs, _ = parts[k]
-                    time.sleep(idle_ms / 1e3)  # the part waits for its input, as a deployed one between images
                     sender.submit(xs[0])
                     fr, t0 = pair.receive()
                     c0 = time.process_time()
                     y = call(fr.value, *xs[1:])
                     t1, c1 = L.now(), time.process_time()
-                    if r:
+                    if r and wait == idle_ms:
                         part_ms[k].append((t1 - t0) * 1e3)
                         busy.append((c1 - c0) / max(t1 - t0, 1e-9))
+                    elif r:
+                        short_part[(k, wait)].append((t1 - t0) * 1e3)
                     del y
     finally:
         sender.submit(None)
@@ -407,6 +431,12 @@ def measure_deployed(space: SearchSpace, table: MeasuredTable, *, reps: int = 30
     out = {"part_call": Timing(call, spread, reps), "part_scale": scale, "load_ratio": ratio, "idle_ms": float(idle_ms),
            "host_cores": host_cores(), "cores_busy": min(float(np.median(busy)), float(host_cores())),
            "handoff": {"fixed_ms": a, "ms_per_byte": b, "bytes": sizes, "median_ms": medians}}
+    if waits:
+        ratio_at = [float(np.median([np.median(short_part[(k, w)]) / np.median(part_ms[k]) for k in range(n_curve)]))
+                    for w in waits]
+        fixed_at = [fit_handoff(sizes, [float(np.median(short_hand[(n, w)])) for n in sizes])[0] for w in waits]
+        out["waits"] = {"wait_ms": tuple(waits) + (float(idle_ms),), "part_ratio": tuple(ratio_at) + (1.0,),
+                        "handoff_fixed_ms": tuple(fixed_at) + (float(a),)}
     if design:
         fit = fit_part_entries(space, [p[3] for p in parts], times)
         ops = tuple(tuple(row) for row in fit.pop("ops").tolist())  # a table's fields compare by value

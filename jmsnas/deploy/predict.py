@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
+
 from jmsnas.topology import transfer_ms
 
 
@@ -77,13 +79,29 @@ def end_bytes(manifest: dict, batch: int = 1) -> dict:
 
 
 def predict(manifest: dict, compute_ms: dict, bandwidth_scale: float = 1.0, handoff: dict | None = None,
-            batch: int = 1) -> dict:
+            batch: int = 1, waits: dict | None = None) -> dict:
     """{"total", "per_device", "per_link", "throughput_per_s", "bottleneck"}: eq. (1)/(2) and the pipelined rate
     1000 / (the slowest stage: a device's compute or a link's transmission, bytes*8/bandwidth), images/s.
     ``handoff``: per-link hand-off terms (``predicted_links``), None: none. Where it also has "camera" and "result"
     (fixed ms, ms per byte), the coordinator's own hand-offs (the image into the first part, the output back, over
     unpaced connections) are predicted too ("ends") and added to "total", which is then what the coordinator
-    measures end to end (eq. (1)/(2) start at the first part's compute and end at the last's)."""
+    measures end to end (eq. (1)/(2) start at the first part's compute and end at the last's).
+
+    ``waits`` (a table's ``deployed.waits``, ``table_prediction`` with ``one_host``), on a chain: every part and
+    every frame on one host comes after the wait ``wait_gaps`` gives it, and costs what the table measured after
+    that wait: a part its time x ``part_ratio`` at it, a hand-off ``handoff_fixed_ms`` at it instead of its fixed
+    ms (interpolated in the wait, the values at ``idle_ms`` beyond it). None, or a mesh or a bus: every wait as
+    long as the table's. Why a chain only: the curve is measured with one part at a time on the host, as a chain
+    runs them; a mesh runs its branches at once, more processes than cores, and its parts ran at the table's
+    times after the long wait (measured on the 2-core host at Table I's bandwidth, one table, three runs each: the
+    chain -21% to -28% end to end without the curve, -1% to -10% with it; the mesh -4% to +7% without it, +19% to
+    +32% with it; ``benchmarks/README.md``)."""
+    if waits is not None and manifest["kind"] == "chain":
+        gaps = wait_gaps(manifest, compute_ms, bandwidth_scale)
+        at = lambda key, gap: float(np.interp(gap, waits["wait_ms"], waits[key]))
+        compute_ms = {d: float(t) * at("part_ratio", gaps[d]) for d, t in compute_ms.items()}
+        if handoff:
+            handoff = {k: (at("handoff_fixed_ms", gaps[k]), per_byte) for k, (_, per_byte) in handoff.items()}
     links = predicted_links(manifest, bandwidth_scale, handoff)
     stages = {d: compute_ms[d] for d in manifest["order"]}
     for l in manifest["links"]:
@@ -97,6 +115,33 @@ def predict(manifest: dict, compute_ms: dict, bandwidth_scale: float = 1.0, hand
         out["ends"] = {k: float(handoff[k][0] + handoff[k][1] * nbytes[k]) for k in ENDS}
         out["total"] += sum(out["ends"].values())
     return out
+
+
+def wait_gaps(manifest: dict, compute_ms: dict, bandwidth_scale: float = 1.0) -> dict:
+    """{device or "a->b" or end: ms the host has been idle before it} for parts on one host, one image at a time:
+    while a part computes the host is busy; only a link's transmission (eps without its hand-off: the pacer sleeps)
+    leaves it idle. So a frame waits its own link's eps, a part its incoming link's (a mesh's aggregator: that of
+    the branch whose frame arrives last, root -> branch -> aggregator), and the coordinator's ends and the first
+    part, which follow the last part's compute (the result, then the next image), the last part's incoming link's:
+    the host's last idle period before them."""
+    eps = {link_name(l["src"], l["dst"]): link_ms(l["bytes"], l["bandwidth_mbps"] * bandwidth_scale, l["latency_ms"])
+           for l in manifest["links"]}
+    into = {}
+    for name in eps:
+        into.setdefault(name.split("->")[1], []).append(name)
+
+    def arrives(name):  # after the start of the part before the sender: the sender's wait, compute, then the link
+        src = name.split("->")[0]
+        return max((eps[n] for n in into.get(src, [])), default=0.0) + compute_ms[src] + eps[name]
+
+    gaps = dict(eps)
+    for d in manifest["order"]:
+        if d in into:
+            gaps[d] = eps[max(into[d], key=arrives)]
+    last = gaps.get(manifest["order"][-1], 0.0)  # a single part: nothing but compute, no idle period
+    for k in list(ENDS) + [d for d in manifest["order"] if d not in into]:
+        gaps[k] = last
+    return gaps
 
 
 def _run_table(run: str, table_path: str) -> tuple:
@@ -158,10 +203,12 @@ def shared_cores(work_ms: dict, busy: float, cores: int) -> dict:
 class TablePrediction(NamedTuple):
     """What a latency table predicts of a run's deployment: ``compute_ms`` {device: ms per image} and ``handoff``
     {"a->b": (fixed ms, ms per byte)}, with "camera" and "result" (the coordinator's hand-offs, ``predict``) ({} for
-    a table without hand-off terms: eps alone, as before)."""
+    a table without hand-off terms: eps alone, as before); ``waits``: the table's wait curve for parts on one host
+    (``predict``'s ``waits``), None where it has none or the parts are on hosts of their own."""
 
     compute_ms: dict
     handoff: dict
+    waits: dict | None = None
 
 
 def table_prediction(run: str, table_path: str, one_host: bool = False) -> TablePrediction:
@@ -182,8 +229,9 @@ def table_prediction(run: str, table_path: str, one_host: bool = False) -> Table
     ``one_host``: every part runs on this one host (``jmsnas pipeline`` without ``--hosts``): where the table
     measured how many cores a part keeps busy (``deployed.cores_busy``), parts that run at once share the host's
     cores (``shared_cores``: a mesh's branches, which run at once after the root; every other part runs alone, one
-    image at a time). The search's devices are machines of their own; this is not in
-    eq. (1)/(2)."""
+    image at a time), and where it measured the wait curve (``deployed.waits``) it is returned for ``predict``:
+    on one host a part or a frame waits only as long as the host is idle before it (``wait_gaps``). The search's
+    devices are machines of their own, each idle between its images; neither is in eq. (1)/(2)."""
     import numpy as np
 
     from jmsnas.cost.latency import arch_latency, breakdown_dict
@@ -201,8 +249,10 @@ def table_prediction(run: str, table_path: str, one_host: bool = False) -> Table
     a, b = np.asarray(table.handoff_ms, float), np.asarray(table.handoff_ms_per_byte, float)
     h = measured.deployed["handoff"]  # the camera and the result: frames over this host's loopback, as any link's
     ends = {k: (float(h["fixed_ms"]), float(h["ms_per_byte"])) for k in ENDS}
+    waits = dep.get("waits") if one_host else None
     return TablePrediction(per_device, {**{link_name(l.src, l.dst): (float(a[i]), float(b[i]))
-                                           for i, l in enumerate(space.topology.links)}, **ends})
+                                           for i, l in enumerate(space.topology.links)}, **ends},
+                           None if waits is None else {k: list(v) for k, v in waits.items()})
 
 
 def per_call_ms(table) -> float:

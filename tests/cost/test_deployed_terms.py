@@ -318,6 +318,13 @@ def test_the_part_entries_are_measured_after_an_idle_wait_and_priced():
     assert pe["stem_ms"] >= 0 and pe["head_ms"] >= 0 and np.isfinite(pe["rms_error_pct"])
     assert dep["host_cores"] >= 1 and 0 < dep["cores_busy"] <= dep["host_cores"]
     assert dep["part_call"].median_ms + pe["stem_ms"] + pe["ops"].sum() > 0
+    w = dep["waits"]  # the wait curve: the archs network's parts and every size after 0 ms (1 and 3 are not < 2)
+    assert w["wait_ms"] == (0.0, 2.0) and w["part_ratio"][-1] == 1.0 and w["part_ratio"][0] > 0
+    assert w["handoff_fixed_ms"][-1] == dep["handoff"]["fixed_ms"] and w["handoff_fixed_ms"][0] >= 0
+    assert "waits" not in partcost.measure_deployed(space, _fake_table(space, 0.01), reps=3, archs=1, sizes=(0,),
+                                                    idle_ms=0, design_repeats=None)
+    with pytest.raises(ValueError, match="short_waits must start at 0"):
+        partcost.measure_deployed(space, _fake_table(space, 0.01), reps=3, idle_ms=2, short_waits=(1.0,))
 
 
 def test_balanced_archs_hold_every_valid_op_in_enough_networks():
@@ -414,6 +421,23 @@ def test_part_entries_are_stored_loaded_and_built_into_the_cost_table(tmp_path):
     d["deployed"]["cores_busy"] = 3.0
     with pytest.raises(P.ProfileError, match=r"deployed.cores_busy: 3.0; expected a number in \(0, host_cores = 2\]"):
         P.table_from_dict(d)
+    waits = {"wait_ms": [0.0, 3.0, 30.0], "part_ratio": [0.8, 0.9, 1.0], "handoff_fixed_ms": [0.15, 0.2, 0.4]}
+    d = yaml.safe_load((tmp_path / "p.yaml").read_text())
+    d["deployed"]["waits"] = waits
+    assert P.table_from_dict(d).deployed["waits"] == {k: tuple(v) for k, v in waits.items()}
+    P.write_table(_fake_table(space, 0.1, dict(dep, waits=waits)), tmp_path / "w.yaml")
+    assert P.load_table(tmp_path / "w.yaml", space).deployed["waits"] == {k: tuple(v) for k, v in waits.items()}
+    del d["deployed"]["idle_ms"]
+    with pytest.raises(P.ProfileError, match="deployed.waits: needs deployed.idle_ms"):
+        P.table_from_dict(d)
+    d["deployed"]["idle_ms"] = 30.0
+    for key, bad, needle in (("wait_ms", [0.0, 3.0, 20.0], r"wait_ms: \[0.0, 3.0, 20.0\]; expected increasing waits "
+                                                           r"from 0 to deployed.idle_ms = 30.0"),
+                             ("part_ratio", [0.8, 0.9, 1.1], "part_ratio: .* expected ratios > 0 ending at 1"),
+                             ("handoff_fixed_ms", [0.1, 0.2], "have \\[3, 3, 2\\] entries; expected one per wait")):
+        d["deployed"]["waits"] = dict(waits, **{key: bad})
+        with pytest.raises(P.ProfileError, match=needle):
+            P.table_from_dict(d)
     d = yaml.safe_load((tmp_path / "p.yaml").read_text())
     d["deployed"]["parts"]["slots"] = d["deployed"]["parts"]["slots"][:1]
     with pytest.raises(P.ProfileError, match="deployed.parts.slots: expected a list of"):

@@ -136,7 +136,7 @@ def test_table_prediction_charges_the_per_call_cost_on_every_part(runs, tmp_path
                         P.Timing(0.02, 0.0, 5), P.Timing(0.03, 0.0, 5),
                         {"method": "in-network", "networks": 3, "offset_ms": 0.25})
     P.write_table(t, tmp_path / "t.yaml")
-    got, handoff = predict.table_prediction(r["dir"], str(tmp_path / "t.yaml"))
+    got, handoff, _ = predict.table_prediction(r["dir"], str(tmp_path / "t.yaml"))
     assert handoff == {}  # no hand-off terms: eps alone
     names = space.topology.device_names
     order = [names[m] for m in space.topology.path_order()]
@@ -186,7 +186,7 @@ def test_table_prediction_with_deployed_terms_is_the_cost_models(runs, tmp_path,
         if i != IDENTITY:
             want[names[s.device]] += t.slots[s.index]["ops"][OP_NAMES[i]].median_ms
     want = {d: 0.4 + 1.5 * v for d, v in want.items()}
-    got, handoff = predict.table_prediction(r["dir"], path)
+    got, handoff, _ = predict.table_prediction(r["dir"], path)
     assert got == pytest.approx(want, rel=1e-5)
     assert predict.table_prediction(r["dir"], path, one_host=True).compute_ms == pytest.approx(want, rel=1e-5)
     assert handoff == {**{f"{l.src}->{l.dst}": pytest.approx((0.08, 1e-5)) for l in space.topology.links},
@@ -246,6 +246,45 @@ def test_shared_cores_by_hand_and_its_bounds():
         assert [end[k] for k in order] == sorted(end.values())  # shorter parts end first
     with pytest.raises(ValueError, match="busy and cores must be > 0"):
         predict.shared_cores({"a": 1.0}, 0.0, 2)
+
+def test_the_wait_curve_prices_parts_and_frames_by_the_hosts_idle_gap_by_hand():
+    """On one host a part or a frame costs what the table measured after the host's idle gap before it: a link's
+    eps (its transmission and latency: the pacer sleeps), the part after it that link's eps, the first part and the
+    coordinator's ends the last part's incoming link's (they follow its compute). Hand-computed on a chain a -> b
+    -> c with a curve at 0, 10 and 30 ms (ratio 0.8, 0.9, 1; fixed 0.1, 0.2, 0.4 ms): link a->b 1000 bytes at
+    1 Mbit/s + 2 ms = 10 ms, b->c 2500 bytes at 1 Mbit/s + 0 ms = 20 ms (ratio 0.95, fixed 0.3 ms); the aggregator of a mesh waits the link of the path that arrives
+    last; without a curve, or on a mesh (its branches run at once: the curve is not applied), nothing changes."""
+    m = {"kind": "chain", "order": ["a", "b", "c"],
+         "links": [{"src": "a", "dst": "b", "bytes": 1000, "bandwidth_mbps": 1.0, "latency_ms": 2.0},
+                   {"src": "b", "dst": "c", "bytes": 2500, "bandwidth_mbps": 1.0, "latency_ms": 0.0}],
+         "parts": {"a": {"inputs": [{"from": "image", "shape": [1, 10], "dtype": "float32"}]},
+                   "b": {"inputs": []}, "c": {"inputs": [], "output": {"shape": [1, 5], "dtype": "float32"}}}}
+    compute = {"a": 1.0, "b": 2.0, "c": 4.0}
+    handoff = {"a->b": (0.4, 1e-4), "b->c": (0.4, 1e-4), "camera": (0.4, 0.0), "result": (0.4, 0.0)}
+    waits = {"wait_ms": [0.0, 10.0, 30.0], "part_ratio": [0.8, 0.9, 1.0], "handoff_fixed_ms": [0.1, 0.2, 0.4]}
+    assert predict.wait_gaps(m, compute) == pytest.approx(
+        {"a": 20.0, "b": 10.0, "c": 20.0, "a->b": 10.0, "b->c": 20.0, "camera": 20.0, "result": 20.0})
+    got = predict.predict(m, compute, 1.0, handoff, waits=waits)
+    assert got["per_device"] == pytest.approx({"a": 0.95, "b": 1.8, "c": 3.8})
+    assert got["per_link"] == pytest.approx({"a->b": 10.0 + 0.2 + 0.1, "b->c": 20.0 + 0.3 + 0.25})
+    assert got["ends"] == pytest.approx({"camera": 0.3, "result": 0.3})
+    assert got["total"] == pytest.approx(0.95 + 1.8 + 3.8 + 10.3 + 20.55 + 0.6)
+    one = {"kind": "chain", "order": ["a"], "links": [], "parts": {"a": {"inputs": []}}}
+    assert predict.wait_gaps(one, {"a": 1.0}) == {"a": 0.0, "camera": 0.0, "result": 0.0}
+    cold = predict.predict(m, compute, 1.0, handoff)
+    assert cold["total"] == pytest.approx(7.0 + 10.5 + 20.65 + 0.8)
+    assert predict.predict(m, compute, 1.0, handoff, waits={**waits, "wait_ms": [0.0, 10.0, 30.0],
+                                                             "part_ratio": [1.0, 1.0, 1.0],
+                                                             "handoff_fixed_ms": [0.4, 0.4, 0.4]}) == cold
+    mesh = {"kind": "mesh", "order": ["r", "b1", "b2", "g"], "root": "r", "branches": ["b1", "b2"],
+            "links": [{"src": s, "dst": d, "bytes": 0, "bandwidth_mbps": 1.0, "latency_ms": lat}
+                      for s, d, lat in (("r", "b1", 1.0), ("r", "b2", 5.0), ("b1", "g", 2.0), ("b2", "g", 3.5))]}
+    # b1's frame reaches g at 1 + 6 + 2 = 9 ms, b2's at 5 + 1 + 3.5 = 9.5 ms: g waits b2 -> g's 3.5 ms
+    assert predict.wait_gaps(mesh, {"r": 1.0, "b1": 6.0, "b2": 1.0, "g": 1.0})["g"] == 3.5
+    assert predict.wait_gaps(mesh, {"r": 1.0, "b1": 7.0, "b2": 1.0, "g": 1.0})["g"] == 2.0
+    mc = {"r": 1.0, "b1": 6.0, "b2": 1.0, "g": 1.0}
+    assert predict.predict(mesh, mc, 1.0, waits=waits) == predict.predict(mesh, mc, 1.0)
+
 
 def test_mesh_equation_hand_computed():
     """Eq. (2) on Fig. 2(b)'s shape: chain part (ue, cloud, ue->sbs) + the slowest sbs -> mbs -> cloud path."""
