@@ -367,8 +367,9 @@ def measure_deployed(space: SearchSpace, table: MeasuredTable, *, reps: int = 30
     base = tuple(int(i) for i in table.settings.get("base", [0] * space.num_layers))
     nets = [base] + sample_archs(space, max(archs - 1, 0), [seed, 2])
     design = [] if design_repeats is None else balanced_archs(space, design_repeats, [seed, 4])
-    parts = [p for ops in nets + design for p in _parts(space, ops, batch, dw_impl)]
-    n_curve = sum(len(_parts(space, ops, batch, dw_impl)) for ops in nets)  # the archs networks' parts come first
+    parts = [p for ops in nets for p in _parts(space, ops, batch, dw_impl)]
+    n_curve = len(parts)  # the archs networks' parts, first: the wait curve is measured on them
+    parts += [p for ops in design for p in _parts(space, ops, batch, dw_impl)]
     parts.append(_relay(space, parts[0][1](*parts[0][2]).shape))  # relays the first part's output
     wholes = arch_calls(space, nets, batch, dw_impl)
     sizes = [int(n) for n in sizes]
