@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 import time
 
@@ -59,8 +58,7 @@ def layers(base, structure: str) -> tuple:
     skip where the layer changes the shape), whatever its kernels."""
     if structure == "none":
         return ()
-    runs = np.array([re.search(r"(?:^|_)k\d+(?:_|$)", n) is not None for n in base.op_names], bool)
-    cells = (runs[None, :] | AP._reshaping(base)[:, None]).astype(np.float64)
+    cells = (AP.block_ops(base.op_names)[None, :] | AP._reshaping(base)[:, None]).astype(np.float64)
     return (LT.make(0.0, np.where(base.valid, cells, np.nan), base.op_names, space=base.space,
                     device="layers (ms per layer run)", source="validate_adapt_design.layers"),)
 

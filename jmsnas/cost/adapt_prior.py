@@ -114,6 +114,17 @@ def _reshaping(base: LT.LayerTable) -> np.ndarray:
     return np.array([(l.in_ch, l.in_hw, l.stride) != (l.out_ch, l.out_hw, 1) for l in layers], bool)
 
 
+def _named(op_names, part: str) -> np.ndarray:
+    """bool[R]: the ops whose name holds ``part`` (a regular expression) as one of its _-separated pieces: ``k\\d+``
+    a block with a kernel size, ``g\\d+`` a grouped one."""
+    return np.array([re.search(rf"(?:^|_){part}(?:_|$)", n) is not None for n in op_names], bool)
+
+
+def block_ops(op_names) -> np.ndarray:
+    """bool[R]: the ops that run a block (an op with a kernel size in its name, ``k3_e1``...); the others are skips."""
+    return _named(op_names, r"k\d+")
+
+
 def structural_tables(base: LT.LayerTable, structure: str) -> tuple:
     """The tables that describe a cost no library device need show (module docstring, 1b), built from the space
     alone (no device's data): ``kernels`` holds, for every (layer, op), the kernels the layer launches with that op:
@@ -124,8 +135,7 @@ def structural_tables(base: LT.LayerTable, structure: str) -> tuple:
         return ()
     if structure != "kernels":
         raise ValueError(f"structure must be one of {list(STRUCTURES) + ['none']}, got {structure!r}")
-    block = np.array([re.search(r"(?:^|_)k\d+(?:_|$)", n) is not None for n in base.op_names], bool)
-    grouped = np.array([re.search(r"(?:^|_)g\d+(?:_|$)", n) is not None for n in base.op_names], bool)
+    block, grouped = block_ops(base.op_names), _named(base.op_names, r"g\d+")
     per_op = np.where(block, 3.0 + grouped, 0.0)[None, :]
     cells = np.where(block[None, :], per_op, np.where(_reshaping(base)[:, None], 1.0, 0.0))
     entry = np.where(base.valid, cells, np.nan)
@@ -255,10 +265,12 @@ def _floor(lib) -> float:
     return float(np.mean(v) / 100)
 
 
-NOISE_PRIOR_NETWORKS = 2.0
+NOISE_PRIOR_NETWORKS = 2.0     # the floor's weight in the device's noise, in networks (module docstring, 6)
 
 
 def _noise(residual: float, floor: float, k: int) -> float:
+    """The device's relative noise (module docstring, 6): the residual over ``k`` networks pooled with the floor
+    worth ``NOISE_PRIOR_NETWORKS`` networks, sqrt((k r^2 + nu f^2) / (k + nu))."""
     return float(math.sqrt((k * residual ** 2 + NOISE_PRIOR_NETWORKS * floor ** 2) / (k + NOISE_PRIOR_NETWORKS)))
 
 

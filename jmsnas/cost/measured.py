@@ -53,8 +53,7 @@ negative as long as call + stem + head + offset is not.
 device between a receive and a send: a part costs ``part_scale`` x its entries (ops; the stem and head where it
 has them) plus ``part_call``, instead of the whole network's call + offset (a file without ``part_scale``: 1), or,
 where ``parts`` is present, its ops', stem's and head's entries in ``parts`` plus ``part_call``; every hand-off
-of n bytes between two parts
-costs ``fixed_ms + ms_per_byte * n`` (fitted on the measured ``bytes`` / ``median_ms``). ``jmsnas.cost.build``
+of n bytes between two parts costs ``fixed_ms + ms_per_byte * n`` (fitted on the measured ``bytes`` / ``median_ms``). ``jmsnas.cost.build``
 turns them into ``CostTable.call_ms`` / ``handoff_ms`` / ``handoff_ms_per_byte`` and a device's
 ``compute_ms`` / ``stem_ms`` / ``head_ms`` times ``part_scale``. ``validation`` (optional) is
 the report of ``jmsnas.cost.accuracy.report`` (what ``jmsnas validate`` reports) of the table against networks

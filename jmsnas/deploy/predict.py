@@ -66,7 +66,6 @@ ENDS = ("camera", "result")  # the coordinator's own hand-offs: the image into t
 
 def _array_bytes(entry: dict, batch: int) -> int:
     """Bytes of ``batch`` items of a manifest array entry {"shape": [batch, ...], "dtype"}."""
-    import numpy as np
     return int(batch * np.prod(entry["shape"][1:], dtype=np.int64) * np.dtype(entry.get("dtype", "float32")).itemsize)
 
 
@@ -147,8 +146,6 @@ def wait_gaps(manifest: dict, compute_ms: dict, bandwidth_scale: float = 1.0) ->
 def _run_table(run: str, table_path: str) -> tuple:
     """(space, CostTable, MeasuredTable, ops int32[N], device index int32[N]) of the run with the table at
     ``table_path`` as every device's row; DeployError (one line) for a table that does not fit."""
-    import numpy as np
-
     from jmsnas.cost.build import TableSpecError, build_table
     from jmsnas.cost.measured import ProfileError, load_table
     from jmsnas.deploy.export import load_run
@@ -232,8 +229,6 @@ def table_prediction(run: str, table_path: str, one_host: bool = False) -> Table
     image at a time), and where it measured the wait curve (``deployed.waits``) it is returned for ``predict``:
     on one host a part or a frame waits only as long as the host is idle before it (``wait_gaps``). The search's
     devices are machines of their own, each idle between its images; neither is in eq. (1)/(2)."""
-    import numpy as np
-
     from jmsnas.cost.latency import arch_latency, breakdown_dict
     space, table, measured, ops, where = _run_table(run, table_path)
     per_device = breakdown_dict(space, arch_latency(space, table, ops, where))["per_device"]
