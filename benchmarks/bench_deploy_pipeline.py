@@ -18,8 +18,10 @@ compute (ms), the latency model's own error. A table with deployed terms (``jmsn
     jmsnas profile --space default --out TABLE --dw-impl xla
     python benchmarks/bench_deploy_pipeline.py --runs RUN --scales 0.05 0.02 0.01 --predict-table TABLE
 
-Authentication and TLS (``--auth on off tls --reps 3``): every setting runs once per mode in turn, ``--reps``
-times (interleaved, so a change of the machine's load falls on every mode alike); ``on`` is the default (the
+``--reps`` rounds: each round runs every scale, and every mode at each, once in turn (interleaved, so a change of
+the machine's state over the benchmark falls on every scale and mode alike, not on the scale that runs last).
+
+Authentication and TLS (``--auth on off tls --reps 3``): every setting runs once per mode in turn; ``on`` is the default (the
 local processes prove a shared secret on every data link), ``off`` none, ``tls`` the secret and TLS on every data
 link (a certificate for 127.0.0.1 made with ``openssl``). A last table gives per (run, scale, mode) the medians over
 the reps of the measured latency and stream throughput, and their ratio to ``off``.
@@ -61,7 +63,7 @@ def main(argv=None) -> int:
     ap.add_argument("--predict-table", default=None, help="honest mode: compute predicted by this table")
     ap.add_argument("--auth", nargs="+", default=["on"], choices=("on", "off", "tls"),
                     help="on: the local processes' shared secret (default); off: none; tls: secret + TLS")
-    ap.add_argument("--reps", type=int, default=1, help="runs of every (scale, auth) setting, interleaved")
+    ap.add_argument("--reps", type=int, default=1, help="rounds: each runs every (scale, auth) setting once, in turn")
     args = ap.parse_args(argv)
     modes = {m: _credentials(m) for m in args.auth}
     summary = {}
@@ -78,7 +80,7 @@ def main(argv=None) -> int:
         analyses = []
         table, handoff, waits = table_prediction(run, args.predict_table, one_host=True) if args.predict_table \
             else (None, None, None)
-        for s, _, mode in [(s, r, m) for s in args.scales for r in range(args.reps) for m in modes]:
+        for _, s, mode in [(r, s, m) for r in range(args.reps) for s in args.scales for m in modes]:
             raw = run_pipeline(export_dir, images, bandwidth_scale=s, phase="both", timeout_s=60.0,
                                predicted_compute_ms=table, credentials=modes[mode])
             a = analyze(manifest, raw, handoff, waits)

@@ -201,8 +201,11 @@ def _remote(args, space, creds) -> int:
 def _print_deployed(table, where: str) -> None:
     dep = table.deployed
     h, pe = dep["handoff"], dep.get("parts")
+    held = (f"; on networks held out {pe['cv_rms_error_pct']:.1f}%, {pe['cv_rms_error_pct_unshrunk']:.1f}% "
+            f"unshrunk; shrunk toward the table's entries x one scale by {pe['shrink']:g}") \
+        if pe is not None and "cv_rms_error_pct_unshrunk" in pe else ""
     ops = (f"its ops' part entries (stem {pe['stem_ms']:.4f}, head {pe['head_ms']:.4f} ms; fitted on {pe['parts']} "
-           f"parts, RMS error {pe['rms_error_pct']:.1f}%)") if pe is not None else \
+           f"parts, RMS error {pe['rms_error_pct']:.1f}%{held})") if pe is not None else \
         f"{dep['part_scale']:.3f} x its entries"
     idle = f", each timed after {dep['idle_ms']:g} ms idle" if dep.get("idle_ms") else ""
     print(f"deployed ({where}{idle}): per part call {dep['part_call'].median_ms:.4f} ms + {ops}; hand-off "

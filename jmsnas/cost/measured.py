@@ -37,6 +37,9 @@ File format (YAML; ``write_table`` writes it, ``load_table`` validates it)::
         head_ms: 0.04
         parts: 173                     # parts fitted
         rms_error_pct: 4.6             # the fit's RMS relative error over them
+        shrink: 1.0                    # optional: the pull toward the one-scale model, chosen on held-out networks
+        cv_rms_error_pct: 8.5          # optional: RMS relative error over networks held out in turn, at shrink
+        cv_rms_error_pct_unshrunk: 10.9   # optional: the same at shrink 0 (the plain fit)
         slots: [{mbconv_k3_e3: 0.21, ...}, ...]   # per slot: ms of every op the slot's ops have (identity: none)
       handoff: {fixed_ms: 0.08, ms_per_byte: 2.0e-06, bytes: [0, 4096, ...], median_ms: [...]}
     validation: {n: 50, within_10pct: 92.0, mape_pct: ..., against: ...}   # optional: jmsnas.cost.accuracy.report
@@ -199,6 +202,7 @@ def _deployed_dict(dep, slots) -> dict:
         ops = np.asarray(pe["ops"], float)
         out["parts"] = {"stem_ms": float(pe["stem_ms"]), "head_ms": float(pe["head_ms"]), "parts": int(pe["parts"]),
                         "rms_error_pct": float(pe["rms_error_pct"]),
+                        **{k: float(pe[k]) for k in PART_FIT_EXTRAS if pe.get(k) is not None},
                         "slots": [{k: float(ops[s["index"], OP_NAMES.index(k)]) for k in s["ops"]
                                    if OP_NAMES.index(k) != IDENTITY} for s in slots]}
     out["handoff"] = {"fixed_ms": float(h["fixed_ms"]), "ms_per_byte": float(h["ms_per_byte"]),
@@ -322,6 +326,9 @@ def _read_waits(w, idle_ms) -> dict:
     return out
 
 
+PART_FIT_EXTRAS = ("shrink", "cv_rms_error_pct", "cv_rms_error_pct_unshrunk")  # optional in deployed.parts
+
+
 def _read_part_entries(pe, slots) -> dict:
     """``deployed.parts`` (module docstring) as {"stem_ms", "head_ms", "ops": len(slots) rows of len(OP_NAMES) ms,
     "parts", "rms_error_pct"}; every slot's ops must be among the table's own for that slot."""
@@ -331,6 +338,9 @@ def _read_part_entries(pe, slots) -> dict:
            for k in ("stem_ms", "head_ms", "rms_error_pct")}
     out["parts"] = int(_number("deployed.parts.parts", _field(pe, "parts", "deployed.parts"), minimum=1,
                                integer=True))
+    for k in PART_FIT_EXTRAS:  # optional (tables made before the shrunk fit have none)
+        if pe.get(k) is not None:
+            out[k] = float(_number(f"deployed.parts.{k}", pe[k]))
     rows = _field(pe, "slots", "deployed.parts")
     if not isinstance(rows, list) or len(rows) != len(slots):
         raise ProfileError(f"latency table entry deployed.parts.slots: expected a list of {len(slots)} mappings (one "

@@ -380,6 +380,91 @@ def test_fit_part_entries_recovers_a_known_table_by_hand():
         partcost.fit_part_entries(space, keys, [float("nan")] * len(keys))
 
 
+def _design(space, seed):
+    """(entry keys, the network of each: None for the relay) of a balanced design at the space's split."""
+    archs = partcost.balanced_archs(space, 3, seed)
+    keys = partcost._split_keys(space, archs)
+    per = len(keys[:-1]) // len(archs)
+    return keys, [k // per for k in range(len(keys) - 1)] + [None]
+
+
+def _priced(space, w, keys):
+    return np.array([partcost._part_features(space, k) @ w for k in keys])
+
+
+def _weights(fit):
+    return np.concatenate([[fit["call_ms"], fit["stem_ms"], fit["head_ms"]], np.asarray(fit["ops"]).ravel()])
+
+
+def test_shrunk_part_entries_against_their_oracles():
+    """Shrink 0 is the plain fit; a huge shrink gives the one-scale model (its call and scale by least squares over
+    the parts, computed here apart); an interior solution solves the ridge's normal equations; cross-validation
+    picks a strong pull for parts that follow the table's shape up to noise and at most a slight one for parts of
+    another shape."""
+    space = _chain_space()
+    keys, groups = _design(space, 1)
+    rng = np.random.default_rng(11)
+    prior = np.zeros(3 + space.num_layers * len(OP_NAMES))
+    cells = [3 + n * len(OP_NAMES) + i for n in range(space.num_layers) for i in np.flatnonzero(space.mask()[n])
+             if i != IDENTITY]
+    prior[1:3] = 0.2, 0.1
+    prior[cells] = rng.uniform(0.1, 0.6, len(cells))
+    x = np.stack([partcost._part_features(space, k) for k in keys])
+    truth = 1.3 * prior + np.where(prior > 0, rng.uniform(-0.03, 0.03, prior.shape), 0.0)
+    truth[0] = 0.25
+    ms = x @ truth
+    plain = partcost.fit_part_entries(space, keys, ms)
+    zero = partcost.fit_part_entries(space, keys, ms, prior=prior, groups=groups, shrinks=(0.0,))
+    np.testing.assert_allclose(_weights(zero), _weights(plain), atol=1e-9)
+    assert zero["shrink"] == 0.0 and zero["cv_rms_error_pct"] == zero["cv_rms_error_pct_unshrunk"]
+    # the one-scale model: ms ~ call + scale * (the prior's sum of each part), least squares (interior here)
+    e = x[:, 1:] @ prior[1:]
+    (c, sc), *_ = np.linalg.lstsq(np.stack([np.ones_like(e), e], 1), ms, rcond=None)
+    assert c > 0 and sc > 0
+    huge = partcost.fit_part_entries(space, keys, ms, prior=prior, groups=groups, shrinks=(1e9,))
+    np.testing.assert_allclose(_weights(huge)[[0, 1, 2] + cells], np.concatenate([[c], sc * prior[1:]])[[0, 1, 2] + cells],
+                               rtol=1e-4, atol=1e-6)
+    # interior ridge: (X'X + lam I) w = X'y + lam w0 over the fitted columns
+    lam = 0.5
+    mid = partcost.fit_part_entries(space, keys, ms, prior=prior, groups=groups, shrinks=(lam,))
+    cols = [0, 1, 2] + cells
+    w0 = np.concatenate([[c], sc * prior[1:]])[cols]
+    xc = x[:, cols]
+    want = np.linalg.solve(xc.T @ xc + lam * np.eye(len(cols)), xc.T @ ms + lam * w0)
+    assert want.min() > 0
+    np.testing.assert_allclose(_weights(mid)[cols], want, rtol=1e-6, atol=1e-9)
+    # the prior's shape plus noise per part: a pull helps on held-out networks; an exact other shape: none
+    noisy = (x @ (1.3 * prior + np.eye(len(prior))[0] * 0.25)) * rng.uniform(0.8, 1.2, len(keys))
+    pick = partcost.fit_part_entries(space, keys, noisy, prior=prior, groups=groups)
+    assert pick["shrink"] > 0 and pick["cv_rms_error_pct"] < pick["cv_rms_error_pct_unshrunk"]
+    other = np.where(prior > 0, rng.uniform(0.05, 1.0, prior.shape), 0.0)
+    other[0] = 0.25
+    exact = partcost.fit_part_entries(space, keys, x @ other, prior=prior, groups=groups)
+    # (held out, even exact parts leave pairings the training networks never met unidentified: a slight pull
+    # may still help there; a strong one toward the wrong shape does not)
+    assert exact["shrink"] <= 0.1 < 1.0 <= pick["shrink"]
+    assert exact["cv_rms_error_pct"] <= exact["cv_rms_error_pct_unshrunk"]
+    with pytest.raises(ValueError, match="groups must name the network of every part: 3 for"):
+        partcost.fit_part_entries(space, keys, ms, prior=prior, groups=[0, 1, 2])
+    with pytest.raises(ValueError, match="prior must be .* finite entries >= 0"):
+        partcost.fit_part_entries(space, keys, ms, prior=-prior, groups=groups)
+    with pytest.raises(ValueError, match=r"shrinks must be numbers >= 0, got \(-1.0,\)"):
+        partcost.fit_part_entries(space, keys, ms, prior=prior, groups=groups, shrinks=(-1.0,))
+
+
+def test_prior_entries_are_the_tables_own():
+    """prior_entries lays the table's stem, head and every (slot, op) median in fit_part_entries' columns, 0 for
+    the call, identity and ops a slot lacks."""
+    space = _chain_space()
+    t = _fake_table(space, 0.3)
+    w = partcost.prior_entries(t, space)
+    assert w[0] == 0.0 and w[1] == pytest.approx(0.3) and w[2] == pytest.approx(0.3)
+    ops = w[3:].reshape(space.num_layers, len(OP_NAMES))
+    want = np.where(space.mask(), 0.3, 0.0)
+    want[:, IDENTITY] = 0.0
+    np.testing.assert_allclose(ops, want)
+
+
 def test_part_entries_are_stored_loaded_and_built_into_the_cost_table(tmp_path):
     """A file with part entries round-trips them; its device row charges those entries (not the table's own), their
     stem and head, and part_call; a part scale other than 1 beside them, or an op the slot does not have, is
@@ -389,14 +474,18 @@ def test_part_entries_are_stored_loaded_and_built_into_the_cost_table(tmp_path):
     mask = space.mask().copy()
     mask[:, IDENTITY] = False
     ops = np.where(mask, rng.uniform(0.05, 0.5, mask.shape), 0.0)
-    pe = {"stem_ms": 0.2, "head_ms": 0.05, "ops": ops, "parts": 40, "rms_error_pct": 3.5}
+    pe = {"stem_ms": 0.2, "head_ms": 0.05, "ops": ops, "parts": 40, "rms_error_pct": 3.5, "shrink": 1.0,
+          "cv_rms_error_pct": 8.5, "cv_rms_error_pct_unshrunk": 10.9}
     dep = dict(DEPLOYED, idle_ms=30.0, parts=pe, host_cores=2, cores_busy=1.25)
     P.write_table(_fake_table(space, 0.1, dep), tmp_path / "p.yaml")
     got = P.load_table(tmp_path / "p.yaml", space).deployed
     np.testing.assert_allclose(got["parts"]["ops"], ops)
     assert (got["host_cores"], got["cores_busy"]) == (2, 1.25)
-    assert got["idle_ms"] == 30.0 and {k: got["parts"][k] for k in ("stem_ms", "head_ms", "parts", "rms_error_pct")} \
-        == {"stem_ms": 0.2, "head_ms": 0.05, "parts": 40, "rms_error_pct": 3.5}
+    assert got["idle_ms"] == 30.0 and {k: got["parts"][k] for k in ("stem_ms", "head_ms", "parts", "rms_error_pct",
+                                                                     "shrink", "cv_rms_error_pct",
+                                                                     "cv_rms_error_pct_unshrunk")} \
+        == {"stem_ms": 0.2, "head_ms": 0.05, "parts": 40, "rms_error_pct": 3.5, "shrink": 1.0,
+            "cv_rms_error_pct": 8.5, "cv_rms_error_pct_unshrunk": 10.9}
     table = build_table(space, {d: {"kind": "measured", "path": str(tmp_path / "p.yaml")}
                                 for d in space.topology.device_names})
     np.testing.assert_allclose(np.asarray(table.compute_ms)[0], ops, rtol=1e-6)
