@@ -34,8 +34,8 @@ and every tensor between two parts is a frame over a socket (``jmsnas.deploy.lin
   whole-network table: an op's cost in a part is not proportional to its cost inside one whole-network call (the
   first op after a receive starts cold, a root's or an aggregator's part sends or averages several tensors, and a
   whole mesh network runs its branches at once on the thread pool): fitted on the same parts and checked on the
-  main job's own parts, one scale was off by -19% to +2% per device on its chain and -19% to +22% on its mesh, the
-  part entries by -8% to +1% and -13% to +17% (``benchmarks/part_models.py``, ``benchmarks/README.md``). A
+  main job's own parts, one scale was off by -28% to +20% per device on its chain and -9% to +27% on its mesh, the
+  part entries by -7% to +12% and -9% to +8% (``benchmarks/part_models.py``, ``benchmarks/README.md``). A
   part's entries are those of the space's own split: its layers' entries also carry what a part costs beyond its call at that place (they are not separable
   from it), so they price a split that moves a layer to another device less exactly than the split profiled.
   With them, ``jmsnas.cost.build`` charges every device its part entries and ``part_call`` (the fit's intercept),
@@ -377,8 +377,9 @@ def fit_part_entries(space: SearchSpace, keys, ms, prior=None, groups=None, shri
     ``shrink`` the one of ``shrinks`` (0: no pull, the plain fit) with the lowest RMS relative error over networks
     held out in turn (``folds``); the result adds "shrink", "cv_rms_error_pct" (at it) and
     "cv_rms_error_pct_unshrunk" (at 0). Why: every entry rests on the few parts that run it (three networks per
-    op in the design), so the plain fit follows their noise; held out, it erred 10.9% (chain) and 11.4% (mesh) RMS
-    against 8.5% and 9.6% shrunk, the one scale alone 12.0% and 15.3% (``benchmarks/README.md``)."""
+    op in the design), so the plain fit follows their noise: on parts timed in 10 rounds it erred 9.7% (chain) and
+    10.5% (mesh) RMS on networks held out, 8.7% and 9.0% shrunk (by 0.3 and 1); on the profile's own 15 rounds,
+    6.0% and 6.6%, and no pull helped (0 chosen; ``benchmarks/README.md``)."""
     x = np.stack([_part_features(space, k) for k in keys])
     y = np.asarray(ms, float)
     if y.shape != (len(keys),) or not np.all(np.isfinite(y)) or np.any(y < 0):
