@@ -45,8 +45,9 @@ def run(tmp_path_factory):
 
 @pytest.mark.slow
 def test_four_groups_through_the_pipeline_equal_the_whole_network(run):
-    """Four worker processes, links per (sender, receiver): outputs == network.apply within 1e-5; the stored parts
-    read back as the params written; every link carries the sender's first N_send channels in float16."""
+    """Four worker processes, links per (sender, receiver): outputs == network.apply within 1e-5 of the largest
+    logit; the stored parts read back as the params written; every link carries the sender's first N_send channels
+    in float16."""
     d, spec, params, x, want = run
     back = read_parts(d)
     assert back.spec == spec and back.perm_ids.tolist() == list(PERM_IDS) and back.levels.tolist() == list(LEVELS)
@@ -66,11 +67,14 @@ def test_four_groups_through_the_pipeline_equal_the_whole_network(run):
     for g in (0, 2, 3):  # the stem's output, float32 8 x 8 x 8, from node1 to every other node
         want_links[("node1", f"node{g}")] = want_links.get(("node1", f"node{g}"), 0) + 64 * 8 * 4
     assert {(l["src"], l["dst"]): l["bytes"] for l in m["links"]} == want_links
-    assert np.max(np.abs(whole_network(d)(x) - want)) <= 1e-5
+    # float32, summed in another order by every program (XLA fuses each part on its own): 1e-5 of the largest
+    # logit (an AVX2 host gave 1.7e-5 on logits up to 7.8, 2e-6 of them; an AVX-512 one under 1e-5)
+    tol = 1e-5 * max(1.0, float(np.max(np.abs(want))))
+    assert np.max(np.abs(whole_network(d)(x) - want)) <= tol
     raw = run_pipeline(os.path.join(d, "export"), x, phase="latency")
     diff = float(np.max(np.abs(raw["outputs"] - want)))
-    print(f"max |pipeline - whole network| = {diff:.2e}")
-    assert diff <= 1e-5
+    print(f"max |pipeline - whole network| = {diff:.2e} (tolerance {tol:.1e})")
+    assert diff <= tol
     senders = {f"node{g}": {a for a, b in want_links if b == f"node{g}"} for g in range(4)}
     senders["node1"] |= {"image"}
     for dev, srcs in senders.items():  # every receiver heard from exactly its senders
