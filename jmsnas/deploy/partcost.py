@@ -325,7 +325,9 @@ def _ridge_nnls(x, y, lam: float, w0):
 
 
 def _one_scale_prior(x, y, prior):
-    """[call, scale x prior[1:]]: ``fit_part`` over the parts' entries under ``prior`` (the one-part-scale model)."""
+    """[call, scale x prior[1:]]: the one-part-scale model over the parts' entries under ``prior``, as ``fit_part``
+    fits it but without its warned fallback (called in every cross-validation fold, where a scale of 0 only means
+    no pull toward the table's shape)."""
     from scipy.optimize import nnls
     e = x[:, 1:] @ prior[1:]
     (call, scale), _ = nnls(np.stack([np.ones_like(e), e], 1), y)
@@ -414,7 +416,8 @@ def fit_part_entries(space: SearchSpace, keys, ms, prior=None, groups=None, shri
         scores = [(_cv_rms(x, y, groups, float(v), prior, cols, folds), float(v)) for v in shrinks]
         best_score, best = min(scores, key=lambda t: (np.nan_to_num(t[0], nan=np.inf), t[1]))
         w = _fit_columns(x, y, best, prior, cols)
-        unshrunk = _cv_rms(x, y, groups, 0.0, prior, cols, folds)
+        at = {v: score for score, v in scores}
+        unshrunk = at[0.0] if 0.0 in at else _cv_rms(x, y, groups, 0.0, prior, cols, folds)
         extra = {"shrink": best, **{k: v for k, v in (("cv_rms_error_pct", best_score),
                                                        ("cv_rms_error_pct_unshrunk", unshrunk)) if np.isfinite(v)}}
     rms = float(np.sqrt(np.mean(((x @ w) / np.maximum(y, 1e-12) - 1.0) ** 2)) * 100.0)
