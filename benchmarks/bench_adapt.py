@@ -48,8 +48,29 @@ def coverage(table, held) -> float:
     return float(100 * np.mean((held.ms >= lo) & (held.ms <= hi)))
 
 
-def one_device(data, dev, base, lib, samples, held, ceiling=None) -> dict:
-    """{name: accuracy report on ``held``} for (a)-(e) (module docstring)."""
+def ceiling_band(ceiling, design, held, levels=(0.85, 0.88, 0.9, 0.95)) -> dict:
+    """The intervals an oracle would draw from the device's own record: for each of ``levels``, the relative
+    half-width around the ceiling's prediction that holds that share of the device's networks ``design`` (0-3999,
+    the ceiling's own fit) and the share of ``held`` (4000-4999) it holds (a wider band holds at least as much);
+    and the 90% quantile of the ceiling's |relative error| on each 500 networks of design + held in turn (where the
+    device's measurements are noisy, where quiet)."""
+    def err(m):
+        p = LT.predict_ms(ceiling, m.archs)
+        return np.abs(m.ms - p) / p
+    d, h = err(design), err(held)
+    both = np.concatenate([d, h])
+    bands = []
+    for q in levels:
+        w = float(np.quantile(d, q))
+        bands.append({"level": q, "halfwidth_pct": 100 * w, "design_pct": float(100 * np.mean(d <= w)),
+                      "test_pct": float(100 * np.mean(h <= w))})
+    return {"bands": bands,
+            "quantile90_by_500_pct": [float(100 * np.quantile(both[i:i + 500], 0.9)) for i in range(0, len(both), 500)]}
+
+
+def one_device(data, dev, base, lib, samples, held, ceiling=None, design=None) -> dict:
+    """{name: accuracy report on ``held``} for (a)-(e) (module docstring); with ``design`` (the device's networks
+    0-3999) also the share of them, the samples left out, inside (d)'s interval."""
     tables = {"(a) base": base, "(b) one factor": adapt.rescale(base, samples),
               "(c) adapt": adapt.adapt(base, samples), "(d) library": AP.adapt_library(base, samples, lib,
                                                                                        stages=stages())}
@@ -58,6 +79,10 @@ def one_device(data, dev, base, lib, samples, held, ceiling=None) -> dict:
     out = {name: accuracy.report(LT.predict_ms(t, held.archs), held.ms) for name, t in tables.items()}
     d = tables["(d) library"]
     out["(d) library"]["coverage_90_pct"] = coverage(d, held)
+    if design is not None:
+        keep = ~np.isin(np.arange(len(design.ms)), np.asarray(data["reference"]))
+        out["(d) library"]["coverage_90_design_pct"] = coverage(d, design._replace(archs=design.archs[keep],
+                                                                                   ms=design.ms[keep]))
     out["(c) adapt"]["coverage_90_pct"] = coverage(tables["(c) adapt"], held)
     a = d.adaptation
     out["chosen"] = {k: a[k] for k in ("chosen", "fallback", "why", "weights", "dropped", "loo_mape_pct",
@@ -88,8 +113,10 @@ def main(argv=None) -> int:
         base = helps["pixel3" if dev != "pixel3" else "raspi4"]
         lib = [t for d, t in shipped.items() if d != dev and (names is None or d in names)]
         held = H.measured(data, dev, TEST)
-        ceiling = layerfit.fit(H.measured(data, dev, range(4000)), holdout=0.0)
-        out[dev] = one_device(data, dev, base, lib, H.measured(data, dev, data["reference"]), held, ceiling)
+        design = H.measured(data, dev, range(4000))
+        ceiling = layerfit.fit(design, holdout=0.0)
+        out[dev] = one_device(data, dev, base, lib, H.measured(data, dev, data["reference"]), held, ceiling, design)
+        out[dev]["ceiling_band"] = ceiling_band(ceiling, design, held)
         out[dev]["library"] = [t.device for t in lib]
         rows += [(dev, name, out[dev][name]) for name in ("(a) base", "(b) one factor", "(c) adapt", "(d) library",
                                                           "(e) ceiling")]
@@ -104,6 +131,16 @@ def main(argv=None) -> int:
         print(f"{dev}: {'FALLBACK to one factor' if c['fallback'] else 'library'}: {c['why']}; dropped {c['dropped']};"
               f" {len(c['chosen'])} model(s) averaged; 90% interval: {AP.describe_interval(iv)} (z {iv['factor']:.2f}: "
               f"{iv['factor_from']})")
+    print("(d)'s 90% interval on the device's own networks 0-3999 (its 10 samples left out) / on the test; the "
+          "oracle's bands around the ceiling holding 85, 88, 90, 95% of 0-3999: half-width and share of 4000-4999 "
+          "held; the ceiling's 90% quantile of |relative error| on each 500 networks of 0-4999:")
+    for dev in devices:
+        b = out[dev]["ceiling_band"]
+        print(f"  {dev:14s} (d) {out[dev]['(d) library']['coverage_90_design_pct']:5.1f}% / "
+              f"{out[dev]['(d) library']['coverage_90_pct']:5.1f}%; oracle "
+              + ", ".join(f"{100 * x['level']:.0f}%: ±{x['halfwidth_pct']:.2f}% holds {x['test_pct']:.1f}%"
+                          for x in b["bands"])
+              + "; by 500: " + " ".join(f"{q:.1f}" for q in b["quantile90_by_500_pct"]))
     checks = []
     for dev in devices:
         d, b, e = out[dev]["(d) library"], out[dev]["(b) one factor"], out[dev]["(e) ceiling"]
